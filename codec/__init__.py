@@ -1,0 +1,30 @@
+"""Wire format of rollout-stream: msgspec records, packed arrays, reason codes."""
+
+from codec.arrays import Array
+from codec.reasons import DeadLetterReason
+from codec.records import SCHEMA_VERSION, Reward, Sample, TrainSample
+from codec.wire import (
+    DecodeError,
+    decode_sample,
+    decode_train_sample,
+    encode_sample,
+    encode_train_sample,
+    group_key,
+    group_key_of,
+)
+
+__all__ = [
+    "Array",
+    "DeadLetterReason",
+    "DecodeError",
+    "Reward",
+    "SCHEMA_VERSION",
+    "Sample",
+    "TrainSample",
+    "decode_sample",
+    "decode_train_sample",
+    "encode_sample",
+    "encode_train_sample",
+    "group_key",
+    "group_key_of",
+]

@@ -1,0 +1,14 @@
+"""Dead-letter reason codes (part of the contract, SPEC §4.4)."""
+
+from enum import StrEnum
+
+__all__ = ["DeadLetterReason"]
+
+
+class DeadLetterReason(StrEnum):
+    DECODE_ERROR = "decode_error"
+    INVALID_SAMPLE = "invalid_sample"
+    SHARED_REWARD_VIOLATION = "shared_reward_violation"
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"
+    INCOMPLETE_GROUP = "incomplete_group"
+    LATE_MEMBER = "late_member"

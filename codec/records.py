@@ -1,0 +1,74 @@
+"""Wire records: the rollout sample (input) and the train sample (output), SPEC §3."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from codec.arrays import Array
+
+__all__ = ["SCHEMA_VERSION", "Sample", "TrainSample", "Reward"]
+
+# Bumped only for changes an older reader cannot ignore; new fields with defaults keep the version.
+SCHEMA_VERSION = 1
+
+Reward = float | dict[str, float]
+
+
+class Sample(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type"):
+    """One training sample produced by a rollout worker (fields named as in the reference trainer)."""
+
+    schema_version: int = SCHEMA_VERSION
+    group_index: int | None = None
+    index: int | None = None
+    rollout_id: int | str | None = None
+    prompt: str = ""
+    response: str = ""
+    label: str | None = None
+    tokens: Array | None = None
+    response_length: int = 0
+    reward: float | dict[str, float] | None = None
+    loss_mask: Array | None = None
+    rollout_log_probs: Array | None = None
+    status: str = "completed"
+    remove_sample: bool = False
+    weight_versions: list[str] = msgspec.field(default_factory=list)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Streaming fields.
+    group_size: int | None = None
+    sibling_count: int = 1
+    sibling_index: int = 0
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        # Accept plain lists/ndarrays from callers; decoded records already hold Arrays.
+        if self.tokens is not None and not isinstance(self.tokens, Array):
+            self.tokens = Array(self.tokens)
+        if self.loss_mask is not None and not isinstance(self.loss_mask, Array):
+            self.loss_mask = Array(self.loss_mask)
+        if self.rollout_log_probs is not None and not isinstance(self.rollout_log_probs, Array):
+            self.rollout_log_probs = Array(self.rollout_log_probs)
+
+
+class TrainSample(msgspec.Struct, kw_only=True, tag="train_sample", tag_field="type"):
+    """A published sample: the rollout sample unchanged plus its group-normalized reward."""
+
+    schema_version: int = SCHEMA_VERSION
+    sample: Sample
+    raw_reward: float
+    reward: float
+    group_key: str
+    group_rollout_count: int
+    group_sample_count: int
+    group_mean: float
+    group_std: float
+    zero_variance: bool
+    advantage_estimator: str
+    rewards_normalization: bool
+    grpo_std_normalization: bool
+    reward_key: str | None
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    stage_version: str = ""

@@ -1,0 +1,21 @@
+"""CLI command modules; each exposes `register(app)`."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+# Order is the order of `--help`.
+_MODULES = ["run", "broker", "topics", "synth"]
+
+
+def register_all(app: typer.Typer) -> None:
+    for name in _MODULES:
+        try:
+            module = importlib.import_module(f"stream.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"stream.commands.{name}":
+                continue  # not written yet
+            raise
+        module.register(app)
