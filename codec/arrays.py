@@ -22,27 +22,40 @@ _CODE_BY_DTYPE: dict[np.dtype, int] = {
 _DTYPE_BY_CODE = {code: dtype for dtype, code in _CODE_BY_DTYPE.items()}
 
 
+_INT32 = np.iinfo(np.int32)
+_INT64 = np.iinfo(np.int64)
+
+
 def _as_ndarray(values: Any) -> np.ndarray:
     if isinstance(values, np.ndarray):
         arr = values
     elif isinstance(values, Array):
         return values.values
     else:
-        arr = np.asarray(list(values) if not isinstance(values, list | tuple) else values)
+        seq = values if isinstance(values, list | tuple) else list(values)
+        arr = np.asarray(seq)
         if arr.size == 0:
             arr = arr.astype("<i4")
         elif arr.dtype.kind in "iu":
-            info = np.iinfo(np.int32)
-            fits = int(arr.min()) >= info.min and int(arr.max()) <= info.max
-            arr = arr.astype("<i4" if fits else "<i8")
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < _INT64.min or hi > _INT64.max:
+                # numpy infers uint64 for ints in [2**63, 2**64): casting would silently wrap them.
+                raise OverflowError(f"integers out of int64 range (min {lo}, max {hi})")
+            arr = arr.astype("<i4" if lo >= _INT32.min and hi <= _INT32.max else "<i8")
         elif arr.dtype.kind == "f":
+            if not any(isinstance(x, float | np.floating) for x in seq):
+                # numpy 2 turns ints that fit neither int64 nor uint64 (e.g. [-1, 2**63]) into rounded
+                # float64; an all-int list must stay exact or be refused. The scan stops at the first float.
+                raise OverflowError("integers out of int64 range")
             # Python floats are doubles: keep them exact rather than silently rounding to float32.
             arr = arr.astype("<f8")
     if arr.ndim != 1:
         raise ValueError(f"arrays must be one-dimensional, got shape {arr.shape}")
     dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
     if dtype not in _CODE_BY_DTYPE:
-        raise TypeError(f"unsupported array dtype {arr.dtype}; use one of uint8, int32, int64, float32, float64, bool")
+        raise TypeError(
+            f"unsupported array dtype {arr.dtype}; use one of uint8, int32, int64, float32, float64, bool"
+        )
     return arr.astype(dtype, copy=False)
 
 
@@ -85,16 +98,29 @@ class Array:
         return self.values[item]
 
     def __eq__(self, other: object) -> bool:
+        """Same dtype and values against an Array; same values against a list/tuple/ndarray.
+
+        NaN equals NaN here so that a record equals its own decoded copy (duplicate detection).
+        """
         if isinstance(other, Array):
-            return self.values.dtype == other.values.dtype and bool(np.array_equal(self.values, other.values))
+            return self.values.dtype == other.values.dtype and _values_equal(self.values, other.values)
         if isinstance(other, list | tuple | np.ndarray):
-            return bool(np.array_equal(self.values, np.asarray(other)))
+            try:
+                other_values = np.asarray(other)
+            except (ValueError, TypeError, OverflowError):
+                return False  # ragged or non-numeric: not an equal array
+            return _values_equal(self.values, other_values)
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"Array({self.values.dtype}, len={len(self)})"
+
+
+def _values_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    equal_nan = a.dtype.kind == "f" and b.dtype.kind == "f"
+    return bool(np.array_equal(a, b, equal_nan=equal_nan))
 
 
 def array_enc_hook(obj: Any) -> Any:
@@ -112,7 +138,9 @@ def array_ext_hook(code: int, data: memoryview) -> Any:
     if dtype is None:
         raise ValueError(f"unknown ext type code {code}")
     if len(data) % dtype.itemsize:
-        raise ValueError(f"ext type {code} ({dtype}) payload of {len(data)} bytes is not a whole number of items")
+        raise ValueError(
+            f"ext type {code} ({dtype}) payload of {len(data)} bytes is not a whole number of items"
+        )
     arr = Array.__new__(Array)
     # Zero-copy view into the message buffer; read-only, which is what a decoded record should be.
     arr.values = np.frombuffer(data, dtype=dtype)
@@ -127,6 +155,9 @@ def array_dec_hook(tp: type, obj: Any) -> Any:
             # Interop: producers in other languages may send plain MessagePack arrays of numbers.
             if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in obj):
                 raise ValueError("array elements must be numbers")
-            return Array(obj)
+            try:
+                return Array(obj)
+            except OverflowError as exc:
+                raise ValueError(str(exc)) from None  # ValueError: msgspec adds the `$.field` path
         raise ValueError(f"expected a packed array or a list of numbers, got {type(obj).__name__}")
     raise NotImplementedError(f"cannot decode type {tp!r}")

@@ -39,10 +39,21 @@ def _decode(decoder: msgspec.msgpack.Decoder, data: bytes | memoryview) -> objec
     except (ValueError, TypeError, OverflowError) as exc:
         # Raised by our ext/dec hooks (bad array payloads); msgspec wraps some, not all.
         raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
-    version = record.schema_version  # type: ignore[attr-defined]
-    if version < 1 or version > SCHEMA_VERSION:
-        raise DecodeError(f"unsupported schema_version {version} (this stage reads 1..{SCHEMA_VERSION})")
+    except RecursionError as exc:
+        # msgspec raises RecursionError for deeply nested input (e.g. 100k nested arrays in metadata).
+        raise DecodeError(f"RecursionError: {exc}") from exc
+    _check_version(record.schema_version, "")  # type: ignore[attr-defined]
+    if isinstance(record, TrainSample):
+        # The embedded sample comes from the producer: a newer one must not pass as a known version.
+        _check_version(record.sample.schema_version, " at `$.sample`")
     return record
+
+
+def _check_version(version: int, where: str) -> None:
+    if version < 1 or version > SCHEMA_VERSION:
+        raise DecodeError(
+            f"unsupported schema_version {version}{where} (this stage reads 1..{SCHEMA_VERSION})"
+        )
 
 
 def encode_sample(sample: Sample) -> bytes:

@@ -1,0 +1,23 @@
+"""Pure core of rollout-stream: reward post-processing and grouping logic, no I/O (SPEC §2)."""
+
+from core.config import RewardConfig
+from core.rewards import (
+    GroupRewards,
+    RewardSelectionError,
+    SharedRewardError,
+    SharedRewardViolation,
+    normalize_group,
+    post_process_rewards,
+    selected_reward,
+)
+
+__all__ = [
+    "GroupRewards",
+    "RewardConfig",
+    "RewardSelectionError",
+    "SharedRewardError",
+    "SharedRewardViolation",
+    "normalize_group",
+    "post_process_rewards",
+    "selected_reward",
+]

@@ -17,6 +17,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def _root() -> None:
+    """Kafka stream stage for RL rollouts: see `rollout-stream COMMAND --help`."""
+
+
 register_all(app)
 
 

@@ -1,0 +1,71 @@
+"""Commit positions for at-least-once delivery: an offset is committable only when all below it are resolved."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+__all__ = ["PartitionOffsets", "OffsetLedger"]
+
+
+class PartitionOffsets:
+    """Offsets of one partition that were consumed but are not yet published or dead-lettered."""
+
+    def __init__(self) -> None:
+        self._pending: set[int] = set()
+        self._heap: list[int] = []
+        self.next_offset: int | None = None  # one past the highest offset consumed
+
+    def hold(self, offset: int) -> None:
+        self._pending.add(offset)
+        heapq.heappush(self._heap, offset)
+        if self.next_offset is None or offset + 1 > self.next_offset:
+            self.next_offset = offset + 1
+
+    def resolve(self, offset: int) -> None:
+        self._pending.discard(offset)
+
+    def committable(self) -> int | None:
+        """The position to commit: the lowest unresolved offset, or one past everything consumed."""
+        while self._heap and self._heap[0] not in self._pending:
+            heapq.heappop(self._heap)
+        if self._heap:
+            return self._heap[0]
+        return self.next_offset
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+
+class OffsetLedger:
+    """PartitionOffsets for every assigned partition, plus what was last committed."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[int, PartitionOffsets] = {}
+        self.committed: dict[int, int] = {}
+
+    def hold(self, partition: int, offset: int) -> None:
+        self.partitions.setdefault(partition, PartitionOffsets()).hold(offset)
+
+    def resolve(self, partition: int, offsets: Iterable[int]) -> None:
+        tracker = self.partitions.get(partition)
+        if tracker is not None:
+            for offset in offsets:
+                tracker.resolve(offset)
+
+    def due(self) -> dict[int, int]:
+        """Positions that moved forward since the last commit (never backwards)."""
+        out: dict[int, int] = {}
+        for partition, tracker in self.partitions.items():
+            position = tracker.committable()
+            if position is not None and position > self.committed.get(partition, -1):
+                out[partition] = position
+        return out
+
+    def mark_committed(self, positions: dict[int, int]) -> None:
+        self.committed.update(positions)
+
+    def forget(self, partition: int) -> None:
+        self.partitions.pop(partition, None)
+        self.committed.pop(partition, None)

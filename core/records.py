@@ -1,0 +1,78 @@
+"""Where an input record came from, and what became of it: the values the window logic passes around."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codec import DeadLetterReason, Sample
+
+from core.rewards import GroupRewards
+
+__all__ = ["InputRecord", "Member", "Published", "DeadLettered", "DuplicateDropped", "Outcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """One consumed Kafka record, bytes untouched."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.value or b"") + len(self.key or b"")
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A valid sample held in a window."""
+
+    record: InputRecord
+    sample: Sample
+    rollout: object
+    digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A complete, consistent group: every member in publication order with its rewards."""
+
+    group_key: str
+    partition: int
+    members: tuple[Member, ...]
+    rewards: GroupRewards
+
+    @property
+    def records(self) -> tuple[InputRecord, ...]:
+        return tuple(m.record for m in self.members)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """Records refused for one reason (a whole group, or a single record)."""
+
+    reason: DeadLetterReason
+    message: str
+    group_key: str | None
+    records: tuple[InputRecord, ...]
+    first_failed_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DuplicateDropped:
+    """An exact copy of a record already held or already resolved."""
+
+    group_key: str
+    record: InputRecord
+
+    @property
+    def records(self) -> tuple[InputRecord, ...]:
+        return (self.record,)
+
+
+Outcome = Published | DeadLettered | DuplicateDropped

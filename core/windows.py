@@ -1,0 +1,272 @@
+"""Prompt-group windows: a pure state machine fed (record, decoded sample, now) → outcomes (SPEC §4.3, §4.4).
+
+This module is the one place that decides a dead-letter reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from codec import DeadLetterReason, DecodeError, Sample, group_key_of
+
+from core.config import RewardConfig
+from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
+from core.rewards import SharedRewardViolation, normalize_group
+from core.validate import SampleLimits, effective_group_size, rollout_key, validate_sample
+
+__all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "WindowStore"]
+
+R = DeadLetterReason
+
+
+@dataclass(frozen=True, slots=True)
+class WindowConfig:
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    limits: SampleLimits = field(default_factory=SampleLimits)
+    group_timeout_ms: int = 300_000
+    closed_retention_ms: int = 3_600_000
+    max_closed_groups: int = 200_000
+
+
+@dataclass(slots=True)
+class GroupWindow:
+    """An open prompt group: its members by rollout (first-arrival order) and sibling index."""
+
+    key: str
+    partition: int
+    group_size: int
+    deadline_ms: int
+    rollouts: dict[object, dict[int, Member]] = field(default_factory=dict)
+    sibling_counts: dict[object, int] = field(default_factory=dict)
+    digests: set[bytes] = field(default_factory=set)
+    complete_rollouts: int = 0
+    nbytes: int = 0
+
+    def members(self) -> list[Member]:
+        """Publication order: rollouts by first arrival, siblings by sibling_index."""
+        return [siblings[i] for siblings in self.rollouts.values() for i in sorted(siblings)]
+
+    def records(self) -> list[InputRecord]:
+        return [m.record for m in self.members()]
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedGroup:
+    """What the worker remembers of a resolved group, to recognise late members and copies."""
+
+    reason: DeadLetterReason | None  # None: published
+    message: str
+    deadline_ms: int
+    closed_at_ms: int
+    digests: frozenset[bytes]
+
+
+def _digest(value: bytes | None) -> bytes:
+    return hashlib.blake2b(value or b"", digest_size=16).digest()
+
+
+class WindowStore:
+    """Open windows and closed-group memory for the partitions this worker owns."""
+
+    def __init__(self, config: WindowConfig) -> None:
+        self.config = config
+        self.open: dict[tuple[int, str], GroupWindow] = {}
+        self.closed: OrderedDict[tuple[int, str], ClosedGroup] = OrderedDict()
+        self.open_bytes = 0
+
+    # ---- queries -------------------------------------------------------------------------------
+
+    def open_count(self) -> int:
+        return len(self.open)
+
+    # ---- transitions ---------------------------------------------------------------------------
+    def accept(self, record: InputRecord, decoded: Sample | DecodeError, now_ms: int) -> list[Outcome]:
+        """Take one consumed record; return what became of it (and of any group it completed or broke)."""
+        if isinstance(decoded, DecodeError):
+            key = record.key.decode("utf-8", "backslashreplace") if record.key is not None else None
+            return [DeadLettered(R.DECODE_ERROR, decoded.message, key, (record,), now_ms)]
+        sample = decoded
+        cfg = self.config
+        problem = validate_sample(sample, key=record.key, reward_key=cfg.reward.reward_key, limits=cfg.limits)
+        gkey = group_key_of(sample.run_id, sample.group_index) if sample.group_index is not None else None
+        if problem is not None:
+            return self._reject_record(record, gkey, problem, now_ms)
+        assert gkey is not None and sample.group_index is not None
+        wkey = (record.partition, gkey)
+        digest = _digest(record.value)
+
+        closed = self.closed.get(wkey)
+        if closed is not None:
+            return [self._after_close(record, gkey, closed, digest, now_ms)]
+
+        window = self.open.get(wkey)
+        if window is not None and record.timestamp_ms > window.deadline_ms:
+            # Written after the group's deadline: the group was incomplete whatever the wall clock says.
+            outcomes: list[Outcome] = [self._close_incomplete(wkey, window, now_ms)]
+            outcomes.append(self._after_close(record, gkey, self.closed[wkey], digest, now_ms))
+            return outcomes
+        group_size = effective_group_size(sample, cfg.limits)
+        assert group_size is not None
+        if window is None:
+            window = GroupWindow(gkey, record.partition, group_size, record.timestamp_ms + cfg.group_timeout_ms)
+            self.open[wkey] = window
+        return self._add(wkey, window, record, sample, digest, group_size, now_ms)
+
+    def expire(self, now_ms: int, partitions: set[int]) -> list[Outcome]:
+        """Dead-letter groups past their deadline in partitions whose backlog has been read."""
+        due = [k for k, w in self.open.items() if k[0] in partitions and w.deadline_ms < now_ms]
+        outcomes: list[Outcome] = [self._close_incomplete(k, self.open[k], now_ms) for k in due]
+        self._forget_old(now_ms)
+        return outcomes
+
+    def drop_partition(self, partition: int) -> None:
+        """Forget a revoked partition's state; its uncommitted records are re-read by the new owner."""
+        for k in [k for k in self.open if k[0] == partition]:
+            self.open_bytes -= self.open.pop(k).nbytes
+        for k in [k for k in self.closed if k[0] == partition]:
+            del self.closed[k]
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _add(
+        self,
+        wkey: tuple[int, str],
+        window: GroupWindow,
+        record: InputRecord,
+        sample: Sample,
+        digest: bytes,
+        group_size: int,
+        now_ms: int,
+    ) -> list[Outcome]:
+        if digest in window.digests:
+            return [DuplicateDropped(window.key, record)]
+        if group_size != window.group_size:
+            return self._reject_group(
+                wkey, window, record, R.INVALID_SAMPLE,
+                f"members disagree on group_size: {window.group_size} and {group_size}", now_ms,
+            )
+        rkey = rollout_key(sample)
+        if rkey is None:
+            rkey = ("row", record.partition, record.offset)
+        known_count = window.sibling_counts.get(rkey)
+        if known_count is not None and known_count != sample.sibling_count:
+            return self._reject_group(
+                wkey, window, record, R.INVALID_SAMPLE,
+                f"siblings of rollout {rkey!r} disagree on sibling_count: {known_count} and {sample.sibling_count}",
+                now_ms,
+            )
+        siblings = window.rollouts.get(rkey)
+        if siblings is not None and sample.sibling_index in siblings:
+            held = siblings[sample.sibling_index].record
+            return self._reject_group(
+                wkey, window, record, R.CONFLICTING_DUPLICATE,
+                f"rollout {rkey!r} sibling {sample.sibling_index} arrived twice with different content "
+                f"(offsets {held.offset} and {record.offset})",
+                now_ms,
+            )
+        if siblings is None:
+            if len(window.rollouts) >= window.group_size:
+                return self._reject_group(
+                    wkey, window, record, R.INVALID_SAMPLE,
+                    f"group has more rollouts than its group_size {window.group_size} (extra rollout {rkey!r})",
+                    now_ms,
+                )
+            siblings = window.rollouts[rkey] = {}
+            window.sibling_counts[rkey] = sample.sibling_count
+        siblings[sample.sibling_index] = Member(record, sample, rkey, digest)
+        window.digests.add(digest)
+        window.nbytes += record.size
+        self.open_bytes += record.size
+        if len(siblings) == sample.sibling_count:
+            window.complete_rollouts += 1
+            if window.complete_rollouts == window.group_size:
+                return [self._finish(wkey, window, now_ms)]
+        return []
+
+    def _finish(self, wkey: tuple[int, str], window: GroupWindow, now_ms: int) -> Outcome:
+        members = window.members()
+        result = normalize_group([m.sample for m in members], self.config.reward)
+        if isinstance(result, SharedRewardViolation):
+            records = tuple(m.record for m in members)
+            self._close(wkey, window, R.SHARED_REWARD_VIOLATION, result.message, now_ms)
+            return DeadLettered(R.SHARED_REWARD_VIOLATION, result.message, window.key, records, now_ms)
+        self._close(wkey, window, None, "", now_ms)
+        return Published(window.key, window.partition, tuple(members), result)
+
+    def _reject_group(
+        self, wkey: tuple[int, str], window: GroupWindow, record: InputRecord,
+        reason: DeadLetterReason, message: str, now_ms: int,
+    ) -> list[Outcome]:
+        records = (*window.records(), record)
+        self._close(wkey, window, reason, message, now_ms, extra_digest=_digest(record.value))
+        return [DeadLettered(reason, message, window.key, records, now_ms)]
+
+    def _reject_record(self, record: InputRecord, gkey: str | None, problem: str, now_ms: int) -> list[Outcome]:
+        if gkey is None:
+            key = record.key.decode("utf-8", "backslashreplace") if record.key is not None else None
+            return [DeadLettered(R.INVALID_SAMPLE, problem, key, (record,), now_ms)]
+        wkey = (record.partition, gkey)
+        window = self.open.get(wkey)
+        if window is not None:
+            return self._reject_group(wkey, window, record, R.INVALID_SAMPLE, problem, now_ms)
+        closed = self.closed.get(wkey)
+        if closed is not None:
+            if closed.reason is not None and closed.reason is not R.INCOMPLETE_GROUP \
+                    and record.timestamp_ms <= closed.deadline_ms:
+                return [DeadLettered(closed.reason, f"group already dead-lettered: {closed.message}", gkey,
+                                     (record,), now_ms)]
+            return [DeadLettered(R.INVALID_SAMPLE, problem, gkey, (record,), now_ms)]
+        # The group's first record is already invalid: reject the group so its later members carry this reason.
+        deadline = record.timestamp_ms + self.config.group_timeout_ms
+        self._remember(wkey, ClosedGroup(R.INVALID_SAMPLE, problem, deadline, now_ms, frozenset({_digest(record.value)})))
+        return [DeadLettered(R.INVALID_SAMPLE, problem, gkey, (record,), now_ms)]
+
+    def _after_close(
+        self, record: InputRecord, gkey: str, closed: ClosedGroup, digest: bytes, now_ms: int
+    ) -> Outcome:
+        if digest in closed.digests:
+            return DuplicateDropped(gkey, record)
+        if closed.reason is None:
+            return DeadLettered(R.LATE_MEMBER, f"group {gkey} was already published", gkey, (record,), now_ms)
+        if closed.reason is R.INCOMPLETE_GROUP or record.timestamp_ms > closed.deadline_ms:
+            return DeadLettered(
+                R.LATE_MEMBER, f"group {gkey} was already dead-lettered as {closed.reason.value}", gkey, (record,), now_ms
+            )
+        # One reason per rejected group: later members carry the group's reason until its deadline.
+        return DeadLettered(closed.reason, f"group already dead-lettered: {closed.message}", gkey, (record,), now_ms)
+
+    def _close_incomplete(self, wkey: tuple[int, str], window: GroupWindow, now_ms: int) -> Outcome:
+        records = tuple(window.records())
+        rollouts = sum(1 for r, s in window.rollouts.items() if len(s) == window.sibling_counts[r])
+        message = (
+            f"group {window.key} timed out after {self.config.group_timeout_ms / 1000:g}s with "
+            f"{rollouts} of {window.group_size} rollouts complete ({len(records)} samples received)"
+        )
+        self._close(wkey, window, R.INCOMPLETE_GROUP, message, now_ms)
+        return DeadLettered(R.INCOMPLETE_GROUP, message, window.key, records, now_ms)
+
+    def _close(
+        self, wkey: tuple[int, str], window: GroupWindow, reason: DeadLetterReason | None, message: str,
+        now_ms: int, extra_digest: bytes | None = None,
+    ) -> None:
+        del self.open[wkey]
+        self.open_bytes -= window.nbytes
+        digests = set(window.digests)
+        if extra_digest is not None:
+            digests.add(extra_digest)
+        self._remember(wkey, ClosedGroup(reason, message, window.deadline_ms, now_ms, frozenset(digests)))
+
+    def _remember(self, wkey: tuple[int, str], closed: ClosedGroup) -> None:
+        self.closed[wkey] = closed
+        self.closed.move_to_end(wkey)
+        while len(self.closed) > self.config.max_closed_groups:
+            self.closed.popitem(last=False)
+
+    def _forget_old(self, now_ms: int) -> None:
+        horizon = now_ms - self.config.closed_retention_ms
+        while self.closed:
+            k, c = next(iter(self.closed.items()))
+            if c.closed_at_ms >= horizon:
+                break
+            del self.closed[k]

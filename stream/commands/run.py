@@ -1,0 +1,132 @@
+"""`rollout-stream run`: the long-running worker."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Annotated
+
+import typer
+from kafka.errors import KafkaError
+
+from stream.clients import BrokerUnreachable, Connection, probe
+from stream.commands.options import Bootstrap, DeadLetterTopic, GroupSize, InputTopic, OutputTopic, fail, resolve_bootstrap
+from stream.config import ConfigError, TopicNames, WorkerConfig, parse_zero_variance
+from stream.logs import configure_logging, log_event
+from stream.topics import TopicSettings, ensure_topics
+from stream.worker import ProduceFailed, Worker
+
+log = logging.getLogger("rollout_stream.run")
+
+
+def run(
+    bootstrap_servers: Bootstrap = None,
+    input_topic: InputTopic = "rollouts",
+    output_topic: OutputTopic = "train-data",
+    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
+    group_id: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_GROUP_ID",
+                                          help="Kafka consumer group of the workers (scale out by starting more).")]
+    = "rollout-stream",
+    group_size: GroupSize = None,
+    group_timeout: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_GROUP_TIMEOUT",
+                                                 help="Seconds a group may stay open after its first member's "
+                                                 "Kafka timestamp before it is dead-lettered as incomplete_group.")]
+    = 300.0,
+    advantage_estimator: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_ADVANTAGE_ESTIMATOR",
+                                                     help="grpo, gspo, reinforce_plus_plus, "
+                                                     "reinforce_plus_plus_baseline or ppo (pass-through).")]
+    = "grpo",
+    no_rewards_normalization: Annotated[bool, typer.Option("--no-rewards-normalization",
+                                                           envvar="ROLLOUT_STREAM_NO_REWARDS_NORMALIZATION",
+                                                           help="Publish raw rewards unchanged.")] = False,
+    no_std_normalization: Annotated[bool, typer.Option("--no-std-normalization",
+                                                       envvar="ROLLOUT_STREAM_NO_STD_NORMALIZATION",
+                                                       help="GRPO/GSPO: subtract the group mean only.")] = False,
+    reward_key: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_REWARD_KEY",
+                                                   help="Select reward[KEY] when rewards are mappings.",
+                                                   show_default=False)] = None,
+    zero_variance: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_ZERO_VARIANCE",
+                                               help="Groups whose rollouts all share one reward: keep, drop, "
+                                               "or route:TOPIC. Always counted.")] = "keep",
+    commit_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_COMMIT_INTERVAL",
+                                                   help="Seconds between flush+offset commits.")] = 1.0,
+    progress_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_PROGRESS_INTERVAL",
+                                                     help="Seconds between progress log lines.")] = 10.0,
+    closed_group_retention: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_CLOSED_GROUP_RETENTION",
+                                                          help="Seconds a resolved group is remembered to "
+                                                          "recognise late members and copies.")] = 3600.0,
+    partitions: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_PARTITIONS",
+                                            help="Partitions for topics this command has to create.")] = 3,
+    heartbeat_file: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_HEARTBEAT_FILE",
+                                                       help="File touched every few seconds while the loop "
+                                                       "runs (container health checks).", show_default=False)]
+    = None,
+    log_format: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_FORMAT", help="text or json.")] = "text",
+    log_level: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_LEVEL", help="debug, info, warning.")]
+    = "info",
+) -> None:
+    """Run the stream worker: window rollouts by prompt group, check shared rewards, publish or dead-letter.
+
+    Exits 0 on SIGTERM/SIGINT after flushing outputs and committing every resolved input offset.
+    Bad records never stop it; bad configuration does, at start, with one line (exit 2).
+    """
+    if log_format not in ("text", "json"):
+        fail(f"--log-format must be text or json, got {log_format!r}")
+    if log_level.lower() not in ("debug", "info", "warning", "error"):
+        fail(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+    try:
+        config = WorkerConfig(
+            bootstrap_servers=bootstrap_servers,
+            topics=TopicNames(input_topic, output_topic, dead_letter_topic),
+            group_id=group_id,
+            group_size=group_size,
+            group_timeout_s=group_timeout,
+            advantage_estimator=advantage_estimator,
+            rewards_normalization=not no_rewards_normalization,
+            grpo_std_normalization=not no_std_normalization,
+            reward_key=reward_key,
+            zero_variance=parse_zero_variance(zero_variance),
+            commit_interval_s=commit_interval,
+            progress_interval_s=progress_interval,
+            closed_group_retention_s=closed_group_retention,
+            heartbeat_file=heartbeat_file,
+        )
+    except ConfigError as exc:
+        fail(str(exc))
+    if partitions < 1:
+        fail(f"--partitions must be at least 1, got {partitions}")
+    configure_logging(log_format, log_level)
+    conn = Connection(resolve_bootstrap(config.bootstrap_servers))
+    try:
+        probe(conn)
+        created = ensure_topics(
+            conn,
+            data_topics=[config.topics.input, config.topics.output]
+            + ([config.zero_variance.topic] if config.zero_variance.topic else []),
+            dead_letter_topics=[config.topics.dead_letter],
+            settings=TopicSettings(partitions=partitions),
+        )
+    except BrokerUnreachable as exc:
+        fail(f"{exc}; is the broker running?", 1)
+    except KafkaError as exc:
+        fail(f"cannot set up topics on {conn.bootstrap_servers}: {type(exc).__name__}: {exc}", 1)
+    if created:
+        log_event(log, "topics.created", topics=",".join(created))
+    worker = Worker(config, conn)
+
+    def _stop(signum: int, _frame: object) -> None:
+        log_event(log, "signal", signal=signal.Signals(signum).name)
+        worker.request_stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        worker.run()
+    except ProduceFailed as exc:
+        fail(f"stopping without committing past an unpublished record: {exc}", 1)
+    except KafkaError as exc:
+        fail(f"Kafka error: {type(exc).__name__}: {exc}", 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

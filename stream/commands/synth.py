@@ -1,0 +1,81 @@
+"""`rollout-stream synth`: a synthetic rollout producer with controlled faults."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from stream.clients import BrokerUnreachable, Connection, probe
+from stream.commands.options import Bootstrap, GroupSize, InputTopic, fail, resolve_bootstrap
+from stream.producer import RolloutProducer
+from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, default_run_id, plan_groups
+
+Rate = Annotated[float, typer.Option(min=0.0, max=1.0)]
+
+
+def synth(
+    bootstrap_servers: Bootstrap = None,
+    input_topic: InputTopic = "rollouts",
+    groups: Annotated[int, typer.Option(help="Prompt groups to send (total count).")] = 100,
+    group_size: GroupSize = 4,
+    max_siblings: Annotated[int, typer.Option(help="Samples per rollout are drawn from 1..N (agentic fan-out).")] = 1,
+    tokens: Annotated[int, typer.Option(help="Tokens per sample.")] = 64,
+    rate: Annotated[float, typer.Option(help="Samples per second (0: as fast as possible).")] = 0.0,
+    fault_rate: Annotated[float | None, typer.Option(help="Set every fault rate below at once.",
+                                                      show_default=False)] = None,
+    malformed_rate: Rate = 0.0,
+    invalid_rate: Rate = 0.0,
+    shared_reward_rate: Rate = 0.0,
+    conflicting_duplicate_rate: Rate = 0.0,
+    incomplete_rate: Rate = 0.0,
+    late_rate: Rate = 0.0,
+    duplicate_rate: Rate = 0.0,
+    omit_group_size: Annotated[bool, typer.Option(help="Leave group_size unset (the worker's --group-size applies).")]
+    = False,
+    run_id: Annotated[str | None, typer.Option(help="Namespace of the group keys (default: random).",
+                                               show_default=False)] = None,
+    start_index: Annotated[int, typer.Option(help="First group_index.")] = 0,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same records).")] = 0,
+) -> None:
+    """Send synthetic rollout groups, with per-group probabilities of every dead-letter cause.
+
+    Prints, as one JSON line on stdout, what the stage must produce for them (published samples,
+    dead-letters by reason, duplicates), so a run can be checked end to end.
+    """
+    faults = FaultRates.uniform(fault_rate) if fault_rate is not None else FaultRates(
+        malformed_rate, invalid_rate, shared_reward_rate, conflicting_duplicate_rate, incomplete_rate, late_rate,
+        duplicate_rate)
+    if faults.total() > 1.0:
+        fail(f"fault rates add up to {faults.total():g}; at most one fault per group, so the sum must be <= 1")
+    if groups < 0 or tokens < 1 or max_siblings < 1 or (group_size is not None and group_size < 1):
+        fail("--groups must be >= 0; --tokens, --max-siblings and --group-size >= 1")
+    plan = SynthPlan(group_size=group_size or 4, max_siblings=max_siblings, tokens=tokens, faults=faults, seed=seed,
+                     run_id=run_id or default_run_id(), write_group_size=not omit_group_size)
+    conn = Connection(resolve_bootstrap(bootstrap_servers))
+    try:
+        probe(conn)
+    except BrokerUnreachable as exc:
+        fail(str(exc), 1)
+    total = Expected()
+    limiter = RateLimiter(rate)
+    with RolloutProducer(conn.bootstrap_servers, topic=input_topic) as producer:
+        for i, (records, expected) in enumerate(plan_groups(plan, groups, start_index)):
+            for rec in records:
+                limiter.wait()
+                producer.send_raw(rec.key, rec.value)
+            total.add(expected)
+            if (i + 1) % 1000 == 0:
+                print(f"synth: {i + 1}/{groups} groups sent", file=sys.stderr)
+    print(json.dumps({
+        "run_id": plan.run_id, "groups": groups, "records": total.records,
+        "expected_published_samples": total.published_samples, "expected_published_groups": total.published_groups,
+        "expected_dead_letters": {str(k): v for k, v in sorted(total.dead_letters.items())},
+        "expected_duplicates": total.duplicates,
+    }))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("synth")(synth)

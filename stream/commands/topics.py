@@ -1,0 +1,49 @@
+"""`rollout-stream topics create`: the stage's topics with large-record limits and long dead-letter retention."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from kafka.errors import KafkaError
+
+from stream.clients import BrokerUnreachable, Connection, probe
+from stream.commands.options import Bootstrap, DeadLetterTopic, InputTopic, OutputTopic, fail, resolve_bootstrap
+from stream.topics import TopicSettings, ensure_topics
+
+topics_app = typer.Typer(help="Manage the stage's Kafka topics.", no_args_is_help=True)
+
+
+@topics_app.command("create")
+def create(
+    bootstrap_servers: Bootstrap = None,
+    input_topic: InputTopic = "rollouts",
+    output_topic: OutputTopic = "train-data",
+    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
+    partitions: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_PARTITIONS", help="Partitions per topic.")] = 3,
+    replication_factor: Annotated[int, typer.Option(help="Replicas per partition.")] = 1,
+    max_message_mib: Annotated[int, typer.Option(help="max.message.bytes of every topic, in MiB.")] = 64,
+    dead_letter_retention_days: Annotated[float, typer.Option(help="retention.ms of the dead-letter topic.")] = 90.0,
+    extra_topic: Annotated[list[str] | None, typer.Option(help="Another data topic to create (repeatable), e.g. a "
+                                                          "--zero-variance route target.")] = None,
+) -> None:
+    """Create the rollout, train-data and dead-letter topics (existing topics are left unchanged)."""
+    if partitions < 1 or replication_factor < 1 or max_message_mib < 1 or dead_letter_retention_days <= 0:
+        fail("--partitions, --replication-factor, --max-message-mib and --dead-letter-retention-days must be positive")
+    conn = Connection(resolve_bootstrap(bootstrap_servers))
+    settings = TopicSettings(partitions, replication_factor, max_message_mib * 1024 * 1024,
+                             int(dead_letter_retention_days * 24 * 3600 * 1000))
+    try:
+        probe(conn)
+        created = ensure_topics(conn, data_topics=[input_topic, output_topic, *(extra_topic or [])],
+                                dead_letter_topics=[dead_letter_topic], settings=settings)
+    except BrokerUnreachable as exc:
+        fail(str(exc), 1)
+    except KafkaError as exc:
+        fail(f"{type(exc).__name__}: {exc}", 1)
+    for name in [input_topic, output_topic, *(extra_topic or []), dead_letter_topic]:
+        print(f"{name}: {'created' if name in created else 'exists'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(topics_app, name="topics")

@@ -1,0 +1,132 @@
+"""Worker configuration, modeled once: CLI flags and environment variables fill this struct and nothing else."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from core import RewardConfig
+from core.validate import SampleLimits
+from core.windows import WindowConfig
+
+__all__ = ["ConfigError", "ZeroVariancePolicy", "TopicNames", "WorkerConfig", "parse_zero_variance"]
+
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+class ConfigError(ValueError):
+    """A configuration a person must fix before the worker can start."""
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroVariancePolicy:
+    """What to do with groups whose rollouts all share one reward (no learning signal)."""
+
+    mode: Literal["keep", "drop", "route"] = "keep"
+    topic: str | None = None
+
+    def __str__(self) -> str:
+        return f"route:{self.topic}" if self.mode == "route" else self.mode
+
+
+def parse_zero_variance(text: str) -> ZeroVariancePolicy:
+    if text in ("keep", "drop"):
+        return ZeroVariancePolicy(text)  # type: ignore[arg-type]
+    if text.startswith("route:"):
+        topic = text.removeprefix("route:")
+        _check_topic("--zero-variance route:TOPIC", topic)
+        return ZeroVariancePolicy("route", topic)
+    raise ConfigError(f"--zero-variance must be keep, drop or route:TOPIC, got {text!r}")
+
+
+def _check_topic(option: str, name: str) -> None:
+    if not _TOPIC_RE.match(name) or name in (".", ".."):
+        raise ConfigError(f"{option}: {name!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-')")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    input: str = "rollouts"
+    output: str = "train-data"
+    dead_letter: str = "rollouts-dlq"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything `rollout-stream run` needs; validated at construction."""
+
+    bootstrap_servers: str | None = None
+    topics: TopicNames = field(default_factory=TopicNames)
+    group_id: str = "rollout-stream"
+    group_size: int | None = None
+    group_timeout_s: float = 300.0
+    advantage_estimator: str = "grpo"
+    rewards_normalization: bool = True
+    grpo_std_normalization: bool = True
+    reward_key: str | None = None
+    zero_variance: ZeroVariancePolicy = field(default_factory=ZeroVariancePolicy)
+    commit_interval_s: float = 1.0
+    progress_interval_s: float = 10.0
+    closed_group_retention_s: float = 3600.0
+    max_closed_groups: int = 200_000
+    max_record_bytes: int = 64 * 1024 * 1024
+    heartbeat_file: str | None = None
+    shutdown_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for option, name in (
+            ("--input-topic", self.topics.input),
+            ("--output-topic", self.topics.output),
+            ("--dead-letter-topic", self.topics.dead_letter),
+        ):
+            _check_topic(option, name)
+        names = [self.topics.input, self.topics.output, self.topics.dead_letter]
+        if self.zero_variance.topic:
+            names.append(self.zero_variance.topic)
+        if self.topics.input in names[1:]:
+            raise ConfigError(f"the input topic {self.topics.input!r} cannot also be an output or dead-letter topic")
+        if self.topics.output == self.topics.dead_letter:
+            raise ConfigError("--output-topic and --dead-letter-topic must differ")
+        if not self.group_id:
+            raise ConfigError("--group-id must not be empty")
+        if self.group_size is not None and not 1 <= self.group_size <= 4096:
+            raise ConfigError(f"--group-size must be between 1 and 4096, got {self.group_size}")
+        if not self.group_timeout_s > 0:
+            raise ConfigError(f"--group-timeout must be a positive number of seconds, got {self.group_timeout_s}")
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            raise ConfigError(
+                f"--advantage-estimator must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {self.advantage_estimator!r}"
+            )
+        if self.reward_key is not None and not self.reward_key:
+            raise ConfigError("--reward-key must not be empty")
+        if not self.commit_interval_s > 0:
+            raise ConfigError(f"--commit-interval must be positive, got {self.commit_interval_s}")
+        if self.bootstrap_servers is not None and not self.bootstrap_servers.strip():
+            raise ConfigError("--bootstrap-servers must not be empty (omit it to use the local broker)")
+
+    @property
+    def reward(self) -> RewardConfig:
+        return RewardConfig(
+            advantage_estimator=self.advantage_estimator,  # type: ignore[arg-type]
+            rewards_normalization=self.rewards_normalization,
+            grpo_std_normalization=self.grpo_std_normalization,
+            reward_key=self.reward_key,
+        )
+
+    @property
+    def windows(self) -> WindowConfig:
+        return WindowConfig(
+            reward=self.reward,
+            limits=SampleLimits(default_group_size=self.group_size),
+            group_timeout_ms=int(self.group_timeout_s * 1000),
+            closed_retention_ms=int(self.closed_group_retention_s * 1000),
+            max_closed_groups=self.max_closed_groups,
+        )
+
+    def effective(self) -> dict[str, Any]:
+        """The configuration as logged at start (nothing secret lives here)."""
+        out = asdict(self)
+        out["zero_variance"] = str(self.zero_variance)
+        return out

@@ -1,0 +1,48 @@
+"""Structured log lines: `event=name key=value …` for people, or one JSON object per line for machines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+__all__ = ["configure_logging", "log_event"]
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, fmt: str) -> None:
+        super().__init__()
+        self.json = fmt == "json"
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = getattr(record, "fields", {})
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        if self.json:
+            return json.dumps({"ts": ts, "level": record.levelname.lower(), "event": record.getMessage(), **fields},
+                              default=str)
+        parts = [ts, record.levelname.lower().ljust(5), f"event={record.getMessage()}"]
+        for k, v in fields.items():
+            text = str(v)
+            if not text or any(c in text for c in ' ="'):
+                text = json.dumps(text)
+            parts.append(f"{k}={text}")
+        line = " ".join(parts)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure_logging(fmt: str = "text", level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter(fmt))
+    root = logging.getLogger("rollout_stream")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+
+
+def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+    logger.log(level, event, extra={"fields": fields})

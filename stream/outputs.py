@@ -1,0 +1,99 @@
+"""What the stage writes: train-data records for published groups, dead-letter records with their headers."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from codec import TrainSample, encode_train_sample
+from core.config import RewardConfig
+from core.records import DeadLettered, InputRecord, Published
+
+__all__ = ["STAGE_VERSION", "OutputRecord", "train_records", "dead_letter_records", "DLQ_HEADERS"]
+
+try:
+    STAGE_VERSION = version("rollout-stream")
+except PackageNotFoundError:  # running from a source tree without installation
+    STAGE_VERSION = "0+unknown"
+
+DLQ_HEADERS = (
+    "x-dlq-reason",
+    "x-dlq-message",
+    "x-original-topic",
+    "x-original-partition",
+    "x-original-offset",
+    "x-original-timestamp",
+    "x-group-key",
+    "x-stage-version",
+    "x-failed-at",
+)
+# Kafka headers should stay small; the full message is also logged.
+_MAX_MESSAGE_HEADER = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    source: InputRecord
+
+
+def train_records(group: Published, reward: RewardConfig, topic: str) -> list[OutputRecord]:
+    """One train sample per member, in the group's publication order, keyed by the group."""
+    key = group.group_key.encode()
+    stats = group.rewards
+    out: list[OutputRecord] = []
+    for member, raw, value in zip(group.members, stats.raw, stats.rewards, strict=True):
+        src = member.record
+        train = TrainSample(
+            sample=member.sample,
+            raw_reward=raw,
+            reward=value,
+            group_key=group.group_key,
+            group_rollout_count=stats.rollout_count,
+            group_sample_count=len(group.members),
+            group_mean=stats.mean,
+            group_std=stats.std,
+            zero_variance=stats.zero_variance,
+            advantage_estimator=reward.advantage_estimator,
+            rewards_normalization=reward.rewards_normalization,
+            grpo_std_normalization=reward.grpo_std_normalization,
+            reward_key=reward.reward_key,
+            source_topic=src.topic,
+            source_partition=src.partition,
+            source_offset=src.offset,
+            stage_version=STAGE_VERSION,
+        )
+        out.append(OutputRecord(topic, key, encode_train_sample(train, raw_sample=src.value), [], src))
+    return out
+
+
+def _iso_ms(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def dead_letter_records(failure: DeadLettered, topic: str) -> list[OutputRecord]:
+    """Every refused record with its original key and value bytes and the SPEC §4.4 headers."""
+    message = failure.message
+    if len(message) > _MAX_MESSAGE_HEADER:
+        message = message[: _MAX_MESSAGE_HEADER - 1] + "…"
+    out: list[OutputRecord] = []
+    for src in failure.records:
+        headers = [
+            ("x-dlq-reason", failure.reason.value.encode()),
+            ("x-dlq-message", message.encode()),
+            ("x-original-topic", src.topic.encode()),
+            ("x-original-partition", str(src.partition).encode()),
+            ("x-original-offset", str(src.offset).encode()),
+            ("x-original-timestamp", str(src.timestamp_ms).encode()),
+            ("x-group-key", (failure.group_key or "").encode()),
+            ("x-stage-version", STAGE_VERSION.encode()),
+            ("x-failed-at", _iso_ms(failure.first_failed_at_ms).encode()),
+        ]
+        # Producer headers travel along (lineage), minus any stale dead-letter headers of an earlier pass.
+        headers += [(k, v) for k, v in src.headers if k not in DLQ_HEADERS]
+        out.append(OutputRecord(topic, src.key, src.value, headers, src))
+    return out

@@ -1,0 +1,51 @@
+"""Topic layout: create the stage's topics with limits that let large samples through."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from stream.clients import MAX_RECORD_BYTES, Connection, make_admin
+
+__all__ = ["TopicSettings", "ensure_topics"]
+
+log = logging.getLogger("rollout_stream.topics")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    partitions: int = 3
+    replication_factor: int = 1
+    max_message_bytes: int = MAX_RECORD_BYTES
+    dead_letter_retention_ms: int = 90 * 24 * 3600 * 1000
+
+
+def ensure_topics(
+    conn: Connection, *, data_topics: list[str], dead_letter_topics: list[str], settings: TopicSettings
+) -> list[str]:
+    """Create the topics that are missing; return the names created. Existing topics are left as they are."""
+    admin = make_admin(conn)
+    try:
+        existing = set(admin.list_topics())
+        common = {"max.message.bytes": str(settings.max_message_bytes)}
+        wanted: list[NewTopic] = []
+        for name in dict.fromkeys(data_topics):
+            if name not in existing:
+                wanted.append(NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=common))
+        for name in dict.fromkeys(dead_letter_topics):
+            if name not in existing:
+                configs = {**common, "retention.ms": str(settings.dead_letter_retention_ms)}
+                wanted.append(NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=configs))
+        created: list[str] = []
+        for topic in wanted:
+            try:
+                admin.create_topics([topic])
+                created.append(topic.name)
+            except TopicAlreadyExistsError:
+                pass  # created concurrently by another worker
+        return created
+    finally:
+        admin.close()
