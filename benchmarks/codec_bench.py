@@ -170,7 +170,8 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"sample: {result['tokens']} tokens (int32), response {result['response_length']} "
         f"(loss_mask int32, rollout_log_probs float32); array payload {result['payload_bytes']:,} B",
-        f"encoded size: codec {result['codec_encoded_bytes']:,} B, plain lists {result['plain_encoded_bytes']:,} B",
+        f"encoded size: codec {result['codec_encoded_bytes']:,} B, "
+        f"plain lists {result['plain_encoded_bytes']:,} B",
         "",
         "| op | codec µs | plain µs | codec MB/s | plain MB/s | speed-up |",
         "|---|---:|---:|---:|---:|---:|",

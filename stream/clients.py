@@ -52,7 +52,6 @@ def make_producer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES,
         "batch_size": 256 * 1024,
         # A train sample is its rollout sample plus ~300 bytes of statistics and lineage.
         "max_request_size": max_record_bytes + 1024 * 1024,
-        "buffer_memory": max(64 * 1024 * 1024, 2 * max_record_bytes),
     }
     settings.update(overrides)
     return KafkaProducer(**settings)

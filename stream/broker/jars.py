@@ -9,8 +9,6 @@ A cache whose ``.complete`` matches the packaged pom is used as is: no Maven, no
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -19,12 +17,13 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from stream.broker.errors import BrokerError, JarResolutionFailed, MavenNotFound
+from stream.broker.process import exclusive
 
 __all__ = [
     "CACHE_ENV",
@@ -102,18 +101,6 @@ def cached_jars(cache_root: Path | None = None) -> KafkaJars | None:
     return KafkaJars(version, lib_dir) if _complete(lib_dir, _sha256(pom)) else None
 
 
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """One resolver per cache dir at a time (parallel test sessions, `make jars` next to a worker)."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def resolve_jars(cache_root: Path | None = None, *, progress: Progress | None = None) -> KafkaJars:
     """The cached jars; runs Maven once to fetch them when the cache is missing or stale."""
     say = progress or (lambda _line: None)
@@ -123,7 +110,8 @@ def resolve_jars(cache_root: Path | None = None, *, progress: Progress | None = 
     lib_dir = version_dir / "lib"
     if _complete(lib_dir, pom_sha):
         return KafkaJars(version, lib_dir)
-    with _exclusive(version_dir / ".lock"):
+    # one resolver per cache dir at a time (parallel test sessions, `make jars` next to a worker)
+    with exclusive(version_dir / ".lock"):
         if _complete(lib_dir, pom_sha):  # another process fetched them while we waited
             return KafkaJars(version, lib_dir)
         mvn = shutil.which("mvn")

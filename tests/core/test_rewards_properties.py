@@ -158,12 +158,15 @@ def test_group_result_is_independent_of_other_groups(samples: list[Sample], othe
     """Group 0 alone and group 0 interleaved with other groups get bit-identical rewards."""
     alone = [sample for sample in samples if sample.group_index == 0]
     _, alone_rewards = post_process_rewards(alone, cfg)
-    tagged = [(True, sample) for sample in alone] + [
-        (False, Sample(group_index=sample.group_index + 1, rollout_id=sample.rollout_id,  # type: ignore[operator]
-                       index=sample.index, reward=sample.reward))
+    shifted = iter([
+        Sample(group_index=sample.group_index + 1, rollout_id=sample.rollout_id,  # type: ignore[operator]
+               index=sample.index, reward=sample.reward)
         for sample in others
-    ]
-    random.Random(seed).shuffle(tagged)
+    ])
+    mine_first = iter(alone)
+    flags = [True] * len(alone) + [False] * len(others)
+    random.Random(seed).shuffle(flags)  # interleave, keeping each side's own order
+    tagged = [(flag, next(mine_first) if flag else next(shifted)) for flag in flags]
     _, mixed_rewards = post_process_rewards([sample for _, sample in tagged], cfg)
     ours = [value for (mine, _), value in zip(tagged, mixed_rewards, strict=True) if mine]
     assert [bits(value) for value in ours] == [bits(value) for value in alone_rewards]
@@ -184,7 +187,7 @@ def test_normalize_group_agrees_with_batch_api(samples: list[Sample], estimator:
 
 # ---------------------------------------------------------------- differential test vs the reference
 
-DIFF_SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DIFF_SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 any_reward = st.one_of(
     st.sampled_from([0, 1, 1.0, 0.5, -2, 2.0, 1e-7, 3.4e38, -0.0]),
@@ -197,8 +200,9 @@ any_reward = st.one_of(
 def any_batch(draw: st.DrawFn) -> tuple[RewardConfig, list[Sample], list[int] | None]:
     """Arbitrary batches: optional group_index/index/rollout_id, siblings mostly agreeing, sizes."""
     cfg = RewardConfig(
-        advantage_estimator=draw(st.sampled_from(ADVANTAGE_ESTIMATORS)),
-        rewards_normalization=draw(st.booleans()),
+        advantage_estimator=draw(st.sampled_from(["grpo", "gspo", "reinforce_plus_plus_baseline", "grpo",
+                                                  "reinforce_plus_plus", "ppo"])),
+        rewards_normalization=draw(st.sampled_from([True, True, True, False])),
         grpo_std_normalization=draw(st.booleans()),
         reward_key=draw(st.sampled_from([None, "score"])),
         n_samples_per_prompt=draw(st.integers(1, 4)),

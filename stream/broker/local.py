@@ -1,0 +1,363 @@
+"""A single-node Apache Kafka (KRaft) for development and tests, run from Maven jars in the background.
+
+Data dir layout (default ``./.kafka-data``):
+    server.properties, log4j2.properties   rewritten at every start
+    kafka-logs/                           the broker's log dir (formatted once)
+    logs/broker.log                       JVM output + WARN-and-above log4j lines (previous run: .1)
+    cluster.json                          cluster id and controller port, kept across restarts
+    broker.json                           pid/port/bootstrap of the running broker (removed on stop)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError
+
+from stream.broker.errors import (
+    BrokerAlreadyRunning,
+    BrokerConfigError,
+    BrokerError,
+    BrokerStartFailed,
+    BrokerStopFailed,
+    JarResolutionFailed,
+    JavaNotFound,
+    MavenNotFound,
+    PortInUse,
+    UnsupportedJava,
+)
+from stream.broker.jars import KafkaJars, Progress, resolve_jars
+from stream.broker.java import JavaRuntime, find_java
+from stream.broker.process import StopOutcome, command_line, exclusive, free_port, is_alive, port_accepts
+from stream.broker.process import port_is_free, terminate
+from stream.broker.properties import log4j2_properties, new_cluster_id, server_properties
+
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_PORT",
+    "BrokerStatus",
+    "LocalBroker",
+    "StopOutcome",
+    # errors, re-exported so callers need one import
+    "BrokerError",
+    "BrokerConfigError",
+    "JavaNotFound",
+    "UnsupportedJava",
+    "MavenNotFound",
+    "PortInUse",
+    "BrokerAlreadyRunning",
+    "JarResolutionFailed",
+    "BrokerStartFailed",
+    "BrokerStopFailed",
+]
+
+DEFAULT_PORT = 9092
+DEFAULT_DATA_DIR = Path(".kafka-data")
+_TAIL_LINES = 20
+_MAIN_CLASS = "kafka.Kafka"
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """What `LocalBroker.status()` found in a data dir."""
+
+    state: Literal["running", "stopped"]
+    data_dir: Path
+    log_path: Path
+    pid: int | None = None
+    port: int | None = None
+    bootstrap: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+@dataclass
+class LocalBroker:
+    """One broker+controller node on 127.0.0.1:`port`, its files in `data_dir`; survives the caller's exit.
+
+    cache_dir: jar cache root (None: $ROLLOUT_STREAM_CACHE, else ~/.cache/rollout-stream).
+    overrides: extra server.properties entries (not the listener/port/dir keys, which are managed here).
+    progress: receives progress lines (jar download, format, start); None = silent.
+    """
+
+    port: int = DEFAULT_PORT
+    data_dir: Path = DEFAULT_DATA_DIR
+    cache_dir: Path | None = None
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    jvm_options: tuple[str, ...] = ("-Xms256m", "-Xmx512m")
+    progress: Progress | None = field(default=None, repr=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Absolute once, so a later chdir does not move the broker; canonical, so the pid check matches.
+        self.data_dir = Path(self.data_dir).expanduser().resolve()
+
+    # -- paths --------------------------------------------------------------------------------------
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "logs" / "broker.log"
+
+    @property
+    def _properties_path(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def _log_dirs(self) -> Path:
+        return self.data_dir / "kafka-logs"
+
+    @property
+    def _state_path(self) -> Path:
+        return self.data_dir / "broker.json"
+
+    @property
+    def _cluster_path(self) -> Path:
+        return self.data_dir / "cluster.json"
+
+    # -- queries ------------------------------------------------------------------------------------
+    def status(self) -> BrokerStatus:
+        """Running if the pid in broker.json is alive and is a kafka.Kafka started from this data dir."""
+        state = _read_json(self._state_path)
+        pid = state.get("pid")
+        if isinstance(pid, int) and is_alive(pid) and self._is_our_broker(pid):
+            return BrokerStatus(
+                "running", self.data_dir, self.log_path, pid=pid, port=state.get("port"),
+                bootstrap=state.get("bootstrap"),
+            )  # fmt: skip
+        return BrokerStatus("stopped", self.data_dir, self.log_path)
+
+    def _is_our_broker(self, pid: int) -> bool:
+        """Guards against pid reuse: only signal a process that is our broker."""
+        cmd = command_line(pid)
+        return cmd is not None and _MAIN_CLASS in cmd and str(self._properties_path) in cmd
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self, timeout: float = 60.0) -> str:
+        """Start the broker (or return the address of the one already running here on the same port).
+
+        Fetches the jars on first use and formats the data dir once. `timeout` bounds the wait for
+        readiness (port accepts connections and a metadata request is answered), not the jar download.
+        Returns the bootstrap address "127.0.0.1:PORT".
+        """
+        return self._start(timeout, any_port=False)
+
+    def ensure_running(self, timeout: float = 60.0) -> str:
+        """The bootstrap address of the broker running from `data_dir` (whatever its port), started if needed."""
+        current = self.status()
+        if current.running and current.bootstrap:
+            return current.bootstrap
+        return self._start(timeout, any_port=True)
+
+    def stop(self, timeout: float = 30.0) -> StopOutcome:
+        """SIGTERM and wait up to `timeout` s for a clean shutdown, then SIGKILL."""
+        with exclusive(self.data_dir / ".start.lock"):
+            current = self.status()
+            outcome: StopOutcome = "not_running"
+            if current.running and current.pid is not None:
+                outcome = terminate(current.pid, timeout)
+            self._state_path.unlink(missing_ok=True)
+            if self._proc is not None:
+                self._proc.poll()  # reap our child (no zombie, no ResourceWarning)
+                self._proc = None
+            return outcome
+
+    def _start(self, timeout: float, *, any_port: bool) -> str:
+        if not 0 < self.port < 65536:
+            raise BrokerConfigError(f"port {self.port} is not a TCP port: use 1..65535")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive(self.data_dir / ".start.lock"):  # two callers of ensure_running start one broker
+            current = self.status()
+            if current.running and current.bootstrap:
+                if any_port or current.port == self.port:
+                    return current.bootstrap
+                raise BrokerAlreadyRunning(
+                    f"a broker from {self.data_dir} already runs on port {current.port} (pid {current.pid}): "
+                    f"use --port {current.port}, or stop it first (rollout-stream broker stop --data-dir "
+                    f"{self.data_dir})"
+                )
+            self._state_path.unlink(missing_ok=True)
+            if not port_is_free(self.port):
+                raise PortInUse(
+                    f"port {self.port} on 127.0.0.1 is already in use (another Kafka? see `ss -ltnp "
+                    f"'sport = :{self.port}'`): pick another with --port, or stop that process"
+                )
+            java = find_java()
+            jars = resolve_jars(self.cache_dir, progress=self.progress)
+            self._rotate_log()
+            controller_port = self._prepare(java, jars)
+            return self._launch(java, jars, controller_port, timeout)
+
+    # -- steps of a start ---------------------------------------------------------------------------
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
+
+    def _rotate_log(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log_path.exists() and self.log_path.stat().st_size > 0:
+            self.log_path.replace(self.log_path.with_name(self.log_path.name + ".1"))
+
+    def _prepare(self, java: JavaRuntime, jars: KafkaJars) -> int:
+        """Write the config files; format the log dir if it never was. Returns the controller port."""
+        cluster = _read_json(self._cluster_path)
+        stored = cluster.get("controller_port")
+        keep = isinstance(stored, int) and stored != self.port and port_is_free(stored)
+        controller_port = stored if keep and isinstance(stored, int) else free_port()
+        self._properties_path.write_text(
+            server_properties(
+                port=self.port, controller_port=controller_port, log_dirs=self._log_dirs, overrides=self.overrides
+            )
+        )
+        (self.data_dir / "log4j2.properties").write_text(log4j2_properties())
+        if not (self._log_dirs / "meta.properties").exists():
+            cluster["cluster_id"] = self._format(java, jars)
+        cluster.update(controller_port=controller_port, kafka_version=jars.version)
+        _write_json(self._cluster_path, cluster)
+        return controller_port
+
+    def _format(self, java: JavaRuntime, jars: KafkaJars) -> str:
+        cluster_id = new_cluster_id()
+        self._say(f"formatting {self._log_dirs} (cluster id {cluster_id})")
+        command = [
+            str(java.executable), "-Xmx256m", f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            "-cp", jars.classpath, "kafka.tools.StorageTool", "format", "-t", cluster_id,
+            "-c", str(self._properties_path), "--standalone",
+        ]  # fmt: skip
+        offset = _size(self.log_path)
+        with open(self.log_path, "ab") as log:
+            try:
+                rc = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    timeout=120, check=False).returncode  # fmt: skip
+            except subprocess.TimeoutExpired:
+                rc = -1
+        if rc != 0:
+            raise self._failure(f"formatting {self._log_dirs} failed (exit {rc})", offset)
+        return cluster_id
+
+    def _launch(self, java: JavaRuntime, jars: KafkaJars, controller_port: int, timeout: float) -> str:
+        command = [
+            str(java.executable), *self.jvm_options, "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+            f"-Dkafka.logs.dir={self.log_path.parent}",
+            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            "-cp", jars.classpath, _MAIN_CLASS, str(self._properties_path),
+        ]  # fmt: skip
+        bootstrap = f"127.0.0.1:{self.port}"
+        offset = _size(self.log_path)
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            # Own session: no terminal signals (Ctrl-C in the shell that started it), outlives this process.
+            self._proc = subprocess.Popen(
+                command, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True,
+            )  # fmt: skip
+        pid = self._proc.pid
+        _write_json(self._state_path, {
+            "pid": pid, "port": self.port, "controller_port": controller_port, "bootstrap": bootstrap,
+            "kafka_version": jars.version, "java": str(java.executable), "started_at": time.time(),
+            "log_path": str(self.log_path),
+        })  # fmt: skip
+        self._say(f"starting Kafka {jars.version} (pid {pid}) on {bootstrap}, log: {self.log_path}")
+        try:
+            self._wait_ready(bootstrap, started + timeout, timeout, offset)
+        except BaseException:  # also Ctrl-C: never leave a half-started broker behind
+            terminate(pid, 10.0)
+            self._state_path.unlink(missing_ok=True)
+            self._proc.poll()
+            self._proc = None
+            raise
+        self._say(f"ready in {time.monotonic() - started:.1f} s")
+        return bootstrap
+
+    def _wait_ready(self, bootstrap: str, deadline: float, timeout: float, log_offset: int) -> None:
+        assert self._proc is not None
+        while True:
+            rc = self._proc.poll()
+            if rc is not None:
+                raise self._failure(f"the broker exited with code {rc} during start", log_offset)
+            if port_accepts(self.port) and self._answers_metadata(bootstrap, deadline):
+                return
+            if time.monotonic() >= deadline:
+                raise self._failure(f"the broker did not become ready within {timeout:g} s", log_offset)
+            time.sleep(0.1)
+
+    def _answers_metadata(self, bootstrap: str, deadline: float) -> bool:
+        """A metadata round trip lists this broker unfenced: clients can use it now."""
+        budget_ms = int(min(5.0, max(1.0, deadline - time.monotonic())) * 1000)
+        try:
+            admin = KafkaAdminClient(
+                bootstrap_servers=bootstrap, client_id="rollout-stream-broker-probe",
+                request_timeout_ms=budget_ms, bootstrap_timeout_ms=budget_ms,
+            )  # fmt: skip
+            try:
+                brokers = admin.describe_cluster().get("brokers", [])
+            finally:
+                admin.close()
+        except (KafkaError, OSError):
+            return False
+        return any(b.get("port") == self.port and not b.get("is_fenced") for b in brokers)
+
+    def _failure(self, what: str, log_offset: int) -> BrokerStartFailed:
+        """One line: what happened, the most telling log line, where the log is."""
+        lines = _read_lines_from(self.log_path, log_offset)
+        tail = lines[-_TAIL_LINES:]
+        cause = _key_line(lines)
+        message = f"{what}: {cause} (last {_TAIL_LINES} log lines: tail -n {_TAIL_LINES} {self.log_path})"
+        return BrokerStartFailed(message, log_path=self.log_path, log_tail=tail)
+
+
+# -- small file helpers -----------------------------------------------------------------------------
+_EXCEPTION_LINE = re.compile(r"^\s*(Caused by: )?([\w$]+\.)*[\w$]*(Exception|Error)(: .*)?$")
+_LOG4J_ERROR = re.compile(r"^\[[^\]]+\] (ERROR|FATAL) (?P<msg>.*?)( \([\w.$]+\))?$")
+
+
+def _key_line(lines: list[str]) -> str:
+    """The root cause if a Java exception was printed, else the first ERROR line, else the last line."""
+    exceptions = [line.strip().removeprefix("Caused by: ") for line in lines if _EXCEPTION_LINE.match(line)]
+    if exceptions:
+        return exceptions[-1][:300]
+    for line in lines:
+        match = _LOG4J_ERROR.match(line)
+        if match:
+            return match.group("msg")[:300]
+    nonblank = [line.strip() for line in lines if line.strip()]
+    return nonblank[-1][:300] if nonblank else "no output"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_lines_from(path: Path, offset: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,224 @@
+"""The window state machine: completion, every dead-letter reason, late members, duplicates, expiry."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from codec import DeadLetterReason as R
+from codec import DecodeError, Sample, encode_sample, group_key
+from core import RewardConfig, post_process_rewards
+from core.records import DeadLettered, DuplicateDropped, InputRecord, Published
+from core.validate import SampleLimits
+from core.windows import WindowConfig, WindowStore
+
+TIMEOUT = 10_000
+
+
+def rec(sample: Sample | bytes, offset: int, ts: int = 1_000, key: bytes | None = None, partition: int = 0) -> InputRecord:
+    value = sample if isinstance(sample, bytes) else encode_sample(sample)
+    if key is None and isinstance(sample, Sample) and sample.group_index is not None:
+        key = group_key(sample)
+    return InputRecord("rollouts", partition, offset, ts, key, value)
+
+
+def s(gi: int = 0, rid: int = 0, reward: float = 1.0, *, size: int | None = 2, sc: int = 1, si: int = 0, **kw) -> Sample:
+    return Sample(group_index=gi, index=rid, rollout_id=rid, reward=reward, group_size=size, sibling_count=sc,
+                  sibling_index=si, **kw)
+
+
+def store(**kw) -> WindowStore:
+    limits = SampleLimits(default_group_size=kw.pop("default_group_size", None))
+    return WindowStore(WindowConfig(reward=RewardConfig(), limits=limits, group_timeout_ms=TIMEOUT, **kw))
+
+
+def feed(st: WindowStore, *records: InputRecord, now: int = 2_000):
+    out = []
+    for r in records:
+        from codec import decode_sample
+
+        try:
+            decoded = decode_sample(r.value)
+        except DecodeError as e:
+            decoded = e
+        out += st.accept(r, decoded, now)
+    return out
+
+
+def test_group_publishes_when_every_rollout_is_complete():
+    st = store()
+    outs = feed(st, rec(s(rid=0, reward=1.0), 0), rec(s(rid=1, reward=3.0), 1))
+    assert len(outs) == 1 and isinstance(outs[0], Published)
+    assert outs[0].rewards.rewards == post_process_rewards([s(rid=0, reward=1.0), s(rid=1, reward=3.0)],
+                                                           RewardConfig())[1]
+    assert st.open_count() == 0
+
+
+def test_siblings_complete_a_rollout_only_when_all_indices_arrived_and_order_is_deterministic():
+    st = store()
+    recs = [rec(s(rid=7, reward=2.0, sc=3, si=2), 0), rec(s(rid=8, reward=0.0), 1),
+            rec(s(rid=7, reward=2.0, sc=3, si=0), 2)]
+    assert feed(st, *recs) == []
+    (out,) = feed(st, rec(s(rid=7, reward=2.0, sc=3, si=1), 3))
+    assert isinstance(out, Published)
+    assert [(m.sample.rollout_id, m.sample.sibling_index) for m in out.members] == [(7, 0), (7, 1), (7, 2), (8, 0)]
+    assert out.rewards.rewards[0] == out.rewards.rewards[1] == out.rewards.rewards[2]
+
+
+def test_shared_reward_violation_dead_letters_the_whole_group_with_the_reference_message():
+    st = store()
+    outs = feed(st, rec(s(rid=11, reward=2.0, sc=2, si=0), 0), rec(s(rid=12, reward=1.0), 1),
+                rec(s(rid=11, reward=6.0, sc=2, si=1), 2))
+    (out,) = outs
+    assert isinstance(out, DeadLettered) and out.reason is R.SHARED_REWARD_VIOLATION
+    assert out.message == "all samples in rollout 11 must share one reward; rows [0, 1] have rewards [2.0, 6.0]"
+    assert sorted(r.offset for r in out.records) == [0, 1, 2]
+
+
+def test_one_equals_one_point_zero_for_siblings():
+    st = store(default_group_size=1)
+    (out,) = feed(st, rec(s(rid=1, reward=1, size=None, sc=2, si=0), 0), rec(s(rid=1, reward=1.0, size=None, sc=2, si=1), 1))
+    assert isinstance(out, Published)
+
+
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        (s(reward=math.nan), "finite"),
+        (s(reward=math.inf), "finite"),
+        (s(reward=None), "missing"),
+        (s(reward={"acc": 1.0}), "mapping"),
+        (s(size=0), "below 1"),
+        (s(size=-3), "below 1"),
+        (s(size=10**9), "exceeds"),
+        (s(sc=0), "sibling_count"),
+        (s(sc=2, si=2), "sibling_index"),
+        (s(response_length=3, loss_mask=[1, 1]), "loss_mask"),
+        (Sample(index=0, reward=1.0, group_size=2), "group_index"),
+        (s(size=None), "group_size is unset"),
+    ],
+)
+def test_invalid_samples_are_dead_lettered_with_a_reason(bad, fragment):
+    st = store()
+    (out,) = feed(st, rec(bad, 0, key=b"0"))
+    assert isinstance(out, DeadLettered) and out.reason is R.INVALID_SAMPLE
+    assert fragment in out.message
+
+
+def test_key_must_be_the_group_key():
+    st = store()
+    (out,) = feed(st, rec(s(), 0, key=b"other"))
+    assert out.reason is R.INVALID_SAMPLE and "group key" in out.message
+
+
+def test_invalid_member_rejects_the_open_group_and_tags_later_members_with_the_same_reason():
+    st = store()
+    assert feed(st, rec(s(rid=0), 0)) == []
+    (out,) = feed(st, rec(s(rid=1, reward=math.nan, size=3), 1))
+    assert out.reason is R.INVALID_SAMPLE and [r.offset for r in out.records] == [0, 1]
+    (later,) = feed(st, rec(s(rid=2, size=3), 2, ts=1_500))
+    assert later.reason is R.INVALID_SAMPLE
+
+
+def test_invalid_first_member_still_rejects_the_whole_group():
+    st = store()
+    (first,) = feed(st, rec(s(rid=0, reward=math.nan), 0))
+    (second,) = feed(st, rec(s(rid=1), 1))
+    assert first.reason is R.INVALID_SAMPLE and second.reason is R.INVALID_SAMPLE
+
+
+def test_members_disagreeing_on_group_size_are_invalid():
+    st = store()
+    feed(st, rec(s(rid=0, size=3), 0))
+    (out,) = feed(st, rec(s(rid=1, size=4), 1))
+    assert out.reason is R.INVALID_SAMPLE and "group_size" in out.message
+
+
+def test_identical_duplicate_is_dropped_open_and_after_close():
+    st = store()
+    a = rec(s(rid=0), 0)
+    assert feed(st, a) == []
+    (dup,) = feed(st, rec(s(rid=0), 1))
+    assert isinstance(dup, DuplicateDropped)
+    (pub,) = feed(st, rec(s(rid=1), 2))
+    assert isinstance(pub, Published)
+    (dup2,) = feed(st, rec(s(rid=1), 3))
+    assert isinstance(dup2, DuplicateDropped)
+
+
+def test_conflicting_duplicate_rejects_the_group():
+    st = store()
+    feed(st, rec(s(rid=0, prompt="a", size=3), 0))
+    (out,) = feed(st, rec(s(rid=0, prompt="b", size=3), 1))
+    assert out.reason is R.CONFLICTING_DUPLICATE and len(out.records) == 2
+
+
+def test_timeout_dead_letters_incomplete_group_only_in_caught_up_partitions_and_late_members_follow():
+    st = store()
+    feed(st, rec(s(rid=0), 0, ts=1_000))
+    assert st.expire(now_ms=1_000 + TIMEOUT + 1, partitions=set()) == []  # backlog not read: no wall-clock expiry
+    assert st.expire(now_ms=1_000 + TIMEOUT, partitions={0}) == []
+    (out,) = st.expire(now_ms=1_000 + TIMEOUT + 1, partitions={0})
+    assert out.reason is R.INCOMPLETE_GROUP and "1 of 2 rollouts" in out.message
+    (late,) = feed(st, rec(s(rid=1), 1, ts=2_000))
+    assert late.reason is R.LATE_MEMBER
+
+
+def test_member_written_after_the_deadline_closes_the_group_by_event_time():
+    st = store()
+    feed(st, rec(s(rid=0), 0, ts=1_000))
+    incomplete, late = feed(st, rec(s(rid=1), 1, ts=1_000 + TIMEOUT + 1))
+    assert incomplete.reason is R.INCOMPLETE_GROUP and late.reason is R.LATE_MEMBER
+
+
+def test_member_of_a_published_group_is_late():
+    st = store()
+    feed(st, rec(s(rid=0), 0), rec(s(rid=1), 1))
+    (out,) = feed(st, rec(s(rid=2), 2))
+    assert out.reason is R.LATE_MEMBER and "published" in out.message
+
+
+def test_rejected_group_members_after_the_deadline_are_late():
+    st = store()
+    feed(st, rec(s(rid=0, reward=math.nan), 0, ts=1_000))
+    (out,) = feed(st, rec(s(rid=1), 1, ts=1_000 + TIMEOUT + 5))
+    assert out.reason is R.LATE_MEMBER
+
+
+def test_more_rollouts_than_group_size_is_invalid():
+    st = store()
+    feed(st, rec(s(rid=0, sc=2, si=0), 0), rec(s(rid=1), 1))
+    (out,) = feed(st, rec(s(rid=2), 2))
+    assert out.reason is R.INVALID_SAMPLE and "more rollouts" in out.message
+
+
+def test_decode_error_is_that_record_only():
+    st = store()
+    feed(st, rec(s(rid=0), 0))
+    (out,) = feed(st, rec(b"\xc1 not msgpack", 1, key=b"0"))
+    assert out.reason is R.DECODE_ERROR and len(out.records) == 1
+    (pub,) = feed(st, rec(s(rid=1), 2))
+    assert isinstance(pub, Published)
+
+
+def test_group_size_fallback_from_stage_setting():
+    st = store(default_group_size=3)
+    outs = feed(st, *(rec(s(rid=i, size=None, reward=float(i)), i) for i in range(3)))
+    assert isinstance(outs[-1], Published) and outs[-1].rewards.rollout_count == 3
+
+
+def test_partitions_keep_separate_windows_and_drop_partition_forgets():
+    st = store()
+    feed(st, rec(s(rid=0), 0, partition=0), rec(s(gi=1, rid=0), 0, partition=1))
+    st.drop_partition(0)
+    assert st.open_count() == 1 and st.open_bytes > 0
+    st.drop_partition(1)
+    assert st.open_count() == 0 and st.open_bytes == 0
+
+
+def test_closed_memory_is_bounded():
+    st = store(max_closed_groups=5)
+    for g in range(20):
+        feed(st, rec(s(gi=g, rid=0, size=1), g))
+    assert len(st.closed) == 5
