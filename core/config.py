@@ -38,7 +38,9 @@ class RewardConfig:
         if self.reward_key is not None and not isinstance(self.reward_key, str):
             raise ValueError(f"reward_key must be a string or None; got {self.reward_key!r}")
         if not _is_positive_int(self.n_samples_per_prompt):
-            raise ValueError(f"n_samples_per_prompt must be an integer >= 1; got {self.n_samples_per_prompt!r}")
+            raise ValueError(
+                f"n_samples_per_prompt must be an integer >= 1; got {self.n_samples_per_prompt!r}"
+            )
         if self.rollout_batch_size is not None and not _is_positive_int(self.rollout_batch_size):
             raise ValueError(
                 f"rollout_batch_size must be an integer >= 1 or None; got {self.rollout_batch_size!r}"

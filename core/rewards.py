@@ -7,7 +7,7 @@ operations, in the same order, on the same per-rollout lists.
 Exceptions::
 
     ValueError
-     ├── RewardSelectionError   a sample's raw reward cannot be selected (missing, wrong shape, no number)
+     ├── RewardSelectionError   a sample's raw reward cannot be selected (missing, shape, not a number)
      └── SharedRewardError      siblings of one rollout carry different raw rewards (SPEC §2.5 text)
 """
 
@@ -102,7 +102,9 @@ def selected_reward(sample: Sample, reward_key: str | None, *, require_finite: b
                 f"reward_key {reward_key!r} is set but the reward is not a mapping: {reward!r}"
             )
         if reward_key not in reward:
-            raise RewardSelectionError(f"reward has no key {reward_key!r}; its keys are {sorted(map(str, reward))}")
+            raise RewardSelectionError(
+                f"reward has no key {reward_key!r}; its keys are {sorted(map(str, reward))}"
+            )
         value = reward[reward_key]
         where = f"reward[{reward_key!r}]"
     else:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka import ConsumerRebalanceListener, TopicPartition
+from kafka import TopicPartition
+from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.structs import OffsetAndMetadata
 
 from codec import DecodeError, decode_sample
@@ -57,15 +58,21 @@ class WorkerStats:
         }
 
 
-class _Rebalance(ConsumerRebalanceListener):
+class _Rebalance(AsyncConsumerRebalanceListener):
+    """Rebalance hooks. kafka-python 3 runs them on its IO thread while `poll()` waits in the worker thread,
+    so they may touch worker state but must not call blocking consumer APIs (hence `await`)."""
+
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        self.worker._on_revoked([tp.partition for tp in revoked])
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.worker._on_revoked({tp.partition for tp in revoked})
 
-    def on_partitions_assigned(self, assigned: Any) -> None:
-        self.worker._on_assigned([tp.partition for tp in assigned])
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.worker._on_assigned({tp.partition for tp in assigned})
+
+    async def on_partitions_lost(self, lost: Any) -> None:
+        self.worker._on_lost({tp.partition for tp in lost})
 
 
 class Worker:
@@ -87,6 +94,7 @@ class Worker:
         self._stop = threading.Event()
         self._in_flight: list[tuple[Any, OutputRecord]] = []
         self._assigned: set[int] = set()
+        self._revoked: set[int] = set()
         self._consumer: Any = None
         self._producer: Any = None
         self._last_commit = 0.0
@@ -108,6 +116,7 @@ class Worker:
         cfg = self.config
         self._producer = make_producer(self.conn, max_record_bytes=cfg.max_record_bytes)
         self._consumer = make_consumer(self.conn, group_id=cfg.group_id, max_record_bytes=cfg.max_record_bytes)
+        self._await_topic(cfg.topics.input)
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
         log_event(log, "worker.started", **{k: v for k, v in cfg.effective().items() if k != "topics"},
                   input_topic=cfg.topics.input, output_topic=cfg.topics.output,
@@ -120,6 +129,18 @@ class Worker:
                 self._step()
         finally:
             self._shutdown()
+
+    def _await_topic(self, topic: str) -> None:
+        """Subscribe only once the topic's partitions are known, or the first assignment can come up empty."""
+        waited = 0.0
+        while not self._stop.is_set():
+            if self._consumer.partitions_for_topic(topic):
+                return
+            if waited % 10 == 0:
+                log_event(log, "topic.waiting", logging.WARNING, topic=topic,
+                          hint="create it with `rollout-stream topics create`")
+            time.sleep(0.5)
+            waited += 0.5
 
     def _step(self) -> None:
         batch = self._consumer.poll(timeout_ms=100, max_records=500)
@@ -171,19 +192,21 @@ class Worker:
                 decoded = exc
         self._handle(self.store.accept(record, decoded, now_ms))
 
+    def _positions(self) -> dict[int, tuple[int, int]]:
+        """(next offset to read, last known high watermark) of every partition that delivered records."""
+        out: dict[int, tuple[int, int]] = {}
+        for p in self._assigned:
+            tracker = self.ledger.partitions.get(p)
+            if tracker is None or tracker.next_offset is None:
+                continue  # nothing read since assignment, so no window can be open there
+            high = self._consumer.highwater(TopicPartition(self.config.topics.input, p))
+            if high is not None:
+                out[p] = (tracker.next_offset, high)
+        return out
+
     def _caught_up(self) -> set[int]:
         """Partitions whose fetched backlog is read: only there may the wall clock expire a group."""
-        out: set[int] = set()
-        for p in self._assigned:
-            tp = TopicPartition(self.config.topics.input, p)
-            try:
-                high = self._consumer.highwater(tp)
-                pos = self._consumer.position(tp, timeout_ms=0)
-            except Exception:  # not assigned any more / position unknown yet
-                continue
-            if high is not None and pos is not None and pos >= high:
-                out.add(p)
-        return out
+        return {p for p, (pos, high) in self._positions().items() if pos >= high}
 
     # ---- outcomes out --------------------------------------------------------------------------
     def _handle(self, outcomes: list[Outcome]) -> None:
@@ -236,59 +259,80 @@ class Worker:
         self.ledger.resolve(record.partition, (record.offset,))
 
     # ---- commit --------------------------------------------------------------------------------
-    def _flush_and_commit(self, timeout: float | None = None) -> None:
-        """Flush outputs, mark acknowledged inputs resolved, commit positions below every open record."""
-        self._last_commit = time.monotonic()
-        if self._in_flight:
-            self._producer.flush(timeout=timeout)
-            in_flight, self._in_flight = self._in_flight, []
-            for future, out in in_flight:
-                if not future.is_done:
-                    raise ProduceFailed(f"output to {out.topic} not acknowledged within the flush timeout")
-                if future.failed():
-                    raise ProduceFailed(
-                        f"broker refused output to {out.topic} for input {out.source.topic}:"
-                        f"{out.source.partition}@{out.source.offset}: {type(future.exception).__name__}: "
-                        f"{future.exception}"
-                    )
-                self.ledger.resolve(out.source.partition, (out.source.offset,))
-        due = {p: pos for p, pos in self.ledger.due().items() if p in self._assigned}
-        if not due:
+    def _flush(self, timeout: float | None = None) -> None:
+        """Wait for every output to be acknowledged and mark its input resolved."""
+        if not self._in_flight:
             return
+        self._producer.flush(timeout=timeout)
+        in_flight, self._in_flight = self._in_flight, []
+        for future, out in in_flight:
+            if not future.is_done:
+                raise ProduceFailed(f"output to {out.topic} not acknowledged within the flush timeout")
+            if future.failed():
+                raise ProduceFailed(
+                    f"broker refused output to {out.topic} for input {out.source.topic}:"
+                    f"{out.source.partition}@{out.source.offset}: {type(future.exception).__name__}: "
+                    f"{future.exception}"
+                )
+            self.ledger.resolve(out.source.partition, (out.source.offset,))
+
+    def _due_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
         topic = self.config.topics.input
-        self._consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(pos, "", -1) for p, pos in due.items()})
-        self.ledger.mark_committed(due)
-        self.stats.commits += 1
+        due = {p: pos for p, pos in self.ledger.due().items() if p in self._assigned}
+        return {TopicPartition(topic, p): OffsetAndMetadata(pos, "", -1) for p, pos in due.items()}
+
+    def _flush_and_commit(self, timeout: float | None = None) -> None:
+        """Flush outputs, then commit, per partition, the position below every unresolved record."""
+        self._last_commit = time.monotonic()
+        self._flush(timeout)
+        offsets = self._due_offsets()
+        if offsets:
+            self._consumer.commit(offsets)
+            self.ledger.mark_committed({tp.partition: om.offset for tp, om in offsets.items()})
+            self.stats.commits += 1
 
     # ---- rebalance -----------------------------------------------------------------------------
-    def _on_revoked(self, partitions: list[int]) -> None:
-        try:
-            self._flush_and_commit()
-        finally:
-            for p in partitions:
-                self.store.drop_partition(p)
-                self.ledger.forget(p)
-                self._assigned.discard(p)
+    async def _on_revoked(self, partitions: set[int]) -> None:
+        """Commit what is resolved before the partitions may move; their state is dropped on assignment
+        unless they come back (kafka-python keeps the fetch position of a partition assigned again)."""
+        if not partitions:
+            return
+        self._flush()
+        offsets = self._due_offsets()
+        if offsets:
+            try:
+                # The blocking commit() may not run on the IO thread; this is the coroutine under it.
+                await self._consumer._coordinator._commit_offsets_sync_async(offsets)
+                self.ledger.mark_committed({tp.partition: om.offset for tp, om in offsets.items()})
+            except Exception as exc:  # the new owner re-reads from the last commit: duplicates, never loss
+                log_event(log, "commit.on_revoke_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+        self._revoked |= partitions
         log_event(log, "partitions.revoked", partitions=",".join(map(str, sorted(partitions))))
 
-    def _on_assigned(self, partitions: list[int]) -> None:
-        self._assigned.update(partitions)
+    def _on_assigned(self, partitions: set[int]) -> None:
+        gone = self._revoked - partitions
+        for p in gone:
+            self._drop(p)
+        self._revoked.clear()
+        self._assigned = set(partitions)
         log_event(log, "partitions.assigned", topic=self.config.topics.input,
-                  partitions=",".join(map(str, sorted(partitions))))
+                  partitions=",".join(map(str, sorted(partitions))), dropped_state=",".join(map(str, sorted(gone))))
+
+    def _on_lost(self, partitions: set[int]) -> None:
+        for p in partitions:
+            self._drop(p)
+        log_event(log, "partitions.lost", logging.WARNING, partitions=",".join(map(str, sorted(partitions))))
+
+    def _drop(self, partition: int) -> None:
+        """Forget a partition's windows; the uncommitted records are re-read by whoever owns it next."""
+        self.store.drop_partition(partition)
+        self.ledger.forget(partition)
+        self._assigned.discard(partition)
+        self._in_flight = [(f, o) for f, o in self._in_flight if o.source.partition != partition]
 
     # ---- progress ------------------------------------------------------------------------------
     def lag(self) -> int:
-        total = 0
-        for p in self._assigned:
-            tp = TopicPartition(self.config.topics.input, p)
-            try:
-                high = self._consumer.highwater(tp)
-                pos = self._consumer.position(tp, timeout_ms=0)
-            except Exception:
-                continue
-            if high is not None and pos is not None:
-                total += max(0, high - pos)
-        return total
+        return sum(max(0, high - pos) for pos, high in self._positions().values())
 
     def _progress(self, mono: float) -> None:
         t0, n0 = self._progress_base

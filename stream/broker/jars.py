@@ -32,6 +32,7 @@ __all__ = [
     "cached_jars",
     "default_cache_root",
     "kafka_version",
+    "maven_error",
     "pom_path",
     "resolve_jars",
 ]
@@ -85,7 +86,8 @@ def _sha256(path: Path) -> str:
 
 def _version_dir(cache_root: Path | None, pom: Path) -> tuple[str, Path]:
     version = kafka_version(pom)
-    return version, (cache_root or default_cache_root()) / f"kafka-{version}"
+    root = Path(cache_root or default_cache_root()).expanduser().resolve()  # mvn runs in another cwd
+    return version, root / f"kafka-{version}"
 
 
 def _complete(lib_dir: Path, pom_sha: str) -> bool:
@@ -117,8 +119,8 @@ def resolve_jars(cache_root: Path | None = None, *, progress: Progress | None = 
         mvn = shutil.which("mvn")
         if mvn is None:
             raise MavenNotFound(
-                f"the Kafka {version} jars are not cached in {lib_dir} and `mvn` is not on PATH: install Maven "
-                f"(e.g. `apt-get install maven`), or fill the cache on a machine that has it "
+                f"the Kafka {version} jars are not cached in {lib_dir} and `mvn` is not on PATH: "
+                f"install Maven (e.g. `apt-get install maven`), or fill the cache on a machine that has it "
                 f"(`rollout-stream broker fetch-jars`) and point {CACHE_ENV} at it"
             )
         say(f"fetching the Kafka {version} jars with Maven into {lib_dir} (first run only)")
@@ -127,6 +129,23 @@ def resolve_jars(cache_root: Path | None = None, *, progress: Progress | None = 
         count = sum(1 for _ in lib_dir.glob("*.jar"))
         say(f"{count} jars ready in {time.monotonic() - started:.1f} s")
     return KafkaJars(version, lib_dir)
+
+
+def maven_error(output: list[str]) -> str:
+    """The first [ERROR]/[FATAL] message of a Maven run (plus the next one if it only introduces it)."""
+    messages = []
+    for line in output:
+        text = line
+        while text.startswith(("[ERROR]", "[FATAL]")):
+            text = text[7:].strip()
+        if text != line.strip() and text:
+            messages.append(text.removesuffix("-> [Help 1]").strip())
+    if not messages:
+        return next((line.strip() for line in reversed(output) if line.strip()), "no output")
+    reason = (
+        f"{messages[0]} {messages[1]}" if messages[0].endswith(":") and len(messages) > 1 else messages[0]
+    )
+    return reason if len(reason) <= 300 else f"{reason[:120]} ... {reason[-170:]}"
 
 
 def _run_maven(
@@ -162,15 +181,15 @@ def _run_maven(
             finally:
                 watchdog.cancel()
     except OSError as exc:
-        raise JarResolutionFailed(f"could not run {mvn} ({type(exc).__name__}: {exc}): check the Maven install") from exc
+        raise JarResolutionFailed(
+            f"could not run {mvn} ({type(exc).__name__}: {exc}): check the Maven install"
+        ) from exc
     jar = staging / f"kafka_2.13-{version}.jar"
     if returncode != 0 or not jar.is_file():
         shutil.rmtree(staging, ignore_errors=True)
-        errors = [line for line in tail if line.startswith("[ERROR]") and line[7:].strip()]
-        reason = errors[0][7:].strip() if errors else (tail[-1] if tail else "no output")
         raise JarResolutionFailed(
-            f"mvn could not fetch the Kafka {version} jars (exit {returncode}): {reason[:300]} "
-            f"-- check access to Maven Central (or the mirror in ~/.m2/settings.xml); full output in {log_path}"
+            f"mvn could not fetch the Kafka {version} jars (exit {returncode}): {maven_error(list(tail))} "
+            f"-- check access to Maven Central (or your ~/.m2/settings.xml mirror); full output in {log_path}"
         )
     (staging / _MARKER).write_text(pom_sha + "\n")
     if lib_dir.exists():

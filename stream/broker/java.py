@@ -15,7 +15,9 @@ __all__ = ["JavaRuntime", "MIN_JAVA_MAJOR", "find_java", "parse_java_major"]
 
 MIN_JAVA_MAJOR = 17  # Kafka 4.x brokers need Java 17
 
-_INSTALL_HINT = "install a JDK/JRE >= 17 (e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME to one"
+_INSTALL_HINT = (
+    "install a JDK/JRE >= 17 (e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME to one"
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,9 @@ def _candidate() -> Path | None:
         path = Path(java_home) / "bin" / "java"
         if path.is_file() and os.access(path, os.X_OK):
             return path
-        raise JavaNotFound(f"JAVA_HOME={java_home} has no bin/java: fix or unset JAVA_HOME, or {_INSTALL_HINT}")
+        raise JavaNotFound(
+            f"JAVA_HOME={java_home} has no bin/java: fix or unset JAVA_HOME, or {_INSTALL_HINT}"
+        )
     found = shutil.which("java")
     return Path(found) if found else None
 
@@ -56,13 +60,17 @@ def find_java(min_major: int = MIN_JAVA_MAJOR) -> JavaRuntime:
     """The Java runtime to start the broker with; raises JavaNotFound / UnsupportedJava."""
     executable = _candidate()
     if executable is None:
-        raise JavaNotFound(f"java not found on PATH (the Kafka broker needs Java >= {min_major}): {_INSTALL_HINT}")
+        raise JavaNotFound(
+            f"java not found on PATH (the Kafka broker needs Java >= {min_major}): {_INSTALL_HINT}"
+        )
     try:
         result = subprocess.run(
             [str(executable), "-version"], capture_output=True, text=True, timeout=30, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise JavaNotFound(f"{executable} -version failed ({type(exc).__name__}: {exc}): {_INSTALL_HINT}") from exc
+        raise JavaNotFound(
+            f"{executable} -version failed ({type(exc).__name__}: {exc}): {_INSTALL_HINT}"
+        ) from exc
     parsed = parse_java_major(result.stderr + result.stdout)
     if parsed is None:
         raise JavaNotFound(f"could not read the version printed by `{executable} -version`: {_INSTALL_HINT}")

@@ -10,15 +10,12 @@ Data dir layout (default ``./.kafka-data``):
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
@@ -35,10 +32,19 @@ from stream.broker.errors import (
     PortInUse,
     UnsupportedJava,
 )
+from stream.broker.files import failure_cause, file_size, read_json, read_lines_from, write_json
 from stream.broker.jars import KafkaJars, Progress, resolve_jars
 from stream.broker.java import JavaRuntime, find_java
-from stream.broker.process import StopOutcome, command_line, exclusive, free_port, is_alive, port_accepts
-from stream.broker.process import port_is_free, terminate
+from stream.broker.process import (
+    StopOutcome,
+    command_line,
+    exclusive,
+    free_port,
+    is_alive,
+    port_accepts,
+    port_is_free,
+    terminate,
+)
 from stream.broker.properties import log4j2_properties, new_cluster_id, server_properties
 
 __all__ = [
@@ -127,7 +133,7 @@ class LocalBroker:
     # -- queries ------------------------------------------------------------------------------------
     def status(self) -> BrokerStatus:
         """Running if the pid in broker.json is alive and is a kafka.Kafka started from this data dir."""
-        state = _read_json(self._state_path)
+        state = read_json(self._state_path)
         pid = state.get("pid")
         if isinstance(pid, int) and is_alive(pid) and self._is_our_broker(pid):
             return BrokerStatus(
@@ -152,7 +158,7 @@ class LocalBroker:
         return self._start(timeout, any_port=False)
 
     def ensure_running(self, timeout: float = 60.0) -> str:
-        """The bootstrap address of the broker running from `data_dir` (whatever its port), started if needed."""
+        """The address of the broker running from `data_dir` (whatever its port); started if there is none."""
         current = self.status()
         if current.running and current.bootstrap:
             return current.bootstrap
@@ -160,6 +166,8 @@ class LocalBroker:
 
     def stop(self, timeout: float = 30.0) -> StopOutcome:
         """SIGTERM and wait up to `timeout` s for a clean shutdown, then SIGKILL."""
+        if not self.data_dir.is_dir():
+            return "not_running"
         with exclusive(self.data_dir / ".start.lock"):
             current = self.status()
             outcome: StopOutcome = "not_running"
@@ -209,31 +217,35 @@ class LocalBroker:
 
     def _prepare(self, java: JavaRuntime, jars: KafkaJars) -> int:
         """Write the config files; format the log dir if it never was. Returns the controller port."""
-        cluster = _read_json(self._cluster_path)
+        cluster = read_json(self._cluster_path)
         stored = cluster.get("controller_port")
         keep = isinstance(stored, int) and stored != self.port and port_is_free(stored)
         controller_port = stored if keep and isinstance(stored, int) else free_port()
         self._properties_path.write_text(
             server_properties(
-                port=self.port, controller_port=controller_port, log_dirs=self._log_dirs, overrides=self.overrides
+                port=self.port,
+                controller_port=controller_port,
+                log_dirs=self._log_dirs,
+                overrides=self.overrides,
             )
         )
         (self.data_dir / "log4j2.properties").write_text(log4j2_properties())
         if not (self._log_dirs / "meta.properties").exists():
             cluster["cluster_id"] = self._format(java, jars)
         cluster.update(controller_port=controller_port, kafka_version=jars.version)
-        _write_json(self._cluster_path, cluster)
+        write_json(self._cluster_path, cluster)
         return controller_port
 
     def _format(self, java: JavaRuntime, jars: KafkaJars) -> str:
         cluster_id = new_cluster_id()
         self._say(f"formatting {self._log_dirs} (cluster id {cluster_id})")
         command = [
-            str(java.executable), "-Xmx256m", f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            str(java.executable), "-Xmx256m",
+            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-cp", jars.classpath, "kafka.tools.StorageTool", "format", "-t", cluster_id,
             "-c", str(self._properties_path), "--standalone",
         ]  # fmt: skip
-        offset = _size(self.log_path)
+        offset = file_size(self.log_path)
         with open(self.log_path, "ab") as log:
             try:
                 rc = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -246,13 +258,14 @@ class LocalBroker:
 
     def _launch(self, java: JavaRuntime, jars: KafkaJars, controller_port: int, timeout: float) -> str:
         command = [
-            str(java.executable), *self.jvm_options, "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+            str(java.executable), *self.jvm_options,
+            "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
             f"-Dkafka.logs.dir={self.log_path.parent}",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-cp", jars.classpath, _MAIN_CLASS, str(self._properties_path),
         ]  # fmt: skip
         bootstrap = f"127.0.0.1:{self.port}"
-        offset = _size(self.log_path)
+        offset = file_size(self.log_path)
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
             # Own session: no terminal signals (Ctrl-C in the shell that started it), outlives this process.
@@ -261,7 +274,7 @@ class LocalBroker:
                 start_new_session=True, close_fds=True,
             )  # fmt: skip
         pid = self._proc.pid
-        _write_json(self._state_path, {
+        write_json(self._state_path, {
             "pid": pid, "port": self.port, "controller_port": controller_port, "bootstrap": bootstrap,
             "kafka_version": jars.version, "java": str(java.executable), "started_at": time.time(),
             "log_path": str(self.log_path),
@@ -308,56 +321,8 @@ class LocalBroker:
 
     def _failure(self, what: str, log_offset: int) -> BrokerStartFailed:
         """One line: what happened, the most telling log line, where the log is."""
-        lines = _read_lines_from(self.log_path, log_offset)
+        lines = read_lines_from(self.log_path, log_offset)
         tail = lines[-_TAIL_LINES:]
-        cause = _key_line(lines)
+        cause = failure_cause(lines)
         message = f"{what}: {cause} (last {_TAIL_LINES} log lines: tail -n {_TAIL_LINES} {self.log_path})"
         return BrokerStartFailed(message, log_path=self.log_path, log_tail=tail)
-
-
-# -- small file helpers -----------------------------------------------------------------------------
-_EXCEPTION_LINE = re.compile(r"^\s*(Caused by: )?([\w$]+\.)*[\w$]*(Exception|Error)(: .*)?$")
-_LOG4J_ERROR = re.compile(r"^\[[^\]]+\] (ERROR|FATAL) (?P<msg>.*?)( \([\w.$]+\))?$")
-
-
-def _key_line(lines: list[str]) -> str:
-    """The root cause if a Java exception was printed, else the first ERROR line, else the last line."""
-    exceptions = [line.strip().removeprefix("Caused by: ") for line in lines if _EXCEPTION_LINE.match(line)]
-    if exceptions:
-        return exceptions[-1][:300]
-    for line in lines:
-        match = _LOG4J_ERROR.match(line)
-        if match:
-            return match.group("msg")[:300]
-    nonblank = [line.strip() for line in lines if line.strip()]
-    return nonblank[-1][:300] if nonblank else "no output"
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _read_lines_from(path: Path, offset: int) -> list[str]:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)

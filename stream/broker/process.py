@@ -98,11 +98,13 @@ def terminate(pid: int, timeout: float) -> StopOutcome:
         os.kill(pid, signal.SIGKILL)
     if _wait_dead(pid, 10.0):
         return "killed"
-    raise BrokerStopFailed(f"broker pid {pid} survived SIGKILL: check `ps -o stat,cmd -p {pid}` (stuck in I/O?)")
+    raise BrokerStopFailed(
+        f"broker pid {pid} survived SIGKILL: check `ps -o stat,cmd -p {pid}` (stuck in I/O?)"
+    )
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True if a server could listen on host:port now (TIME_WAIT leftovers of a stopped broker do not count)."""
+    """True if a server could listen on host:port now (a stopped broker's TIME_WAIT sockets don't count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the broker's own server socket does
         try:

@@ -20,7 +20,9 @@ def get_reward_value(sample: Any, args: Any) -> Any:
     return sample.reward if not args.reward_key else sample.reward[args.reward_key]
 
 
-def reward_group_segments(args: Any, samples: list[Any], prompt_group_sizes: list[int] | None) -> list[list[int]]:
+def reward_group_segments(
+    args: Any, samples: list[Any], prompt_group_sizes: list[int] | None
+) -> list[list[int]]:
     if prompt_group_sizes is not None:
         assert sum(prompt_group_sizes) == len(
             samples
@@ -82,7 +84,11 @@ def normalize_rewards_by_rollout(
 
         rollout_rewards = torch.tensor(shared_rewards, dtype=torch.float)
         normalized_rollout_rewards = rollout_rewards - rollout_rewards.mean()
-        if args.advantage_estimator in ["grpo", "gspo"] and args.grpo_std_normalization and len(rollout_rewards) > 1:
+        if (
+            args.advantage_estimator in ["grpo", "gspo"]
+            and args.grpo_std_normalization
+            and len(rollout_rewards) > 1
+        ):
             rollout_std = rollout_rewards.std()
             if rollout_std > 0:
                 normalized_rollout_rewards = normalized_rollout_rewards / (rollout_std + 1e-6)
@@ -100,7 +106,10 @@ def post_process_rewards(
     args: Any, samples: list[Any], prompt_group_sizes: list[int] | None = None
 ) -> tuple[list[Any], list[Any]]:
     raw_rewards = [get_reward_value(sample, args) for sample in samples]
-    if args.advantage_estimator in ["grpo", "gspo", "reinforce_plus_plus_baseline"] and args.rewards_normalization:
+    if (
+        args.advantage_estimator in ["grpo", "gspo", "reinforce_plus_plus_baseline"]
+        and args.rewards_normalization
+    ):
         normalized_rewards = normalize_rewards_by_rollout(args, samples, raw_rewards, prompt_group_sizes)
         return raw_rewards, normalized_rewards
 

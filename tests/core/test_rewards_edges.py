@@ -184,7 +184,9 @@ def test_per_group_function_checks_siblings_for_passthrough_estimators() -> None
     samples = [s(1.0, rid=1), s(2.0, rid=1)]
     result = normalize_group(samples, RewardConfig(advantage_estimator="ppo"), rows=[7, 9])
     assert result == SharedRewardViolation(rollout_key=1, rows=[7, 9], rewards=[1.0, 2.0])
-    assert result.message == "all samples in rollout 1 must share one reward; rows [7, 9] have rewards [1.0, 2.0]"
+    assert result.message == (
+        "all samples in rollout 1 must share one reward; rows [7, 9] have rewards [1.0, 2.0]"
+    )
 
 
 # (id, samples, config, expected GroupRewards)
@@ -196,7 +198,8 @@ GROUP_STATS = [
      GroupRewards(raw=[1, 3], rewards=[1, 3], rollout_count=2, mean=2.0, std=1.4142135381698608,
                   zero_variance=False)),
     ("one_rollout_std_zero", [s(4.0, rid=1), s(4.0, rid=1)], GRPO,
-     GroupRewards(raw=[4.0, 4.0], rewards=[0.0, 0.0], rollout_count=1, mean=4.0, std=0.0, zero_variance=True)),
+     GroupRewards(raw=[4.0, 4.0], rewards=[0.0, 0.0], rollout_count=1, mean=4.0, std=0.0,
+                  zero_variance=True)),
     ("zero_variance", [s(2.0), s(2)], MEAN_ONLY,
      GroupRewards(raw=[2.0, 2], rewards=[0.0, 0.0], rollout_count=2, mean=2.0, std=0.0, zero_variance=True)),
     ("zero_variance_in_float32", [s(0.1), s(0.1 + 1e-12)], GRPO,
@@ -248,7 +251,8 @@ SELECTION = [
     ("missing_with_key", None, "score", False, "sample has no reward"),
     ("not_a_mapping", 1.0, "score", False, "reward_key 'score' is set but the reward is not a mapping: 1.0"),
     ("key_absent", {"acc": 1.0}, "score", False, "reward has no key 'score'; its keys are ['acc']"),
-    ("mapping_without_key", {"acc": 1.0}, None, False, "reward is a mapping with keys ['acc']; set reward_key"),
+    ("mapping_without_key", {"acc": 1.0}, None, False,
+     "reward is a mapping with keys ['acc']; set reward_key"),
     ("string_value", {"score": "high"}, "score", False, "reward['score'] is not a number: 'high'"),
     ("bool_value", True, None, False, "reward is not a number: True"),
     ("nan_refused_when_finite_required", math.nan, None, True, "reward is not finite: nan"),
@@ -305,3 +309,13 @@ def test_config_normalizes(estimator: str, enabled: bool, normalizes: bool) -> N
     cfg = RewardConfig(advantage_estimator=estimator, rewards_normalization=enabled)  # type: ignore[arg-type]
     assert cfg.normalizes is normalizes
     assert RewardConfig().advantage_estimator == "grpo" and RewardConfig().n_samples_per_prompt == 1
+
+
+def test_equal_rewards_keep_the_references_float32_rounding() -> None:
+    """All rollouts equal, yet the float32 mean of 11 x 123.456 is not 123.456 and the std is tiny but
+    > 0: the reference then divides by (std + 1e-6). We reproduce it bit for bit and flag the group."""
+    result = normalize_group([s(123.456) for _ in range(11)], GRPO)
+    assert isinstance(result, GroupRewards)
+    assert result.rewards == [-0.8475431799888611] * 11
+    assert result.zero_variance and 0.0 < result.std < 1e-5
+    assert post_process_rewards([s(123.456) for _ in range(11)], GRPO)[1] == result.rewards

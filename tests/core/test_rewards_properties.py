@@ -39,7 +39,7 @@ def _load_reference() -> Any:
 
 reference = _load_reference()
 
-PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FLOAT32_EPS = 2.0**-23
 
 
@@ -133,7 +133,9 @@ def test_std_normalized_groups_have_unit_std(data: st.DataObject, rollouts: int,
 @given(samples=grouped_batches(),
        estimator=st.sampled_from(ADVANTAGE_ESTIMATORS), normalization=st.booleans())
 def test_passthrough_is_identity(samples: list[Sample], estimator: str, normalization: bool) -> None:
-    cfg = RewardConfig(advantage_estimator=estimator, rewards_normalization=normalization)  # type: ignore[arg-type]
+    cfg = RewardConfig(
+        advantage_estimator=estimator, rewards_normalization=normalization  # type: ignore[arg-type]
+    )
     if cfg.normalizes:
         return
     raw, rewards = post_process_rewards(samples, cfg)
@@ -187,7 +189,7 @@ def test_normalize_group_agrees_with_batch_api(samples: list[Sample], estimator:
 
 # ---------------------------------------------------------------- differential test vs the reference
 
-DIFF_SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DIFF_SETTINGS = settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 any_reward = st.one_of(
     st.sampled_from([0, 1, 1.0, 0.5, -2, 2.0, 1e-7, 3.4e38, -0.0]),
@@ -239,7 +241,7 @@ def outcome(fn: Any) -> tuple[str, Any]:
         raw, rewards = fn()
     except ValueError as exc:  # SharedRewardError is a ValueError, as in the reference
         return "ValueError", str(exc)
-    except Exception as exc:  # noqa: BLE001 - both sides must fail the same way on exotic values
+    except Exception as exc:  # both sides must fail the same way on exotic values
         return type(exc).__name__, str(exc)
     return "ok", ([bits(value) for value in raw], [bits(value) for value in rewards])
 
@@ -251,27 +253,17 @@ def test_bit_identical_to_reference(batch: tuple[RewardConfig, list[Sample], lis
     expected = outcome(lambda: reference.post_process_rewards(cfg, samples, sizes))
     actual = outcome(lambda: post_process_rewards(samples, cfg, sizes))
     assert actual == expected
-
-
-@DIFF_SETTINGS
-@given(batch=any_batch())
-def test_violation_values_match_reference_errors(
-    batch: tuple[RewardConfig, list[Sample], list[int] | None],
-) -> None:
-    """Per group, the stream's violation value carries exactly the reference's error text."""
-    cfg, samples, sizes = batch
-    if not cfg.normalizes:
-        return
-    try:
-        reference.post_process_rewards(cfg, samples, sizes)
-        expected = None
-    except ValueError as exc:
-        expected = str(exc)
-    found = None
-    for rows in prompt_groups(samples, cfg, sizes):
-        result = normalize_group([samples[row] for row in rows], cfg, rows=rows)
-        if isinstance(result, SharedRewardViolation):
-            found = result.message
-            assert isinstance(result.to_error(), SharedRewardError)
-            break
-    assert found == expected
+    if cfg.normalizes:
+        # The stream's per-group function reports the reference's error text as a value.
+        violations = [
+            result
+            for rows in prompt_groups(samples, cfg, sizes)
+            if isinstance(result := normalize_group([samples[row] for row in rows], cfg, rows=rows),
+                          SharedRewardViolation)
+        ]
+        if expected[0] == "ValueError":
+            assert violations and violations[0].message == expected[1]
+            assert str(violations[0].to_error()) == expected[1]
+            assert isinstance(violations[0].to_error(), SharedRewardError)
+        else:
+            assert not violations

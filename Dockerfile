@@ -1,0 +1,34 @@
+# rollout-stream worker image: the `rollout-stream` CLI (run, topics, synth, ...) on Python 3.11.
+#
+#   docker build -t rollout-stream:local .
+#   docker run --rm rollout-stream:local rollout-stream --help
+#
+# The stage only needs a Kafka broker to talk to (docker-compose.yml starts one); no JVM in here.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+
+# torch first, from the CPU-only index: the stage never touches a GPU, and the default PyPI wheel
+# drags in several GB of CUDA libraries. A separate layer so code changes do not re-download it.
+RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.2"
+
+# Then the package and its remaining dependencies from PyPI (torch is already satisfied).
+# Only what the package needs is copied; `README*` may match nothing, pyproject.toml always matches.
+COPY pyproject.toml README* ./
+COPY core ./core
+COPY codec ./codec
+COPY stream ./stream
+RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu . \
+    && rollout-stream --help > /dev/null
+
+# Unprivileged at run time. The worker's liveness file /tmp/rollout-stream.alive (checked by the
+# compose health check) lives in /tmp, which this user can write.
+RUN useradd --create-home --uid 10001 rollout
+USER rollout
+
+CMD ["rollout-stream", "run"]

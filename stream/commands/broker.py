@@ -1,0 +1,174 @@
+"""`rollout-stream broker …`: a local single-node Apache Kafka for development and tests."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from stream.broker.errors import BrokerConfigError, BrokerError
+from stream.broker.jars import cached_jars, default_cache_root, resolve_jars
+from stream.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, LocalBroker
+from stream.broker.properties import parse_override
+from stream.commands.options import fail
+
+__all__ = ["broker_app", "register"]
+
+EXIT_NOT_RUNNING = 3  # `status`: as an LSB init script's "program is not running"
+
+broker_app = typer.Typer(
+    name="broker",
+    help=(
+        "Run a local single-node Kafka for development and tests (start, stop, status).\n\n"
+        "Apache Kafka (KRaft, broker+controller in one JVM) from Maven Central jars, run with the local "
+        "Java (>= 17). It runs in the background until `broker stop`, keeps its files in --data-dir and "
+        "listens on 127.0.0.1 only.\n\n"
+        "Exit codes: 0 ok, 1 runtime failure (jar download, broker died), 2 configuration "
+        "(no java/mvn, port taken, bad option), 3 `status`: not running."
+    ),
+    no_args_is_help=True,
+)
+
+DataDir = Annotated[
+    Path,
+    typer.Option(
+        "--data-dir", envvar="ROLLOUT_STREAM_BROKER_DATA_DIR",
+        help="Broker files: config, kafka-logs/ (topic data), logs/broker.log, state. Relative to the "
+        "current directory.",
+    ),
+]  # fmt: skip
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """BrokerError → `error: …` on stderr; exit 2 for configuration problems, 1 for runtime ones."""
+    try:
+        yield
+    except BrokerConfigError as exc:
+        fail(str(exc), 2)
+    except BrokerError as exc:
+        fail(str(exc), 1)
+
+
+@broker_app.command("start")
+def start(
+    port: Annotated[
+        int,
+        typer.Option(
+            "--port",
+            min=1,
+            max=65535,
+            envvar="ROLLOUT_STREAM_BROKER_PORT",
+            help="PLAINTEXT port on 127.0.0.1 (the KRaft controller takes a free port of its own).",
+        ),
+    ] = DEFAULT_PORT,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=1.0,
+            help="Seconds to wait for readiness once the JVM is launched (jar download not included).",
+        ),
+    ] = 60.0,
+    override: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--override",
+            metavar="KEY=VALUE",
+            show_default=False,
+            help="Extra server.properties entry; repeatable. E.g. --override num.partitions=3",
+        ),
+    ] = None,
+) -> None:
+    """Start the broker in the background; print its bootstrap address (127.0.0.1:PORT) on stdout.
+
+    The first start fetches the Kafka jars with Maven into the cache and formats --data-dir.
+
+    Later starts reuse both: no download. Cache: $ROLLOUT_STREAM_CACHE, default ~/.cache/rollout-stream.
+
+    Progress goes to stderr. Starting again while it runs on the same port just prints the address.
+
+    Example: export KAFKA_BOOTSTRAP_SERVERS=$(rollout-stream broker start)
+    """
+    try:
+        overrides = dict(parse_override(item) for item in override or [])
+    except ValueError as exc:
+        fail(str(exc), 2)
+    broker = LocalBroker(port=port, data_dir=data_dir, overrides=overrides, progress=_stderr)
+    with _one_line_errors():
+        before = broker.status()
+        bootstrap = broker.start(timeout=timeout)
+    if before.running:
+        _stderr(f"already running (pid {before.pid}) from {broker.data_dir}")
+    print(bootstrap, flush=True)
+
+
+@broker_app.command("stop")
+def stop(
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.0, help="Seconds to wait for a clean shutdown before SIGKILL.")
+    ] = 30.0,
+) -> None:
+    """Stop the broker running from --data-dir (SIGTERM, then SIGKILL after --timeout). Topic data stays.
+
+    Stopping a broker that is not running succeeds (exit 0).
+
+    Delete --data-dir (after stopping) to start from an empty cluster.
+    """
+    broker = LocalBroker(data_dir=data_dir)
+    with _one_line_errors():
+        pid = broker.status().pid
+        outcome = broker.stop(timeout=timeout)
+    messages = {
+        "terminated": f"stopped broker pid {pid} (clean shutdown)",
+        "killed": f"killed broker pid {pid} (no clean shutdown within {timeout:g} s)",
+        "not_running": f"no broker running from {broker.data_dir}",
+    }
+    _stderr(messages[outcome])
+
+
+@broker_app.command("status")
+def status(data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
+    """Print whether a broker runs from --data-dir. Exit 0 if running, 3 if not.
+
+    Running: `running pid=… bootstrap=127.0.0.1:PORT data_dir=… log=…`. Not running: `stopped data_dir=…`.
+    """
+    result = LocalBroker(data_dir=data_dir).status()
+    if result.running:
+        print(f"running pid={result.pid} bootstrap={result.bootstrap} data_dir={result.data_dir} "
+              f"log={result.log_path}")  # fmt: skip
+        return
+    print(f"stopped data_dir={result.data_dir}")
+    raise typer.Exit(EXIT_NOT_RUNNING)
+
+
+@broker_app.command("fetch-jars")
+def fetch_jars() -> None:
+    """Fetch the pinned Kafka jars into the cache now (needs mvn once); print the lib dir on stdout.
+
+    Cache: $ROLLOUT_STREAM_CACHE/kafka-VERSION/lib, default root ~/.cache/rollout-stream.
+
+    Nothing is downloaded when the cache is already complete. Use it before going offline, and in CI.
+    """
+    with _one_line_errors():
+        cached = cached_jars()
+        jars = cached or resolve_jars(progress=_stderr)
+    if cached is not None:
+        _stderr(
+            f"Kafka {jars.version} jars already cached in {jars.lib_dir} (cache root {default_cache_root()})"
+        )
+    print(jars.lib_dir, flush=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(broker_app, name="broker")

@@ -1,0 +1,114 @@
+"""`rollout-stream demo`: the whole stage on the local broker, driven by synthetic rollouts, with a summary."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from stream.clients import BrokerUnreachable, Connection, probe
+from stream.commands.options import Bootstrap, fail, resolve_bootstrap
+from stream.config import TopicNames, WorkerConfig
+from stream.logs import configure_logging
+from stream.producer import RolloutProducer
+from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, plan_groups
+from stream.topics import TopicSettings, ensure_topics
+from stream.worker import Worker
+
+
+def _table(expected: Expected, worker: Worker, sent: int, title: str) -> Table:
+    st = worker.stats
+    table = Table(title=title)
+    table.add_column("outcome")
+    table.add_column("expected", justify="right")
+    table.add_column("stage", justify="right")
+    table.add_row("records sent", str(expected.records), str(sent))
+    table.add_row("published groups", str(expected.published_groups), str(st.groups_published))
+    table.add_row("published samples", str(expected.published_samples), str(st.samples_published))
+    for reason in sorted(set(expected.dead_letters) | set(st.dead_lettered)):
+        table.add_row(f"dead-letter: {reason}", str(expected.dead_letters.get(reason, 0)),
+                      str(st.dead_lettered.get(reason, 0)))
+    table.add_row("identical duplicates dropped", str(expected.duplicates), str(st.duplicates))
+    table.add_row("open windows", "0", str(worker.store.open_count()))
+    return table
+
+
+def _accounted(expected: Expected, worker: Worker) -> bool:
+    st = worker.stats
+    return (st.samples_published == expected.published_samples
+            and sum(st.dead_lettered.values()) == sum(expected.dead_letters.values())
+            and st.duplicates == expected.duplicates and worker.store.open_count() == 0)
+
+
+def demo(
+    bootstrap_servers: Bootstrap = None,
+    groups: Annotated[int, typer.Option(help="Prompt groups to send.")] = 300,
+    group_size: Annotated[int, typer.Option(help="Rollouts per prompt group.")] = 4,
+    max_siblings: Annotated[int, typer.Option(help="Samples per rollout drawn from 1..N.")] = 3,
+    fault_rate: Annotated[float, typer.Option(help="Per-group probability of each kind of fault.")] = 0.03,
+    rate: Annotated[float, typer.Option(help="Samples per second sent by the synthetic producer.")] = 1000.0,
+    group_timeout: Annotated[float, typer.Option(help="Worker --group-timeout in seconds.")] = 5.0,
+) -> None:
+    """Start the local broker, the worker and a synthetic producer; show live progress and a final summary."""
+    console = Console(stderr=True)
+    conn = Connection(resolve_bootstrap(bootstrap_servers))
+    try:
+        probe(conn)
+    except BrokerUnreachable as exc:
+        fail(str(exc), 1)
+    tag = uuid.uuid4().hex[:6]
+    topics = TopicNames(f"demo-{tag}-rollouts", f"demo-{tag}-train-data", f"demo-{tag}-rollouts-dlq")
+    ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
+                  settings=TopicSettings(partitions=3))
+    console.print(f"[bold]broker[/] {conn.bootstrap_servers}   [bold]topics[/] {topics.input} → "
+                  f"{topics.output} (dead-letter {topics.dead_letter})")
+    configure_logging("text", "error")
+    config = WorkerConfig(bootstrap_servers=conn.bootstrap_servers, topics=topics, group_id=f"demo-{tag}",
+                          group_timeout_s=group_timeout, progress_interval_s=3600)
+    worker = Worker(config, conn)
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+    thread.start()
+    plan = SynthPlan(group_size=group_size, max_siblings=max_siblings, faults=FaultRates.uniform(fault_rate),
+                     seed=0, run_id=f"demo-{tag}")
+    expected = Expected()
+    sent = 0
+    limiter = RateLimiter(rate)
+    started = time.monotonic()
+    try:
+        with Live(_table(expected, worker, sent, "rollout-stream demo: sending"), console=console,
+                  refresh_per_second=4) as live, RolloutProducer(conn.bootstrap_servers, topic=topics.input) as producer:
+            for records, exp in plan_groups(plan, groups):
+                for r in records:
+                    limiter.wait()
+                    producer.send_raw(r.key, r.value)
+                    sent += 1
+                expected.add(exp)
+                live.update(_table(expected, worker, sent, "rollout-stream demo: sending"))
+            producer.flush()
+            deadline = time.monotonic() + group_timeout + 60
+            while not _accounted(expected, worker) and time.monotonic() < deadline and thread.is_alive():
+                live.update(_table(expected, worker, sent, "rollout-stream demo: waiting for the worker "
+                                   f"(incomplete groups time out after {group_timeout:g}s)"))
+                time.sleep(0.25)
+            live.update(_table(expected, worker, sent, "rollout-stream demo: summary"))
+    finally:
+        worker.request_stop()
+        thread.join(timeout=60)
+    elapsed = time.monotonic() - started
+    ok = _accounted(expected, worker)
+    console.print(f"{sent} records in {elapsed:.1f}s; every record accounted for: "
+                  f"{'[green]yes[/]' if ok else '[red]NO[/]'}")
+    console.print(f"Inspect: kafka consumers on {topics.output} (train samples) and {topics.dead_letter} "
+                  "(headers x-dlq-reason, x-dlq-message, …).")
+    if not ok:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)

@@ -1,0 +1,256 @@
+"""Shared fixtures: a real Kafka broker for the session, fresh topics and consumer groups per test.
+
+Where the broker comes from (first match):
+  1. KAFKA_BOOTSTRAP_SERVERS=host:port        an existing cluster (checked reachable, never stopped)
+  2. ROLLOUT_STREAM_TEST_BROKER=docker        testcontainers, apache/kafka:<pinned version>
+  3. otherwise                                LocalBroker (Maven jars + local Java) on a free port in a
+                                              tmp data dir, stopped at session end
+It is started lazily, by the first test that asks for `kafka_bootstrap`. No broker is a failure, never
+a skip (a skipped Kafka test never ran), with or without CI=true.
+
+Tests that use `kafka_bootstrap` get the `kafka` marker (deselect with `-m "not kafka"`), and their
+call phase is bounded in time: 120 s, or `@pytest.mark.kafka(timeout=S)`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError
+
+from stream.broker.errors import BrokerError, PortInUse
+from stream.broker.jars import kafka_version, pom_path
+from stream.broker.local import LocalBroker
+from stream.broker.process import free_port
+
+KAFKA_TEST_TIMEOUT_S = 120.0
+
+TopicFactory = Callable[..., str]
+"""`topic_factory(partitions=1, *, config=None, prefix=None) -> name`: a new, uniquely named topic."""
+
+
+@dataclass
+class _SessionBroker:
+    kind: str = ""
+    bootstrap: str = ""
+    start_s: float = 0.0
+    failure: str = ""
+
+
+_SESSION = _SessionBroker()
+
+
+def _no_broker(reason: str) -> NoReturn:
+    in_ci = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+    _SESSION.failure = reason
+    pytest.fail(
+        f"no Kafka broker for the kafka tests{' (CI: a missing broker is a failure)' if in_ci else ''}: "
+        f"{reason}. Give one with KAFKA_BOOTSTRAP_SERVERS=host:port, or install Java >= 17 and Maven "
+        f"(`make jars` prefetches the broker jars).",
+        pytrace=False,
+    )
+
+
+def _check_reachable(bootstrap: str, timeout_s: float = 15.0) -> None:
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap, client_id="rollout-stream-tests",
+        request_timeout_ms=int(timeout_s * 1000), bootstrap_timeout_ms=int(timeout_s * 1000),
+    )  # fmt: skip
+    try:
+        admin.describe_cluster()
+    finally:
+        admin.close()
+
+
+def _local_broker(data_dir: Path) -> tuple[str, Callable[[], None]]:
+    last: PortInUse | None = None
+    for _attempt in range(3):  # a free port can be taken between asking and binding
+        broker = LocalBroker(port=free_port(), data_dir=data_dir)
+        try:
+            bootstrap = broker.start(timeout=90.0)
+        except PortInUse as exc:
+            last = exc
+            continue
+
+        def stop(broker: LocalBroker = broker) -> None:
+            broker.stop(timeout=20.0)
+
+        return bootstrap, stop
+    assert last is not None
+    raise last
+
+
+def _docker_broker() -> tuple[str, Callable[[], None]]:
+    """apache/kafka in a container. Setting any KAFKA_* variable drops all of the image's defaults, so
+    this is the image's single-node example in full, plus a listener advertised on the mapped host port."""
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.docker_client import DockerClient
+    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
+
+    host = DockerClient().host()
+    host_port = free_port()
+    env = {
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_LISTENERS": "PLAINTEXT://0.0.0.0:19092,HOST://0.0.0.0:9092,CONTROLLER://0.0.0.0:9093",
+        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://localhost:19092,HOST://{host}:{host_port}",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,HOST:PLAINTEXT",
+        "KAFKA_INTER_BROKER_LISTENER_NAME": "PLAINTEXT",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",  # else init_transactions() hangs
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
+        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+        "KAFKA_MESSAGE_MAX_BYTES": str(64 << 20),
+        "KAFKA_REPLICA_FETCH_MAX_BYTES": str(64 << 20),
+        "KAFKA_LOG_DIRS": "/tmp/kraft-combined-logs",
+    }
+    container = DockerContainer(f"apache/kafka:{kafka_version(pom_path())}").with_bind_ports(9092, host_port)
+    for key, value in env.items():
+        container.with_env(key, value)
+    container.waiting_for(
+        LogMessageWaitStrategy(re.compile(r"Kafka Server started")).with_startup_timeout(120)
+    )
+    container.start()
+    return f"{host}:{host_port}", container.stop
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap address of a real broker for the whole session (see the module docstring)."""
+    if _SESSION.failure:  # fail every Kafka test fast and alike once the broker could not be had
+        _no_broker(_SESSION.failure)
+    started = time.monotonic()
+    stop: Callable[[], None] | None = None
+    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    try:
+        if given:
+            _SESSION.kind, bootstrap = "KAFKA_BOOTSTRAP_SERVERS", given
+            _check_reachable(given)
+        elif os.environ.get("ROLLOUT_STREAM_TEST_BROKER", "").strip().lower() == "docker":
+            _SESSION.kind = "testcontainers apache/kafka"
+            bootstrap, stop = _docker_broker()
+        else:
+            _SESSION.kind = "local broker (Maven jars)"
+            bootstrap, stop = _local_broker(tmp_path_factory.mktemp("kafka"))
+    except BrokerError as exc:
+        _no_broker(f"{type(exc).__name__}: {exc}")
+    except (KafkaError, OSError) as exc:
+        _no_broker(f"{_SESSION.kind} {given or ''} unreachable: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # docker missing, image pull failure, ...: report, do not skip
+        _no_broker(f"{_SESSION.kind} could not start: {type(exc).__name__}: {exc}")
+    _SESSION.bootstrap, _SESSION.start_s = bootstrap, time.monotonic() - started
+    try:
+        yield bootstrap
+    finally:
+        if stop is not None:
+            stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap: str) -> Iterator[KafkaAdminClient]:
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="rollout-stream-tests")
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+def _slug(name: str, limit: int = 40) -> str:
+    return re.sub(r"[^a-zA-Z0-9._-]+", "-", name).strip("-")[:limit] or "t"
+
+
+@pytest.fixture
+def topic_factory(kafka_admin: KafkaAdminClient, request: pytest.FixtureRequest) -> Iterator[TopicFactory]:
+    """Create topics named `<test name>-<uuid>` with N partitions (ready: every partition has a leader).
+
+    They are deleted after the test, best effort.
+    """
+    created: list[str] = []
+
+    def make(
+        partitions: int = 1, *, config: Mapping[str, str] | None = None, prefix: str | None = None
+    ) -> str:
+        name = f"{_slug(prefix or request.node.name)}-{uuid.uuid4().hex[:12]}"
+        spec = {"num_partitions": partitions, "replication_factor": 1, "configs": dict(config or {})}
+        kafka_admin.create_topics({name: spec}, timeout_ms=15000, wait_for_metadata=True)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        try:
+            kafka_admin.delete_topics(created, timeout_ms=10000, raise_errors=False)
+        except (KafkaError, OSError):
+            pass  # a leftover topic on a throwaway broker is harmless
+
+
+@pytest.fixture
+def unique_group_id(request: pytest.FixtureRequest) -> str:
+    """A consumer group id no other test (or earlier run against the same cluster) has used."""
+    return f"g-{_slug(request.node.name)}-{uuid.uuid4().hex[:12]}"
+
+
+# -- the `kafka` marker: added to tests that use the broker, and a time bound for them ---------------
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if (
+            "kafka_bootstrap" in getattr(item, "fixturenames", ())
+            and item.get_closest_marker("kafka") is None
+        ):
+            item.add_marker(pytest.mark.kafka)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    marker = item.get_closest_marker("kafka")
+    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if marker is None or not usable:
+        return (yield)
+    limit = float(marker.kwargs.get("timeout", KAFKA_TEST_TIMEOUT_S))
+
+    def on_alarm(_signum: int, _frame: object) -> None:
+        pytest.fail(f"{item.nodeid} exceeded its {limit:g} s time bound (kafka tests must not hang)")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return (yield)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line that shows whether the Kafka tests really ran, and against what."""
+    counts: dict[str, int] = {}
+    for outcome in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+        reports = terminalreporter.stats.get(outcome, [])
+        n = sum(1 for r in reports if "kafka" in getattr(r, "keywords", {}) and
+                (getattr(r, "when", "call") == "call" or outcome in ("error", "skipped")))  # fmt: skip
+        if n:
+            counts[outcome] = n
+    if not counts and not _SESSION.kind:
+        return
+    ran = ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) or "none ran"
+    if _SESSION.bootstrap:
+        where = f"{_SESSION.kind} at {_SESSION.bootstrap}, ready in {_SESSION.start_s:.1f} s"
+    else:
+        where = f"no broker: {_SESSION.failure or 'not started'}"
+    terminalreporter.write_sep("-", f"kafka tests: {ran} ({where})")

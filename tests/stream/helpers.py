@@ -1,0 +1,118 @@
+"""Helpers for tests against the real broker: topics, a worker in a thread, reading outputs."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from codec import TrainSample, decode_train_sample
+from stream.clients import Connection
+from stream.config import TopicNames, WorkerConfig
+from stream.worker import Worker
+
+
+def new_topics(bootstrap: str, partitions: int = 3, prefix: str = "t") -> TopicNames:
+    tag = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    names = TopicNames(f"{tag}-rollouts", f"{tag}-train", f"{tag}-dlq")
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(n, partitions, 1, topic_configs={"max.message.bytes": str(64 << 20)})
+                             for n in (names.input, names.output, names.dead_letter)])
+    finally:
+        admin.close()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        wait_until(lambda: all(len(consumer.partitions_for_topic(t) or ()) == partitions
+                               for t in (names.input, names.output, names.dead_letter)), 20, "topic metadata")
+    finally:
+        consumer.close()
+    return names
+
+
+@contextmanager
+def running_worker(config: WorkerConfig) -> Iterator[Worker]:
+    worker = Worker(config, Connection(config.bootstrap_servers or ""))
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # surfaced in the test thread
+            errors.append(exc)
+            raise
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        yield worker
+        if errors:
+            raise errors[0]
+    finally:
+        worker.request_stop()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "worker did not stop within 60 s"
+        if errors:
+            raise errors[0]
+
+
+def wait_until(predicate, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    import faulthandler
+    import sys
+
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)  # where the worker is stuck, if it is
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class Read:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, str]
+
+
+def read_topic(bootstrap: str, topic: str, *, min_count: int = 0, timeout: float = 30.0,
+               settle: float = 1.0) -> list[Read]:
+    """Every committed record of `topic` (read_committed), waiting until at least `min_count` arrived."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
+                             enable_auto_commit=False, max_partition_fetch_bytes=64 << 20,
+                             fetch_max_bytes=64 << 20)
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: list[Read] = []
+        deadline = time.monotonic() + timeout
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=200)
+            got = [r for recs in batch.values() for r in recs]
+            for r in got:
+                out.append(Read(r.topic, r.partition, r.offset, r.key, r.value,
+                                {k: v.decode() for k, v in (r.headers or [])}))
+            if got:
+                quiet_since = time.monotonic()
+            elif len(out) >= min_count and time.monotonic() - quiet_since >= settle:
+                break
+        return out
+    finally:
+        consumer.close()
+
+
+def train_samples(reads: list[Read]) -> list[TrainSample]:
+    return [decode_train_sample(r.value) for r in reads if r.value is not None]
