@@ -1,6 +1,14 @@
 """Wire format of rollout-stream: msgspec records, packed arrays, reason codes."""
 
 from codec.arrays import Array
+from codec.changelog import (
+    ClosedGroupEntry,
+    PartitionPosition,
+    changelog_key,
+    decode_changelog,
+    encode_changelog,
+    parse_changelog_key,
+)
 from codec.reasons import DeadLetterReason
 from codec.records import SCHEMA_VERSION, Reward, Sample, TrainSample
 from codec.wire import (
@@ -15,6 +23,12 @@ from codec.wire import (
 
 __all__ = [
     "Array",
+    "ClosedGroupEntry",
+    "PartitionPosition",
+    "changelog_key",
+    "decode_changelog",
+    "encode_changelog",
+    "parse_changelog_key",
     "DeadLetterReason",
     "DecodeError",
     "Reward",

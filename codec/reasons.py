@@ -12,3 +12,5 @@ class DeadLetterReason(StrEnum):
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
     INCOMPLETE_GROUP = "incomplete_group"
     LATE_MEMBER = "late_member"
+    # Not in SPEC §4.4's table: a group larger than the worker's buffer cap (issue 4, bounded memory).
+    GROUP_TOO_LARGE = "group_too_large"

@@ -16,9 +16,21 @@ from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Ou
 from core.rewards import SharedRewardViolation, normalize_group
 from core.validate import SampleLimits, effective_group_size, rollout_key, validate_sample
 
-__all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "WindowStore"]
+__all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "WindowStore", "WindowKey", "replay_id", "REPLAY_ID_HEADER"]
 
 R = DeadLetterReason
+
+WindowKey = tuple[int, str, str]
+"""(input partition, group key, replay id): a replayed group is windowed apart from its original."""
+
+REPLAY_ID_HEADER = "x-replay-id"
+
+
+def replay_id(record: InputRecord) -> str:
+    for key, value in record.headers:
+        if key == REPLAY_ID_HEADER:
+            return value.decode("utf-8", "backslashreplace")
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +40,7 @@ class WindowConfig:
     group_timeout_ms: int = 300_000
     closed_retention_ms: int = 3_600_000
     max_closed_groups: int = 200_000
+    max_group_bytes: int = 1 << 30
 
 
 @dataclass(slots=True)
@@ -72,9 +85,11 @@ class WindowStore:
 
     def __init__(self, config: WindowConfig) -> None:
         self.config = config
-        self.open: dict[tuple[int, str], GroupWindow] = {}
-        self.closed: OrderedDict[tuple[int, str], ClosedGroup] = OrderedDict()
+        self.open: dict[WindowKey, GroupWindow] = {}
+        self.closed: OrderedDict[WindowKey, ClosedGroup] = OrderedDict()
         self.open_bytes = 0
+        # Closed-group memory changes since the last drain (None: forgotten) — the durable changelog's input.
+        self.changes: dict[WindowKey, ClosedGroup | None] = {}
 
     # ---- queries -------------------------------------------------------------------------------
 
@@ -94,7 +109,7 @@ class WindowStore:
         if problem is not None:
             return self._reject_record(record, gkey, problem, now_ms)
         assert gkey is not None and sample.group_index is not None
-        wkey = (record.partition, gkey)
+        wkey = (record.partition, gkey, replay_id(record))
         digest = _digest(record.value)
 
         closed = self.closed.get(wkey)
@@ -121,17 +136,29 @@ class WindowStore:
         self._forget_old(now_ms)
         return outcomes
 
+    def drain_changes(self) -> dict[WindowKey, ClosedGroup | None]:
+        """Closed-group memory changes since the last call (written to the changelog with each commit)."""
+        changes, self.changes = self.changes, {}
+        return changes
+
+    def restore_closed(self, wkey: WindowKey, closed: ClosedGroup) -> None:
+        """Reload closed-group memory from the changelog (no change is journaled)."""
+        self.closed[wkey] = closed
+        self.closed.move_to_end(wkey)
+
     def drop_partition(self, partition: int) -> None:
         """Forget a revoked partition's state; its uncommitted records are re-read by the new owner."""
         for k in [k for k in self.open if k[0] == partition]:
             self.open_bytes -= self.open.pop(k).nbytes
         for k in [k for k in self.closed if k[0] == partition]:
             del self.closed[k]
+        for k in [k for k in self.changes if k[0] == partition]:
+            del self.changes[k]
 
     # ---- internals -----------------------------------------------------------------------------
     def _add(
         self,
-        wkey: tuple[int, str],
+        wkey: WindowKey,
         window: GroupWindow,
         record: InputRecord,
         sample: Sample,
@@ -165,6 +192,12 @@ class WindowStore:
                 f"(offsets {held.offset} and {record.offset})",
                 now_ms,
             )
+        if window.nbytes + record.size > self.config.max_group_bytes:
+            return self._reject_group(
+                wkey, window, record, R.GROUP_TOO_LARGE,
+                f"group would hold {window.nbytes + record.size} bytes, more than the worker's cap of "
+                f"{self.config.max_group_bytes} bytes for one group", now_ms,
+            )
         if siblings is None:
             if len(window.rollouts) >= window.group_size:
                 return self._reject_group(
@@ -184,7 +217,7 @@ class WindowStore:
                 return [self._finish(wkey, window, now_ms)]
         return []
 
-    def _finish(self, wkey: tuple[int, str], window: GroupWindow, now_ms: int) -> Outcome:
+    def _finish(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         members = window.members()
         result = normalize_group([m.sample for m in members], self.config.reward)
         if isinstance(result, SharedRewardViolation):
@@ -195,7 +228,7 @@ class WindowStore:
         return Published(window.key, window.partition, tuple(members), result)
 
     def _reject_group(
-        self, wkey: tuple[int, str], window: GroupWindow, record: InputRecord,
+        self, wkey: WindowKey, window: GroupWindow, record: InputRecord,
         reason: DeadLetterReason, message: str, now_ms: int,
     ) -> list[Outcome]:
         records = (*window.records(), record)
@@ -206,7 +239,7 @@ class WindowStore:
         if gkey is None:
             key = record.key.decode("utf-8", "backslashreplace") if record.key is not None else None
             return [DeadLettered(R.INVALID_SAMPLE, problem, key, (record,), now_ms)]
-        wkey = (record.partition, gkey)
+        wkey = (record.partition, gkey, replay_id(record))
         window = self.open.get(wkey)
         if window is not None:
             return self._reject_group(wkey, window, record, R.INVALID_SAMPLE, problem, now_ms)
@@ -236,7 +269,7 @@ class WindowStore:
         # One reason per rejected group: later members carry the group's reason until its deadline.
         return DeadLettered(closed.reason, f"group already dead-lettered: {closed.message}", gkey, (record,), now_ms)
 
-    def _close_incomplete(self, wkey: tuple[int, str], window: GroupWindow, now_ms: int) -> Outcome:
+    def _close_incomplete(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         records = tuple(window.records())
         rollouts = sum(1 for r, s in window.rollouts.items() if len(s) == window.sibling_counts[r])
         message = (
@@ -247,7 +280,7 @@ class WindowStore:
         return DeadLettered(R.INCOMPLETE_GROUP, message, window.key, records, now_ms)
 
     def _close(
-        self, wkey: tuple[int, str], window: GroupWindow, reason: DeadLetterReason | None, message: str,
+        self, wkey: WindowKey, window: GroupWindow, reason: DeadLetterReason | None, message: str,
         now_ms: int, extra_digest: bytes | None = None,
     ) -> None:
         del self.open[wkey]
@@ -257,11 +290,13 @@ class WindowStore:
             digests.add(extra_digest)
         self._remember(wkey, ClosedGroup(reason, message, window.deadline_ms, now_ms, frozenset(digests)))
 
-    def _remember(self, wkey: tuple[int, str], closed: ClosedGroup) -> None:
+    def _remember(self, wkey: WindowKey, closed: ClosedGroup) -> None:
         self.closed[wkey] = closed
         self.closed.move_to_end(wkey)
+        self.changes[wkey] = closed
         while len(self.closed) > self.config.max_closed_groups:
-            self.closed.popitem(last=False)
+            old, _ = self.closed.popitem(last=False)
+            self.changes[old] = None
 
     def _forget_old(self, now_ms: int) -> None:
         horizon = now_ms - self.config.closed_retention_ms
@@ -270,3 +305,4 @@ class WindowStore:
             if c.closed_at_ms >= horizon:
                 break
             del self.closed[k]
+            self.changes[k] = None

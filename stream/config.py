@@ -74,6 +74,12 @@ class WorkerConfig:
     max_record_bytes: int = 64 * 1024 * 1024
     heartbeat_file: str | None = None
     shutdown_timeout_s: float = 30.0
+    delivery: Literal["exactly-once", "at-least-once"] = "exactly-once"
+    instance_id: str | None = None  # stable per worker instance: its transactional id (default: host name)
+    transaction_timeout_s: float = 60.0
+    commit_max_records: int = 5000
+    max_open_groups: int = 100_000
+    max_open_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         for option, name in (
@@ -103,6 +109,21 @@ class WorkerConfig:
             raise ConfigError("--reward-key must not be empty")
         if not self.commit_interval_s > 0:
             raise ConfigError(f"--commit-interval must be positive, got {self.commit_interval_s}")
+        if self.delivery not in ("exactly-once", "at-least-once"):
+            raise ConfigError(f"--delivery must be exactly-once or at-least-once, got {self.delivery!r}")
+        if self.commit_max_records < 1:
+            raise ConfigError(f"--commit-max-records must be at least 1, got {self.commit_max_records}")
+        if self.max_open_groups < 1 or self.max_open_bytes < 1024 * 1024:
+            raise ConfigError("--max-open-groups must be >= 1 and --max-open-bytes >= 1 MiB")
+        if self.max_open_bytes < self.max_record_bytes:
+            raise ConfigError(f"--max-open-bytes ({self.max_open_bytes}) must hold at least one record of "
+                              f"{self.max_record_bytes} bytes")
+        if self.closed_group_retention_s < 2 * self.group_timeout_s:
+            raise ConfigError(
+                f"--closed-group-retention ({self.closed_group_retention_s:g}s) must be at least twice "
+                f"--group-timeout ({self.group_timeout_s:g}s) to recognise late members")
+        if self.instance_id is not None and not _TOPIC_RE.match(self.instance_id):
+            raise ConfigError(f"--instance-id {self.instance_id!r} may use letters, digits, '.', '_', '-' only")
         if self.bootstrap_servers is not None and not self.bootstrap_servers.strip():
             raise ConfigError("--bootstrap-servers must not be empty (omit it to use the local broker)")
 
@@ -123,6 +144,7 @@ class WorkerConfig:
             group_timeout_ms=int(self.group_timeout_s * 1000),
             closed_retention_ms=int(self.closed_group_retention_s * 1000),
             max_closed_groups=self.max_closed_groups,
+            max_group_bytes=self.max_open_bytes,
         )
 
     def effective(self) -> dict[str, Any]:

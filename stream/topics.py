@@ -10,7 +10,7 @@ from kafka.errors import TopicAlreadyExistsError
 
 from stream.clients import MAX_RECORD_BYTES, Connection, make_admin
 
-__all__ = ["TopicSettings", "ensure_topics"]
+__all__ = ["TopicSettings", "ensure_topics", "ensure_changelog", "TopicMismatch"]
 
 log = logging.getLogger("rollout_stream.topics")
 
@@ -47,5 +47,32 @@ def ensure_topics(
             except TopicAlreadyExistsError:
                 pass  # created concurrently by another worker
         return created
+    finally:
+        admin.close()
+
+
+class TopicMismatch(RuntimeError):
+    """An existing topic cannot serve its purpose as it is (e.g. a changelog with the wrong partition count)."""
+
+
+def ensure_changelog(conn: Connection, name: str, partitions: int) -> bool:
+    """The compacted changelog of the worker's windows: one partition per input partition."""
+    admin = make_admin(conn)
+    try:
+        if name not in set(admin.list_topics()):
+            try:
+                admin.create_topics([NewTopic(name, partitions, 1, topic_configs={
+                    "cleanup.policy": "compact", "min.compaction.lag.ms": "60000",
+                    "max.message.bytes": str(8 * 1024 * 1024)})])
+                return True
+            except TopicAlreadyExistsError:
+                pass
+        described = admin.describe_topics([name])
+        have = len(described[0]["partitions"]) if described else 0
+        if have != partitions:
+            raise TopicMismatch(
+                f"changelog topic {name!r} has {have} partitions but the input topic has {partitions}; "
+                "delete it (state is rebuilt from the input) or use a new --group-id")
+        return False
     finally:
         admin.close()

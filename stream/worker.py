@@ -1,9 +1,15 @@
-"""The long-running stage: read, call core, write, commit (SPEC §4.2). At-least-once, nothing lost."""
+"""The long-running stage: read, call core, write, commit (SPEC §4.2, §4.5).
+
+Delivery is exactly-once by default (outputs, dead-letters, the window changelog and input offsets in one
+Kafka transaction) or at-least-once (flush outputs, then commit offsets below every open record).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import socket
 import threading
 import time
 from collections import Counter
@@ -13,24 +19,28 @@ from typing import Any
 
 from kafka import TopicPartition
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
-from kafka.structs import OffsetAndMetadata
 
-from codec import DecodeError, decode_sample
+from codec import DecodeError, changelog_key, decode_sample, encode_changelog
+from codec.changelog import POSITION_KEY, PartitionPosition
 from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, Published
 from core.windows import WindowStore
 from stream.clients import Connection, make_consumer, make_producer
 from stream.config import WorkerConfig
+from stream.delivery import AtLeastOnce, ChangelogWrite, CommitAborted, ExactlyOnce, ProduceFailed
 from stream.logs import log_event
-from stream.outputs import OutputRecord, dead_letter_records, train_records
+from stream.outputs import dead_letter_records, train_records
+from stream.restore import closed_entry, read_changelog, read_range
+from stream.topics import ensure_changelog
 
-__all__ = ["Worker", "WorkerStats", "ProduceFailed"]
+__all__ = ["Worker", "WorkerStats", "ProduceFailed", "changelog_topic_name"]
 
 log = logging.getLogger("rollout_stream.worker")
 
 
-class ProduceFailed(RuntimeError):
-    """The broker refused an output after the client's retries: stop without committing past it."""
+def changelog_topic_name(group_id: str, input_topic: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", group_id)
+    return f"{safe}-{input_topic}-windows-changelog"[:249]
 
 
 @dataclass
@@ -44,6 +54,10 @@ class WorkerStats:
     zero_variance_groups: int = 0
     zero_variance_dropped: int = 0
     commits: int = 0
+    aborts: int = 0
+    restores: int = 0
+    restored_records: int = 0
+    paused: bool = False
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -55,12 +69,14 @@ class WorkerStats:
             "duplicates": self.duplicates,
             "zero_variance_groups": self.zero_variance_groups,
             "zero_variance_dropped": self.zero_variance_dropped,
+            "commits": self.commits,
+            "aborts": self.aborts,
         }
 
 
 class _Rebalance(AsyncConsumerRebalanceListener):
-    """Rebalance hooks. kafka-python 3 runs them on its IO thread while `poll()` waits in the worker thread,
-    so they may touch worker state but must not call blocking consumer APIs (hence `await`)."""
+    """kafka-python 3 runs these on its IO thread while `poll()` waits in the worker thread: they may touch
+    worker state, but must not call blocking consumer APIs."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -78,25 +94,24 @@ class _Rebalance(AsyncConsumerRebalanceListener):
 class Worker:
     """Consumes rollout samples, windows them by prompt group, publishes or dead-letters whole groups."""
 
-    def __init__(
-        self,
-        config: WorkerConfig,
-        conn: Connection,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, config: WorkerConfig, conn: Connection, *, clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.conn = conn
         self.clock = clock
         self.stats = WorkerStats()
         self.store = WindowStore(config.windows)
         self.ledger = OffsetLedger()
+        self.eos = config.delivery == "exactly-once"
+        self.changelog_topic = changelog_topic_name(config.group_id, config.topics.input)
         self._stop = threading.Event()
-        self._in_flight: list[tuple[Any, OutputRecord]] = []
         self._assigned: set[int] = set()
         self._revoked: set[int] = set()
+        self._to_restore: set[int] = set()
+        self._reset_all = False
+        self._changelog_positions: dict[int, int] = {}
         self._consumer: Any = None
-        self._producer: Any = None
+        self._delivery: Any = None
+        self._uncommitted = 0
         self._last_commit = 0.0
         self._last_expire = 0.0
         self._last_progress = 0.0
@@ -111,18 +126,38 @@ class Worker:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    @property
+    def ready(self) -> bool:
+        """Partitions assigned and every restore done."""
+        return bool(self._assigned) and not self._to_restore
+
     def run(self) -> None:
-        """Process until stop is requested; then flush, commit what is resolved and leave the group."""
+        """Process until stop is requested; then commit what is resolved and leave the group."""
         cfg = self.config
-        self._producer = make_producer(self.conn, max_record_bytes=cfg.max_record_bytes)
         self._consumer = make_consumer(self.conn, group_id=cfg.group_id, max_record_bytes=cfg.max_record_bytes)
-        self._await_topic(cfg.topics.input)
+        partitions = self._await_topic(cfg.topics.input)
+        if self._stop.is_set():
+            self._consumer.close(autocommit=False)
+            return
+        if self.eos:
+            ensure_changelog(self.conn, self.changelog_topic, partitions)
+            instance = cfg.instance_id or socket.gethostname()
+            producer = make_producer(
+                self.conn, max_record_bytes=cfg.max_record_bytes,
+                transactional_id=f"rollout-stream-{cfg.group_id}-{instance}",
+                transaction_timeout_ms=int(cfg.transaction_timeout_s * 1000),
+            )
+            self._delivery = ExactlyOnce(producer, self._consumer, cfg.topics.input, self.ledger, self.changelog_topic)
+        else:
+            producer = make_producer(self.conn, max_record_bytes=cfg.max_record_bytes)
+            self._delivery = AtLeastOnce(producer, self._consumer, cfg.topics.input, self.ledger)
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
         log_event(log, "worker.started", **{k: v for k, v in cfg.effective().items() if k != "topics"},
                   input_topic=cfg.topics.input, output_topic=cfg.topics.output,
-                  dead_letter_topic=cfg.topics.dead_letter, bootstrap=self.conn.bootstrap_servers)
+                  dead_letter_topic=cfg.topics.dead_letter, bootstrap=self.conn.bootstrap_servers,
+                  changelog_topic=self.changelog_topic if self.eos else "-")
         now = time.monotonic()
-        self._last_progress = now
+        self._last_progress = self._last_commit = now
         self._progress_base = (now, 0)
         try:
             while not self._stop.is_set():
@@ -130,30 +165,42 @@ class Worker:
         finally:
             self._shutdown()
 
-    def _await_topic(self, topic: str) -> None:
+    def _await_topic(self, topic: str) -> int:
         """Subscribe only once the topic's partitions are known, or the first assignment can come up empty."""
         waited = 0.0
         while not self._stop.is_set():
-            if self._consumer.partitions_for_topic(topic):
-                return
+            parts = self._consumer.partitions_for_topic(topic)
+            if parts:
+                return len(parts)
             if waited % 10 == 0:
                 log_event(log, "topic.waiting", logging.WARNING, topic=topic,
                           hint="create it with `rollout-stream topics create`")
             time.sleep(0.5)
             waited += 0.5
+        return 0
 
     def _step(self) -> None:
         batch = self._consumer.poll(timeout_ms=100, max_records=500)
+        if self._to_restore:
+            skip = set(self._to_restore)  # fetched before the restore: they are read again after it
+            self._restore(skip)
+        else:
+            skip = set()
         now_ms = int(self.clock() * 1000)
         for tp, records in batch.items():
+            if tp.partition in skip or tp.partition not in self._assigned:
+                continue
             for rec in records:
                 self._accept(rec, now_ms)
         mono = time.monotonic()
         if mono - self._last_expire >= 0.2:
             self._last_expire = mono
-            self._handle(self.store.expire(now_ms, self._caught_up()))
-        if mono - self._last_commit >= self.config.commit_interval_s:
-            self._flush_and_commit()
+            partitions = set(self._assigned) if self.stats.paused else self._caught_up()
+            self._handle(self.store.expire(now_ms, partitions))
+        if mono - self._last_commit >= self.config.commit_interval_s or \
+                self._uncommitted >= self.config.commit_max_records:
+            self._commit()
+        self._back_pressure()
         if mono - self._last_progress >= self.config.progress_interval_s:
             self._progress(mono)
         if self.config.heartbeat_file and mono - self._last_heartbeat >= 5.0:
@@ -164,33 +211,34 @@ class Worker:
     def _shutdown(self) -> None:
         log_event(log, "worker.stopping", open_windows=self.store.open_count())
         try:
-            if self._consumer is not None and self._producer is not None:
-                self._flush_and_commit(timeout=self.config.shutdown_timeout_s)
+            if self._delivery is not None:
+                self._commit(timeout=self.config.shutdown_timeout_s)
         finally:
             if self._consumer is not None:
                 self._consumer.close(autocommit=False)
-            if self._producer is not None:
-                self._producer.close(timeout=self.config.shutdown_timeout_s)
+            if self._delivery is not None:
+                self._delivery.close(timeout=self.config.shutdown_timeout_s)
             log_event(log, "worker.stopped", open_windows_left_uncommitted=self.store.open_count(),
                       **self.stats.summary())
 
     # ---- records in ----------------------------------------------------------------------------
+    def _input_record(self, rec: Any) -> InputRecord:
+        return InputRecord(topic=rec.topic, partition=rec.partition, offset=rec.offset, timestamp_ms=rec.timestamp,
+                           key=rec.key, value=rec.value, headers=tuple(rec.headers or ()))
+
+    def _decode(self, rec: Any) -> Any:
+        if rec.value is None:
+            return DecodeError("record has no value (tombstone)")
+        try:
+            return decode_sample(rec.value)
+        except DecodeError as exc:
+            return exc
+
     def _accept(self, rec: Any, now_ms: int) -> None:
         self.stats.records_in += 1
-        record = InputRecord(
-            topic=rec.topic, partition=rec.partition, offset=rec.offset, timestamp_ms=rec.timestamp,
-            key=rec.key, value=rec.value, headers=tuple(rec.headers or ()),
-        )
+        self._uncommitted += 1
         self.ledger.hold(rec.partition, rec.offset)
-        decoded: Any
-        if rec.value is None:
-            decoded = DecodeError("record has no value (tombstone)")
-        else:
-            try:
-                decoded = decode_sample(rec.value)
-            except DecodeError as exc:
-                decoded = exc
-        self._handle(self.store.accept(record, decoded, now_ms))
+        self._handle(self.store.accept(self._input_record(rec), self._decode(rec), now_ms))
 
     def _positions(self) -> dict[int, tuple[int, int]]:
         """(next offset to read, last known high watermark) of every partition that delivered records."""
@@ -217,7 +265,7 @@ class Worker:
                 self._dead_letter(outcome)
             elif isinstance(outcome, DuplicateDropped):
                 self.stats.duplicates += 1
-                self._resolve_now(outcome.record)
+                self.ledger.resolve(outcome.record.partition, (outcome.record.offset,))
                 log_event(log, "duplicate.dropped", logging.DEBUG, group=outcome.group_key,
                           partition=outcome.record.partition, offset=outcome.record.offset)
 
@@ -229,14 +277,14 @@ class Worker:
             if policy.mode == "drop":
                 self.stats.zero_variance_dropped += len(group.members)
                 for m in group.members:
-                    self._resolve_now(m.record)
+                    self.ledger.resolve(m.record.partition, (m.record.offset,))
                 log_event(log, "group.zero_variance_dropped", group=group.group_key, samples=len(group.members))
                 return
             if policy.mode == "route":
                 assert policy.topic is not None
                 topic = policy.topic
         for out in train_records(group, self.config.reward, topic):
-            self._send(out)
+            self._delivery.send(out)
         self.stats.groups_published += 1
         self.stats.samples_published += len(group.members)
 
@@ -249,86 +297,157 @@ class Worker:
                   records=len(failure.records), partition=first.partition, offset=first.offset,
                   message=failure.message[:500])
         for out in dead_letter_records(failure, self.config.topics.dead_letter):
-            self._send(out)
-
-    def _send(self, out: OutputRecord) -> None:
-        future = self._producer.send(out.topic, value=out.value, key=out.key, headers=out.headers)
-        self._in_flight.append((future, out))
-
-    def _resolve_now(self, record: InputRecord) -> None:
-        self.ledger.resolve(record.partition, (record.offset,))
+            self._delivery.send(out)
 
     # ---- commit --------------------------------------------------------------------------------
-    def _flush(self, timeout: float | None = None) -> None:
-        """Wait for every output to be acknowledged and mark its input resolved."""
-        if not self._in_flight:
-            return
-        self._producer.flush(timeout=timeout)
-        in_flight, self._in_flight = self._in_flight, []
-        for future, out in in_flight:
-            if not future.is_done:
-                raise ProduceFailed(f"output to {out.topic} not acknowledged within the flush timeout")
-            if future.failed():
-                raise ProduceFailed(
-                    f"broker refused output to {out.topic} for input {out.source.topic}:"
-                    f"{out.source.partition}@{out.source.offset}: {type(future.exception).__name__}: "
-                    f"{future.exception}"
-                )
-            self.ledger.resolve(out.source.partition, (out.source.offset,))
+    def _changelog_writes(self) -> list[ChangelogWrite]:
+        changes = self.store.drain_changes()
+        if not self.eos:
+            return []
+        writes = [
+            ChangelogWrite(k[0], changelog_key(k[1], k[2]), encode_changelog(closed_entry(c)) if c else None)
+            for k, c in changes.items() if k[0] in self._assigned
+        ]
+        for p in self._assigned - self._to_restore:
+            tracker = self.ledger.partitions.get(p)
+            if tracker is not None and tracker.next_offset is not None \
+                    and tracker.next_offset != self._changelog_positions.get(p):
+                writes.append(ChangelogWrite(p, POSITION_KEY, encode_changelog(PartitionPosition(tracker.next_offset))))
+                self._changelog_positions[p] = tracker.next_offset
+        return writes
 
-    def _due_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        topic = self.config.topics.input
-        due = {p: pos for p, pos in self.ledger.due().items() if p in self._assigned}
-        return {TopicPartition(topic, p): OffsetAndMetadata(pos, "", -1) for p, pos in due.items()}
-
-    def _flush_and_commit(self, timeout: float | None = None) -> None:
-        """Flush outputs, then commit, per partition, the position below every unresolved record."""
+    def _commit(self, timeout: float | None = None) -> None:
         self._last_commit = time.monotonic()
-        self._flush(timeout)
-        offsets = self._due_offsets()
-        if offsets:
-            self._consumer.commit(offsets)
-            self.ledger.mark_committed({tp.partition: om.offset for tp, om in offsets.items()})
+        self._uncommitted = 0
+        started = time.monotonic()
+        try:
+            if self.eos:
+                committed = self._delivery.commit(self._assigned - self._to_restore, self._changelog_writes(), timeout)
+            else:
+                self.store.drain_changes()
+                committed = self._delivery.commit(self._assigned, [], timeout)
+        except CommitAborted as exc:
+            self.stats.aborts += 1
+            log_event(log, "commit.aborted", logging.WARNING, error=str(exc),
+                      action="restoring every assigned partition from the last commit")
+            self._restore_all_later()
+            return
+        if committed:
             self.stats.commits += 1
+            log_event(log, "commit", logging.DEBUG, ms=f"{(time.monotonic() - started) * 1000:.1f}",
+                      offsets=",".join(f"{p}:{o}" for p, o in sorted(committed.items())))
 
-    # ---- rebalance -----------------------------------------------------------------------------
+    def _restore_all_later(self) -> None:
+        for p in list(self._assigned):
+            self.store.drop_partition(p)
+            self.ledger.forget(p)
+            self._changelog_positions.pop(p, None)
+        self._to_restore |= self._assigned
+
+    # ---- rebalance and restore -----------------------------------------------------------------
     async def _on_revoked(self, partitions: set[int]) -> None:
-        """Commit what is resolved before the partitions may move; their state is dropped on assignment
-        unless they come back (kafka-python keeps the fetch position of a partition assigned again)."""
+        """Commit what is processed before the partitions may move."""
         if not partitions:
             return
-        self._flush()
-        offsets = self._due_offsets()
-        if offsets:
-            try:
-                # The blocking commit() may not run on the IO thread; this is the coroutine under it.
-                await self._consumer._coordinator._commit_offsets_sync_async(offsets)
-                self.ledger.mark_committed({tp.partition: om.offset for tp, om in offsets.items()})
-            except Exception as exc:  # the new owner re-reads from the last commit: duplicates, never loss
-                log_event(log, "commit.on_revoke_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+        try:
+            if self.eos:
+                await self._delivery.commit_on_revoke(self._assigned - self._to_restore, self._changelog_writes())
+            else:
+                await self._delivery.commit_on_revoke(self._assigned)
+        except CommitAborted as exc:
+            log_event(log, "commit.on_revoke_aborted", logging.WARNING, error=str(exc))
+            self._reset_all = True
+        except Exception as exc:  # at-least-once: the next owner re-reads from the last commit
+            log_event(log, "commit.on_revoke_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+            self._reset_all = True
         self._revoked |= partitions
         log_event(log, "partitions.revoked", partitions=",".join(map(str, sorted(partitions))))
 
     def _on_assigned(self, partitions: set[int]) -> None:
-        gone = self._revoked - partitions
+        # kafka-python keeps the fetch position of a partition assigned again, so its state stays valid.
+        gone = (self._revoked | self._assigned) - partitions
         for p in gone:
             self._drop(p)
+        new = partitions - (self._assigned - gone) if not self._reset_all else set(partitions)
+        if self._reset_all:
+            for p in partitions:
+                self._drop(p)
+            self._reset_all = False
         self._revoked.clear()
         self._assigned = set(partitions)
+        if self.eos:
+            self._to_restore |= new
         log_event(log, "partitions.assigned", topic=self.config.topics.input,
-                  partitions=",".join(map(str, sorted(partitions))), dropped_state=",".join(map(str, sorted(gone))))
+                  partitions=",".join(map(str, sorted(partitions))), new=",".join(map(str, sorted(new))))
 
     def _on_lost(self, partitions: set[int]) -> None:
         for p in partitions:
             self._drop(p)
+        self._assigned -= partitions
         log_event(log, "partitions.lost", logging.WARNING, partitions=",".join(map(str, sorted(partitions))))
 
     def _drop(self, partition: int) -> None:
-        """Forget a partition's windows; the uncommitted records are re-read by whoever owns it next."""
+        """Forget a partition's windows; its uncommitted records are re-read by whoever owns it next."""
         self.store.drop_partition(partition)
         self.ledger.forget(partition)
-        self._assigned.discard(partition)
-        self._in_flight = [(f, o) for f, o in self._in_flight if o.source.partition != partition]
+        self._delivery.forget(partition)
+        self._changelog_positions.pop(partition, None)
+        self._to_restore.discard(partition)
+
+    def _restore(self, partitions: set[int]) -> None:
+        """Exactly-once: rebuild state from the changelog and the input, then continue where it ends."""
+        topic = self.config.topics.input
+        for p in sorted(partitions):
+            started = time.monotonic()
+            self.store.drop_partition(p)
+            self.ledger.forget(p)
+            closed, position, changelog_records = read_changelog(self.conn, self.changelog_topic, p)
+            for wkey, entry in closed.items():
+                self.store.restore_closed(wkey, entry)
+            tp = TopicPartition(topic, p)
+            committed = self._consumer.committed(tp)
+            start = committed if committed is not None else self._consumer.beginning_offsets([tp])[tp]
+            replayed = 0
+            if position is not None and position > start:
+                now_ms = int(self.clock() * 1000)
+
+                def refeed(rec: Any) -> None:
+                    # Same transitions as the first time, outputs suppressed: they are already committed.
+                    self.ledger.hold(p, rec.offset)
+                    for outcome in self.store.accept(self._input_record(rec), self._decode(rec), now_ms):
+                        self.ledger.resolve(p, [r.offset for r in outcome.records])
+
+                replayed = read_range(self.conn, topic, p, start, position, refeed,
+                                      max_record_bytes=self.config.max_record_bytes)
+                self.store.changes = {k: v for k, v in self.store.changes.items() if k[0] != p}
+            resume_at = max(start, position or start)
+            self.ledger.mark_committed({p: start})
+            self._changelog_positions[p] = resume_at
+            self._consumer.seek(tp, resume_at)
+            self._to_restore.discard(p)
+            self.stats.restores += 1
+            self.stats.restored_records += replayed
+            log_event(log, "partition.restored", partition=p, closed_groups=len(closed),
+                      changelog_records=changelog_records, committed_offset=start, resume_at=resume_at,
+                      reread=replayed, open_windows=sum(1 for k in self.store.open if k[0] == p),
+                      ms=f"{(time.monotonic() - started) * 1000:.0f}")
+
+    # ---- back-pressure -------------------------------------------------------------------------
+    def _back_pressure(self) -> None:
+        cfg = self.config
+        full = self.store.open_count() >= cfg.max_open_groups or self.store.open_bytes >= cfg.max_open_bytes
+        tps = [TopicPartition(cfg.topics.input, p) for p in self._assigned]
+        if full and not self.stats.paused:
+            self._consumer.pause(*tps)
+            self.stats.paused = True
+            log_event(log, "backpressure.paused", logging.WARNING, open_windows=self.store.open_count(),
+                      open_bytes=self.store.open_bytes)
+        elif self.stats.paused and not full and self.store.open_count() < 0.8 * cfg.max_open_groups \
+                and self.store.open_bytes < 0.8 * cfg.max_open_bytes:
+            self._consumer.resume(*tps)
+            self.stats.paused = False
+            log_event(log, "backpressure.resumed", open_windows=self.store.open_count(),
+                      open_bytes=self.store.open_bytes)
 
     # ---- progress ------------------------------------------------------------------------------
     def lag(self) -> int:
@@ -348,4 +467,5 @@ class Worker:
             open_windows=self.store.open_count(),
             open_bytes=self.store.open_bytes,
             lag=self.lag(),
+            commits=self.stats.commits,
         )

@@ -139,6 +139,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     started = time.monotonic()
     stop: Callable[[], None] | None = None
     given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    bootstrap, problem = "", ""
     try:
         if given:
             _SESSION.kind, bootstrap = "KAFKA_BOOTSTRAP_SERVERS", given
@@ -150,11 +151,13 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             _SESSION.kind = "local broker (Maven jars)"
             bootstrap, stop = _local_broker(tmp_path_factory.mktemp("kafka"))
     except BrokerError as exc:
-        _no_broker(f"{type(exc).__name__}: {exc}")
+        problem = f"{type(exc).__name__}: {exc}"
     except (KafkaError, OSError) as exc:
-        _no_broker(f"{_SESSION.kind} {given or ''} unreachable: {type(exc).__name__}: {exc}")
+        problem = f"{_SESSION.kind} {given} unreachable: {type(exc).__name__}: {exc}"
     except Exception as exc:  # docker missing, image pull failure, ...: report, do not skip
-        _no_broker(f"{_SESSION.kind} could not start: {type(exc).__name__}: {exc}")
+        problem = f"{_SESSION.kind} could not start: {type(exc).__name__}: {exc}"
+    if problem:
+        _no_broker(problem)  # outside the except block: one message, no chained traceback
     _SESSION.bootstrap, _SESSION.start_s = bootstrap, time.monotonic() - started
     try:
         yield bootstrap

@@ -14,6 +14,7 @@ from stream.commands.options import Bootstrap, DeadLetterTopic, GroupSize, Input
 from stream.config import ConfigError, TopicNames, WorkerConfig, parse_zero_variance
 from stream.logs import configure_logging, log_event
 from stream.topics import TopicSettings, ensure_topics
+from stream.topics import TopicMismatch
 from stream.worker import ProduceFailed, Worker
 
 log = logging.getLogger("rollout_stream.run")
@@ -57,6 +58,22 @@ def run(
                                                           "recognise late members and copies.")] = 3600.0,
     partitions: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_PARTITIONS",
                                             help="Partitions for topics this command has to create.")] = 3,
+    delivery: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_DELIVERY",
+                                          help="exactly-once (outputs, dead-letters, window changelog and input "
+                                          "offsets in one transaction; consumers read with read_committed) or "
+                                          "at-least-once (duplicates possible after a crash).")] = "exactly-once",
+    instance_id: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_INSTANCE_ID",
+                                                    help="Stable name of this worker instance; its transactional "
+                                                    "id. Give each concurrent worker its own (default: host "
+                                                    "name); reuse it on restart.", show_default=False)] = None,
+    commit_max_records: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_COMMIT_MAX_RECORDS",
+                                                    help="Also commit after this many input records.")] = 5000,
+    max_open_groups: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_MAX_OPEN_GROUPS",
+                                                 help="Pause fetching at this many open groups.")] = 100_000,
+    max_open_mib: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_MAX_OPEN_MIB",
+                                              help="Pause fetching when open windows hold this many MiB; a single "
+                                              "group larger than this is dead-lettered as group_too_large.")]
+    = 1024,
     heartbeat_file: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_HEARTBEAT_FILE",
                                                        help="File touched every few seconds while the loop "
                                                        "runs (container health checks).", show_default=False)]
@@ -90,6 +107,11 @@ def run(
             progress_interval_s=progress_interval,
             closed_group_retention_s=closed_group_retention,
             heartbeat_file=heartbeat_file,
+            delivery=delivery,  # type: ignore[arg-type]
+            instance_id=instance_id,
+            commit_max_records=commit_max_records,
+            max_open_groups=max_open_groups,
+            max_open_bytes=max_open_mib * 1024 * 1024,
         )
     except ConfigError as exc:
         fail(str(exc))
@@ -122,6 +144,8 @@ def run(
     signal.signal(signal.SIGINT, _stop)
     try:
         worker.run()
+    except TopicMismatch as exc:
+        fail(str(exc), 2)
     except ProduceFailed as exc:
         fail(f"stopping without committing past an unpublished record: {exc}", 1)
     except KafkaError as exc:

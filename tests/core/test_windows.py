@@ -222,3 +222,33 @@ def test_closed_memory_is_bounded():
     for g in range(20):
         feed(st, rec(s(gi=g, rid=0, size=1), g))
     assert len(st.closed) == 5
+
+
+def test_group_larger_than_the_byte_cap_is_dead_lettered_whole():
+    st = store(max_group_bytes=600)
+    feed(st, rec(s(rid=0, size=3, prompt="x" * 200), 0))
+    (out,) = feed(st, rec(s(rid=1, size=3, prompt="y" * 200), 1))
+    assert out.reason is R.GROUP_TOO_LARGE and len(out.records) == 2 and st.open_bytes == 0
+
+
+def test_replayed_records_are_windowed_apart_from_their_closed_original():
+    st = store()
+    feed(st, rec(s(rid=0), 0, ts=1_000))
+    (inc,) = st.expire(now_ms=1_000 + TIMEOUT + 1, partitions={0})
+    assert inc.reason is R.INCOMPLETE_GROUP
+    (late,) = feed(st, rec(s(rid=1), 1, ts=50_000))
+    assert late.reason is R.LATE_MEMBER
+    replay = (("x-replay-id", b"r1"), ("x-replay-count", b"1"))
+    a = InputRecord("rollouts", 0, 2, 60_000, b"0", encode_sample(s(rid=0)), replay)
+    b = InputRecord("rollouts", 0, 3, 60_000, b"0", encode_sample(s(rid=1)), replay)
+    assert feed(st, a) == []
+    (pub,) = feed(st, b)
+    assert isinstance(pub, Published) and [m.record.offset for m in pub.members] == [2, 3]
+
+
+def test_changes_journal_closed_groups_and_forgetting():
+    st = store(max_closed_groups=1)
+    feed(st, rec(s(gi=0, rid=0, size=1), 0), rec(s(gi=1, rid=0, size=1), 1))
+    changes = st.drain_changes()
+    assert changes[(0, "0", "")] is None and changes[(0, "1", "")].reason is None
+    assert st.drain_changes() == {}

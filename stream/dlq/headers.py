@@ -1,0 +1,58 @@
+"""Header names of dead-letter records and of replayed records: the contract between `dlq replay` and the worker.
+
+The dead-letter headers are written by stream/outputs.py (SPEC §4.4); the replay headers are written by
+`dlq replay` and read by the worker to window a replayed group apart from its original (docs/dlq.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "REASON",
+    "MESSAGE",
+    "ORIGINAL_TOPIC",
+    "ORIGINAL_PARTITION",
+    "ORIGINAL_OFFSET",
+    "ORIGINAL_TIMESTAMP",
+    "GROUP_KEY",
+    "STAGE_VERSION",
+    "FAILED_AT",
+    "ORIGINAL_HEADERS",
+    "FAILURE_HEADERS",
+    "REPLAY_ID",
+    "REPLAY_COUNT",
+    "REPLAYED_FROM",
+    "REPLAY_HEADERS",
+    "header_map",
+]
+
+# Written by the worker on every dead-letter record.
+REASON = "x-dlq-reason"
+MESSAGE = "x-dlq-message"
+ORIGINAL_TOPIC = "x-original-topic"
+ORIGINAL_PARTITION = "x-original-partition"
+ORIGINAL_OFFSET = "x-original-offset"
+ORIGINAL_TIMESTAMP = "x-original-timestamp"
+GROUP_KEY = "x-group-key"
+STAGE_VERSION = "x-stage-version"
+FAILED_AT = "x-failed-at"
+
+# Where the record was first read: carried over onto a replayed record unchanged.
+ORIGINAL_HEADERS = (ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_TIMESTAMP)
+# Why it failed: meaningful only in the dead-letter topic, so a replay drops them.
+FAILURE_HEADERS = (REASON, MESSAGE, GROUP_KEY, STAGE_VERSION, FAILED_AT)
+
+# Written by `dlq replay` on every replayed record.
+REPLAY_ID = "x-replay-id"  # one id per replay run: the worker windows a replayed group by (group key, id)
+REPLAY_COUNT = "x-replay-count"  # 1 on the first replay, previous count + 1 on a replay of a replay
+REPLAYED_FROM = "x-replayed-from"  # "<dead-letter topic>:<partition>:<offset>" of the record replayed
+REPLAY_HEADERS = (REPLAY_ID, REPLAY_COUNT, REPLAYED_FROM)
+
+
+def header_map(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, str]:
+    """Header values as text (last one wins on repeats); bytes that are not UTF-8 are escaped, never dropped."""
+    out: dict[str, str] = {}
+    for name, value in headers or ():
+        out[name] = (value or b"").decode("utf-8", "backslashreplace")
+    return out

@@ -1,0 +1,177 @@
+"""`dlq replay`: re-publish selected dead-letter records in transactions that also move the replay cursor."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from stream.clients import Connection, make_consumer, make_producer
+from stream.dlq.cursor import CursorState, cursor_name, new_replay_id, resume_state
+from stream.dlq.lineage import ReplayAction, decide
+from stream.dlq.scan import DeadLetterScanner, ScanPlan
+from stream.dlq.selection import Selection
+from stream.synth import RateLimiter
+
+__all__ = ["ReplayFailed", "ReplayOptions", "ReplayReport", "replay"]
+
+
+class ReplayFailed(RuntimeError):
+    """A replayed record was not acknowledged; its transaction was aborted and the cursor did not move."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    dead_letter_topic: str
+    selection: Selection
+    to: str | None = None
+    max_replays: int = 3
+    rate: float = 100.0  # records per second; 0: unlimited
+    dry_run: bool = False
+    # A transaction closes after this many records or seconds, whichever comes first: progress stays
+    # durable during long replays, and a rate-limited transaction never nears transaction_timeout_ms.
+    batch_records: int = 200
+    batch_seconds: float = 1.0
+    listed: int = 10_000  # per-record actions kept for the report
+
+
+@dataclass
+class ReplayReport:
+    cursor: str
+    replay_id: str
+    resumed: bool
+    dry_run: bool
+    plan: ScanPlan | None = None
+    scanned: int = 0
+    matched: int = 0
+    replayed: int = 0
+    refused: int = 0
+    transactions: int = 0
+    by_topic: Counter[str] = field(default_factory=Counter)
+    actions: list[ReplayAction] = field(default_factory=list)
+    actions_truncated: bool = False
+    elapsed_s: float = 0.0
+
+    def add(self, action: ReplayAction, keep: int) -> None:
+        self.matched += 1
+        if action.refused is not None:
+            self.refused += 1
+        else:
+            self.replayed += 1
+            self.by_topic[action.topic or ""] += 1
+        if len(self.actions) < keep:
+            self.actions.append(action)
+        else:
+            self.actions_truncated = True
+
+
+@dataclass
+class _Transaction:
+    """The producer's open transaction: what it sent, when it began."""
+
+    producer: Any
+    open: bool = False
+    began: float = 0.0
+    futures: list[tuple[Any, ReplayAction]] = field(default_factory=list)
+
+    def begin(self) -> None:
+        if not self.open:
+            self.producer.begin_transaction()
+            self.open, self.began, self.futures = True, time.monotonic(), []
+
+    def due(self, opts: ReplayOptions) -> bool:
+        return self.open and (len(self.futures) >= opts.batch_records
+                              or time.monotonic() - self.began >= opts.batch_seconds)
+
+    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata], group_id: str) -> None:
+        """Flush, check every record was acknowledged, then commit records and cursor together."""
+        self.begin()
+        self.producer.flush()
+        for future, action in self.futures:
+            if future.failed():
+                raise ReplayFailed(
+                    f"replay of {action.record.topic}:{action.record.coordinates} to {action.topic} failed: "
+                    f"{type(future.exception).__name__}: {future.exception}")
+        self.producer.send_offsets_to_transaction(offsets, group_id)
+        self.producer.commit_transaction()
+        self.open = False
+
+    def abort(self) -> None:
+        if self.open:
+            self.open = False
+            self.producer.abort_transaction()
+
+
+def _offsets(scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState) -> dict[TopicPartition, OffsetAndMetadata]:
+    meta = state.encode()
+    return {TopicPartition(plan.topic, r.partition): OffsetAndMetadata(scanner.positions.get(r.partition, r.start), meta, -1)
+            for r in plan.ranges}
+
+
+def replay(conn: Connection, opts: ReplayOptions, *, progress: bool | None = None, console: Any = None) -> ReplayReport:
+    """Replay the selected records that this selection's cursor has not passed yet; see docs/dlq.md."""
+    started = time.monotonic()
+    cursor = cursor_name(opts.selection, opts.dead_letter_topic, opts.to)
+    consumer = make_consumer(conn, group_id=cursor)
+    producer = None
+    txn: _Transaction | None = None
+    try:
+        if not opts.dry_run:
+            # Fences any earlier run of this cursor still alive and aborts its open transaction, so the
+            # committed offsets read below are final.
+            producer = make_producer(conn, transactional_id=cursor)
+            producer.init_transactions()
+            txn = _Transaction(producer)
+        kwargs: dict[str, Any] = {"progress": progress}
+        if console is not None:
+            kwargs["console"] = console
+        scanner = DeadLetterScanner(consumer, opts.dead_letter_topic, **kwargs)
+        parts = scanner.partitions()
+        committed = {p: consumer.committed(TopicPartition(opts.dead_letter_topic, p), metadata=True) for p in parts}
+        previous = resume_state(committed)
+        replay_id = previous.replay_id if previous is not None else new_replay_id()
+        report = ReplayReport(cursor, replay_id, previous is not None, opts.dry_run)
+        running = CursorState(replay_id, "running", opts.selection.describe())
+        starts = {p: om.offset for p, om in committed.items() if om is not None and om.offset >= 0}
+        plan = report.plan = scanner.plan(partitions=parts, starts=starts, since_ms=opts.selection.since_ms)
+        limiter = RateLimiter(opts.rate)
+        last_commit = time.monotonic()
+        limit = opts.selection.limit
+        for record in scanner.records(plan):
+            if opts.selection.matches(record):
+                action = decide(record, to=opts.to, max_replays=opts.max_replays, replay_id=replay_id)
+                report.add(action, opts.listed)
+                if txn is not None and action.topic is not None:
+                    limiter.wait()
+                    txn.begin()
+                    future = txn.producer.send(action.topic, key=record.key, value=record.value,
+                                               headers=list(action.headers))
+                    txn.futures.append((future, action))
+                if limit is not None and report.matched >= limit:
+                    break
+            # Move the cursor now and then even when nothing matches, so a long scan is not repeated.
+            if txn is not None and (txn.due(opts) or time.monotonic() - last_commit >= 10 * opts.batch_seconds):
+                txn.commit(_offsets(scanner, plan, running), cursor)
+                report.transactions += 1
+                last_commit = time.monotonic()
+        if txn is not None:
+            txn.commit(_offsets(scanner, plan, CursorState(replay_id, "done", running.selection)), cursor)
+            report.transactions += 1
+        report.scanned = scanner.scanned
+        report.elapsed_s = time.monotonic() - started
+        return report
+    except BaseException as exc:
+        if txn is not None:
+            try:
+                txn.abort()
+            except Exception as abort_exc:  # the first error is the one to report; the next run fences anyway
+                exc.add_note(f"aborting the replay transaction failed too: {type(abort_exc).__name__}: {abort_exc}")
+        raise
+    finally:
+        consumer.close(autocommit=False)
+        if producer is not None:
+            producer.close(timeout=10)
