@@ -69,7 +69,7 @@ class WorkerConfig:
     zero_variance: ZeroVariancePolicy = field(default_factory=ZeroVariancePolicy)
     commit_interval_s: float = 1.0
     progress_interval_s: float = 10.0
-    closed_group_retention_s: float = 3600.0
+    closed_group_retention_s: float | None = None  # default: max(1 h, 2 × group timeout)
     max_closed_groups: int = 200_000
     max_record_bytes: int = 64 * 1024 * 1024
     heartbeat_file: str | None = None
@@ -80,6 +80,7 @@ class WorkerConfig:
     commit_max_records: int = 5000
     max_open_groups: int = 100_000
     max_open_bytes: int = 1 << 30
+    session_timeout_s: float = 45.0
 
     def __post_init__(self) -> None:
         for option, name in (
@@ -118,7 +119,7 @@ class WorkerConfig:
         if self.max_open_bytes < self.max_record_bytes:
             raise ConfigError(f"--max-open-bytes ({self.max_open_bytes}) must hold at least one record of "
                               f"{self.max_record_bytes} bytes")
-        if self.closed_group_retention_s < 2 * self.group_timeout_s:
+        if self.closed_group_retention_s is not None and self.closed_group_retention_s < 2 * self.group_timeout_s:
             raise ConfigError(
                 f"--closed-group-retention ({self.closed_group_retention_s:g}s) must be at least twice "
                 f"--group-timeout ({self.group_timeout_s:g}s) to recognise late members")
@@ -126,6 +127,12 @@ class WorkerConfig:
             raise ConfigError(f"--instance-id {self.instance_id!r} may use letters, digits, '.', '_', '-' only")
         if self.bootstrap_servers is not None and not self.bootstrap_servers.strip():
             raise ConfigError("--bootstrap-servers must not be empty (omit it to use the local broker)")
+
+    @property
+    def closed_retention_s(self) -> float:
+        if self.closed_group_retention_s is not None:
+            return self.closed_group_retention_s
+        return max(3600.0, 2 * self.group_timeout_s)
 
     @property
     def reward(self) -> RewardConfig:
@@ -142,7 +149,7 @@ class WorkerConfig:
             reward=self.reward,
             limits=SampleLimits(default_group_size=self.group_size),
             group_timeout_ms=int(self.group_timeout_s * 1000),
-            closed_retention_ms=int(self.closed_group_retention_s * 1000),
+            closed_retention_ms=int(self.closed_retention_s * 1000),
             max_closed_groups=self.max_closed_groups,
             max_group_bytes=self.max_open_bytes,
         )

@@ -134,7 +134,9 @@ class Worker:
     def run(self) -> None:
         """Process until stop is requested; then commit what is resolved and leave the group."""
         cfg = self.config
-        self._consumer = make_consumer(self.conn, group_id=cfg.group_id, max_record_bytes=cfg.max_record_bytes)
+        self._consumer = make_consumer(self.conn, group_id=cfg.group_id, max_record_bytes=cfg.max_record_bytes,
+                                       session_timeout_ms=int(cfg.session_timeout_s * 1000),
+                                       heartbeat_interval_ms=max(100, int(cfg.session_timeout_s * 1000 / 3)))
         partitions = self._await_topic(cfg.topics.input)
         if self._stop.is_set():
             self._consumer.close(autocommit=False)

@@ -53,9 +53,14 @@ def run(
                                                    help="Seconds between flush+offset commits.")] = 1.0,
     progress_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_PROGRESS_INTERVAL",
                                                      help="Seconds between progress log lines.")] = 10.0,
-    closed_group_retention: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_CLOSED_GROUP_RETENTION",
-                                                          help="Seconds a resolved group is remembered to "
-                                                          "recognise late members and copies.")] = 3600.0,
+    closed_group_retention: Annotated[float | None, typer.Option(envvar="ROLLOUT_STREAM_CLOSED_GROUP_RETENTION",
+                                                                 help="Seconds a resolved group is remembered to "
+                                                                 "recognise late members and copies [default: "
+                                                                 "max(3600, 2 x group timeout)].",
+                                                                 show_default=False)] = None,
+    session_timeout: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_SESSION_TIMEOUT",
+                                                   help="Consumer group session timeout in seconds: how long a "
+                                                   "silent worker keeps its partitions.")] = 45.0,
     partitions: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_PARTITIONS",
                                             help="Partitions for topics this command has to create.")] = 3,
     delivery: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_DELIVERY",
@@ -106,6 +111,7 @@ def run(
             commit_interval_s=commit_interval,
             progress_interval_s=progress_interval,
             closed_group_retention_s=closed_group_retention,
+            session_timeout_s=session_timeout,
             heartbeat_file=heartbeat_file,
             delivery=delivery,  # type: ignore[arg-type]
             instance_id=instance_id,

@@ -116,3 +116,18 @@ def read_topic(bootstrap: str, topic: str, *, min_count: int = 0, timeout: float
 
 def train_samples(reads: list[Read]) -> list[TrainSample]:
     return [decode_train_sample(r.value) for r in reads if r.value is not None]
+
+
+def spawn_worker(bootstrap: str, topics: TopicNames, group_id: str, *extra: str, log_path=None, env=None):
+    """`rollout-stream run` as a real subprocess (stderr to `log_path`)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("rollout-stream")
+    cmd = [str(exe), "run", "--bootstrap-servers", bootstrap, "--input-topic", topics.input,
+           "--output-topic", topics.output, "--dead-letter-topic", topics.dead_letter, "--group-id", group_id,
+           "--progress-interval", "5", *extra]
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    return subprocess.Popen(cmd, stdout=out, stderr=out, env={**os.environ, **(env or {})})
