@@ -24,6 +24,7 @@ __all__ = [
     "collation_problem",
     "oldest_weight_version",
     "is_stale",
+    "is_stale_version",
     "rollout_units",
     "shard_ranks",
     "shard_groups",
@@ -154,17 +155,26 @@ def oldest_weight_version(group: Sequence[TrainSample]) -> int | None:
     return oldest
 
 
-def is_stale(group: Sequence[TrainSample], current_version: int | None, max_staleness: int | None) -> bool:
-    """True when the group's oldest weight version is below `current_version - max_staleness`.
+def is_stale_version(oldest: int | None, current_version: int | None, max_staleness: int | None) -> bool:
+    """The staleness rule on a group's oldest weight version: `oldest < current_version - max_staleness`.
 
     No bound, no current version, or no version on any sample: never stale.
     """
-    if max_staleness is None or current_version is None:
+    if max_staleness is None or current_version is None or oldest is None:
         return False
     if max_staleness < 0:
         raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-    oldest = oldest_weight_version(group)
-    return oldest is not None and oldest < current_version - max_staleness
+    return oldest < current_version - max_staleness
+
+
+def is_stale(group: Sequence[TrainSample], current_version: int | None, max_staleness: int | None) -> bool:
+    """True when the group's oldest weight version is below `current_version - max_staleness` (skip it whole).
+
+    Raises ValueError when the rule applies and a weight version is not an integer.
+    """
+    if max_staleness is None or current_version is None:
+        return False
+    return is_stale_version(oldest_weight_version(group), current_version, max_staleness)
 
 
 # ---- data-parallel sharding --------------------------------------------------------------------

@@ -29,14 +29,14 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from kafka import TopicPartition
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from codec import DecodeError, TrainSample, decode_train_sample
-from core.collate import Collated, collate, collation_problem, is_stale, oldest_weight_version, shard_groups
+from core.collate import Collated, collate, collation_problem, is_stale_version, oldest_weight_version, shard_groups
 from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_consumer
 from stream.logs import log_event
 
@@ -53,6 +53,9 @@ __all__ = [
     "Mark",
     "rank_group_id",
 ]
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rollout_stream.reader")
 
@@ -93,6 +96,12 @@ class AssembledGroup:
     timestamp_ms: int  # of the record that completed it: the merge key
     nbytes: int
     problem: str | None = None  # why it cannot be collated (skipped whole, counted)
+    oldest_version: int | None = None  # oldest weight version of its samples
+    version_problem: str | None = None  # a weight version that is not an integer
+
+    @property
+    def first_offset(self) -> int:
+        return self.offsets[0]
 
 
 @dataclass(slots=True)
@@ -110,14 +119,14 @@ class Mark:
 
     offset: int
     end: int
-    keep: tuple[int, ...] = ()
+    keep: frozenset[int] = frozenset()
 
     def skips(self, offset: int) -> bool:
         return offset < self.end and offset not in self.keep
 
     def metadata(self, batch: int) -> str:
         runs: list[str] = []
-        rel = [k - self.offset for k in self.keep]
+        rel = sorted(k - self.offset for k in self.keep)
         i = 0
         while i < len(rel):
             j = i
@@ -137,7 +146,7 @@ class Mark:
         for run in filter(None, fields.get("keep", "").split(",")):
             lo, _, hi = run.partition("-")
             keep.extend(range(offset + int(lo), offset + int(hi or lo) + 1))
-        return int(fields["batch"]), Mark(offset, max(offset, int(fields.get("end", offset))), tuple(keep))
+        return int(fields["batch"]), Mark(offset, max(offset, int(fields.get("end", offset))), frozenset(keep))
 
 
 class ReadMarks:
@@ -146,15 +155,26 @@ class ReadMarks:
     def __init__(self) -> None:
         self.next: dict[int, int] = {}
         self.held: dict[int, set[int]] = {}
+        self._resumed: dict[int, deque[int]] = {}  # held since the restart, not yet read again
 
-    def start(self, partition: int, position: int) -> None:
-        self.next[partition] = position
-        self.held[partition] = set()
+    def start(self, partition: int, position: int, resume: Mark | None = None) -> None:
+        """Reading starts at `position`; after a restart, the resumed mark's unread offsets stay held."""
+        self.next[partition] = max(position, resume.end) if resume else position
+        self.held[partition] = set(resume.keep) if resume else set()
+        self._resumed[partition] = deque(sorted(resume.keep)) if resume else deque()
 
     def read(self, partition: int, offset: int, *, hold: bool) -> None:
         self.next[partition] = max(self.next.get(partition, 0), offset + 1)
+        held = self.held.setdefault(partition, set())
+        resumed = self._resumed.get(partition)
+        while resumed and resumed[0] <= offset:
+            gone = resumed.popleft()
+            if gone < offset:
+                held.discard(gone)  # no longer in the log (retention): nothing left to wait for
         if hold:
-            self.held.setdefault(partition, set()).add(offset)
+            held.add(offset)
+        else:
+            held.discard(offset)
 
     def release(self, partition: int, offsets: Sequence[int]) -> None:
         self.held[partition].difference_update(offsets)
@@ -163,11 +183,7 @@ class ReadMarks:
         out: dict[int, Mark] = {}
         for p, end in self.next.items():
             held = self.held.get(p)
-            if held:
-                keep = tuple(sorted(held))
-                out[p] = Mark(keep[0], end, keep)
-            else:
-                out[p] = Mark(end, end)
+            out[p] = Mark(min(held), end, frozenset(held)) if held else Mark(end, end)
         return out
 
 
@@ -222,9 +238,14 @@ class GroupAssembler:
         self.recent[identity] = None
         if len(self.recent) > self.remember:
             self.recent.popitem(last=False)
-        problem = next((f"{p}" for p in map(collation_problem, pending.samples) if p is not None), None)
+        problem = next((p for p in map(collation_problem, pending.samples) if p is not None), None)
+        oldest, version_problem = None, None
+        try:
+            oldest = oldest_weight_version(pending.samples)
+        except ValueError as exc:
+            version_problem = str(exc)
         return AssembledGroup(ts.group_key, partition, tuple(pending.samples), tuple(sorted(pending.offsets)),
-                              timestamp_ms, pending.nbytes, problem)
+                              timestamp_ms, pending.nbytes, problem, oldest, version_problem)
 
     def _bound(self, partition: int, groups: OrderedDict[str, _Pending]) -> None:
         while len(groups) > self.max_pending:
@@ -266,6 +287,20 @@ class GroupMerger:
 
 # ---- the background thread: Kafka → assembler → merger → queue ----------------------------------
 _Item = tuple[str, Any, Any]
+
+
+class _CaughtUp:
+    """Whether a partition is read to its end (read_committed: an open transaction keeps it behind)."""
+
+    def __init__(self, consumer: Any, tps: dict[int, TopicPartition]) -> None:
+        self.consumer, self.tps, self.known = consumer, tps, {}  # type: dict[int, bool]
+
+    def __call__(self, partition: int) -> bool:
+        if partition not in self.known:
+            tp = self.tps[partition]
+            high = self.consumer.highwater(tp)
+            self.known[partition] = high is not None and self.consumer.position(tp) >= high
+        return self.known[partition]
 
 
 class _Prefetcher(threading.Thread):
@@ -312,7 +347,15 @@ class _Prefetcher(threading.Thread):
         tps = [TopicPartition(r.topic, p) for p in partitions]
         admin = make_admin(r.conn)
         try:
-            found = admin.list_group_offsets({g: tps for g in groups})
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    found = admin.list_group_offsets({g: tps for g in groups})
+                    break
+                except KafkaError as exc:  # e.g. the coordinator of a fresh cluster is still being elected
+                    if not exc.retriable or time.monotonic() > deadline or self.stop.is_set():
+                        raise
+                    time.sleep(0.5)
         finally:
             admin.close()
         best: tuple[int, int, dict[int, Mark]] | None = None
@@ -351,7 +394,7 @@ class _Prefetcher(threading.Thread):
                 c.seek_to_beginning(tp)
         marks = ReadMarks()
         for p, tp in tps.items():
-            marks.start(p, c.position(tp))
+            marks.start(p, c.position(tp), resume.get(p))
         self._put(("resumed", batch, None))
         assembler = GroupAssembler(marks, r.stats)
         merger = GroupMerger(partitions, r.partition_idle_ms)
@@ -367,14 +410,7 @@ class _Prefetcher(threading.Thread):
                     group = assembler.accept(tp.partition, rec.offset, rec.timestamp, rec.value)
                     if group is not None:
                         merger.push(group)
-            positions: dict[int, bool] = {}
-
-            def caught_up(p: int) -> bool:
-                if p not in positions:
-                    high = c.highwater(tps[p])
-                    positions[p] = high is not None and c.position(tps[p]) >= high
-                return positions[p]
-
+            caught_up = _CaughtUp(c, tps)
             while (group := merger.pop(int(time.time() * 1000), caught_up)) is not None:
                 marks.release(group.partition, group.offsets)
                 r.stats.groups += 1
@@ -420,15 +456,41 @@ class Batch:
     global_samples: int  # samples of the whole batch, over all ranks
     global_loss_tokens: int  # tokens with a non-zero loss mask in the whole batch (for DP loss normalization)
 
-    tokens = property(lambda self: self.tensors.tokens)
-    attention_mask = property(lambda self: self.tensors.attention_mask)
-    total_lengths = property(lambda self: self.tensors.total_lengths)
-    response_lengths = property(lambda self: self.tensors.response_lengths)
-    loss_mask = property(lambda self: self.tensors.loss_mask)
-    rollout_log_probs = property(lambda self: self.tensors.rollout_log_probs)
-    response_index = property(lambda self: self.tensors.response_index)
-    rewards = property(lambda self: self.tensors.rewards)
-    raw_rewards = property(lambda self: self.tensors.raw_rewards)
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.tensors.tokens
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return self.tensors.attention_mask
+
+    @property
+    def total_lengths(self) -> torch.Tensor:
+        return self.tensors.total_lengths
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.tensors.response_lengths
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        return self.tensors.loss_mask
+
+    @property
+    def rollout_log_probs(self) -> torch.Tensor:
+        return self.tensors.rollout_log_probs
+
+    @property
+    def response_index(self) -> torch.Tensor:
+        return self.tensors.response_index
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        return self.tensors.rewards
+
+    @property
+    def raw_rewards(self) -> torch.Tensor:
+        return self.tensors.raw_rewards
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -442,10 +504,11 @@ def _loss_tokens(s: TrainSample) -> int:
     return int((s.sample.loss_mask.numpy() != 0).sum())
 
 
-def _info(g: AssembledGroup, oldest: int | None) -> GroupInfo:
+def _info(g: AssembledGroup) -> GroupInfo:
     first = g.samples[0]
     return GroupInfo(g.key, g.partition, g.offsets[0], g.offsets[-1], g.timestamp_ms, len(g.samples),
-                     first.group_rollout_count, oldest, first.group_mean, first.group_std, first.zero_variance)
+                     first.group_rollout_count, g.oldest_version, first.group_mean, first.group_std,
+                     first.zero_variance)
 
 
 class TrainDataReader:
@@ -516,6 +579,7 @@ class TrainDataReader:
         self._yielded: tuple[int, dict[int, Mark]] | None = None
         self._committed: tuple[int, dict[int, Mark]] | None = None
         self._committer: Any = None
+        self._failed: ReaderError | None = None
         self._closed = False
         self._thread = _Prefetcher(self)
         self._thread.start()
@@ -535,14 +599,18 @@ class TrainDataReader:
         return batch
 
     def next_batch(self, timeout: float | None = None) -> Batch | None:
-        """The next batch, or None when it did not complete within `timeout` seconds (its groups stay buffered)."""
+        """The next batch, or None when it did not complete within `timeout` seconds (its groups stay buffered).
+
+        Staleness is judged when the batch completes, against the weight version set at that moment.
+        """
         if self._closed:
             raise ReaderError("the reader is closed")
+        if self._failed is not None:
+            raise self._failed
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            verdicts = [self._verdict(g) for g, _ in self._buffer]
-            if verdicts.count(None) >= self.groups_per_batch:
-                return self._batch(verdicts)
+        verdicts = [self._verdict(g) for g, _ in self._buffer]
+        good = verdicts.count(None)
+        while good < self.groups_per_batch:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
@@ -551,21 +619,26 @@ class TrainDataReader:
             except queue.Empty:
                 return None
             if kind == "error":
-                raise ReaderError(f"reading {self.topic} failed: {type(value).__name__}: {value}") from value
+                self._failed = ReaderError(f"reading {self.topic} failed: {type(value).__name__}: {value}")
+                self._failed.__cause__ = value
+                raise self._failed
             if kind == "resumed":
                 self._next_index = 0 if value is None else value + 1
-            else:
-                self._buffer.append((value, snapshot))
+                continue
+            self._buffer.append((value, snapshot))
+            verdicts.append(self._verdict(value))
+            good += verdicts[-1] is None
+        return self._batch(verdicts)
 
     def _verdict(self, group: AssembledGroup) -> str | None:
-        """None: the group trains; "stale" or "invalid": it is skipped whole."""
+        """None: the group trains; "stale" or "invalid": it is skipped whole (core.collate.is_stale's rule)."""
         if group.problem is not None:
             return "invalid"
-        try:
-            stale = is_stale(group.samples, self.weight_version, self.max_weight_staleness)
-        except ValueError:
+        if self.max_weight_staleness is None or self.weight_version is None:
+            return None
+        if group.version_problem is not None:
             return "invalid"  # a weight version that is not an integer: the rule cannot be applied
-        return "stale" if stale else None
+        return "stale" if is_stale_version(group.oldest_version, self.weight_version, self.max_weight_staleness) else None
 
     def _batch(self, verdicts: list[str | None]) -> Batch:
         taken, n = 0, 0
@@ -577,14 +650,14 @@ class TrainDataReader:
         for (group, _), verdict in zip(items, verdicts, strict=True):
             if verdict == "invalid":
                 log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key, partition=group.partition,
-                          offset=group.offsets[0], problem=(group.problem or "weight version is not an integer"))
+                          offset=group.first_offset, problem=group.problem or group.version_problem)
         good = [g for (g, _), v in zip(items, verdicts, strict=True) if v is None]
         mine = shard_groups([g.samples for g in good], self.rank, self.world_size, balance_tokens=self.balance_tokens)
         index = self._next_index if self._next_index is not None else 0
         self._next_index = index + 1
         batch = Batch(
             index=index, rank=self.rank, world_size=self.world_size, samples=mine,
-            groups=[_info(g, self._oldest(g)) for g in good],
+            groups=[_info(g) for g in good],
             tensors=collate(mine, pad_token_id=self.pad_token_id),
             skipped_stale=verdicts.count("stale"), skipped_invalid=verdicts.count("invalid"),
             global_samples=sum(len(g.samples) for g in good),
@@ -595,13 +668,6 @@ class TrainDataReader:
         self.stats.skipped_stale_groups += batch.skipped_stale
         self.stats.skipped_invalid_groups += batch.skipped_invalid
         return batch
-
-    @staticmethod
-    def _oldest(g: AssembledGroup) -> int | None:
-        try:
-            return oldest_weight_version(g.samples)
-        except ValueError:
-            return None
 
     # ---- commit / lifecycle --------------------------------------------------------------------
     def commit(self) -> bool:
@@ -639,6 +705,3 @@ class TrainDataReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _unused(_: torch.Tensor) -> None:  # torch is a dependency of the batch API (tensors); keep the import explicit
-    pass

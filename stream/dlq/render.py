@@ -218,6 +218,7 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
     parts.append(Text(
         f"{verb} {doc['replayed']} record(s) ({where}); refused {doc['refused']}; "
         f"{doc['scanned']} scanned past the cursor {doc['cursor']}"
-        + (f"; replay id {doc['replay_id']}" + (" (resumed)" if doc["resumed"] else "") if doc["replayed"] else "")
+        + (f"; replay id {doc['replay_id']}" + (" (resumed)" if doc["resumed"] else "")
+           if doc["replayed"] and (doc["resumed"] or not doc["dry_run"]) else "")
         + ("; dry run: nothing written" if doc["dry_run"] else "")))
     return Group(*parts)
