@@ -82,6 +82,9 @@ def dead_letter_records(failure: DeadLettered, topic: str) -> list[OutputRecord]
         message = message[: _MAX_MESSAGE_HEADER - 1] + "…"
     out: list[OutputRecord] = []
     for src in failure.records:
+        # A replayed record that fails again keeps the time it first failed.
+        first_failed = next((v for k, v in src.headers if k == "x-failed-at"), None) \
+            or _iso_ms(failure.first_failed_at_ms).encode()
         headers = [
             ("x-dlq-reason", failure.reason.value.encode()),
             ("x-dlq-message", message.encode()),
@@ -91,7 +94,7 @@ def dead_letter_records(failure: DeadLettered, topic: str) -> list[OutputRecord]
             ("x-original-timestamp", str(src.timestamp_ms).encode()),
             ("x-group-key", (failure.group_key or "").encode()),
             ("x-stage-version", STAGE_VERSION.encode()),
-            ("x-failed-at", _iso_ms(failure.first_failed_at_ms).encode()),
+            ("x-failed-at", first_failed),
         ]
         # Producer headers travel along (lineage), minus any stale dead-letter headers of an earlier pass.
         headers += [(k, v) for k, v in src.headers if k not in DLQ_HEADERS]

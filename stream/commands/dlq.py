@@ -17,7 +17,7 @@ from stream.clients import BrokerUnreachable, Connection, make_consumer, probe
 from stream.commands.options import Bootstrap, DeadLetterTopic, fail, resolve_bootstrap
 from stream.dlq.inspect import RecordNotFound, compare_rewards, decode_value, fetch_record, group_members
 from stream.dlq.render import json_line, list_table, replay_document, replay_view, show_document, show_view, stats_view
-from stream.dlq.replay import ReplayFailed, ReplayOptions, replay
+from stream.dlq.replay import ReplayFailed, ReplayOptions, run_replay
 from stream.dlq.scan import DeadLetterScanner, ScanStalled, TopicMissing
 from stream.dlq.selection import Selection, SelectionError, parse_coordinates
 from stream.dlq.stats import DeadLetterStats
@@ -207,7 +207,7 @@ def replay_(
     conn = _connect(bootstrap_servers)
     options = ReplayOptions(dead_letter_topic, selection, to=to, max_replays=max_replays, rate=rate, dry_run=dry_run)
     try:
-        report = replay(conn, options, progress=progress)
+        report = run_replay(conn, options, progress=progress)
     except (TopicMissing, ScanStalled, ReplayFailed) as exc:
         fail(str(exc), 1)
     except KafkaError as exc:

@@ -44,6 +44,6 @@ def resolve_bootstrap(bootstrap: str | None) -> str:
     from stream.broker.local import BrokerError, LocalBroker
 
     try:
-        return LocalBroker().ensure_running()
+        return LocalBroker(progress=lambda line: print(line, file=sys.stderr)).ensure_running()
     except BrokerError as exc:
         fail(f"no --bootstrap-servers given and the local broker could not start: {exc}", 1)

@@ -17,7 +17,7 @@ from stream.dlq.scan import DeadLetterScanner, ScanPlan
 from stream.dlq.selection import Selection
 from stream.synth import RateLimiter
 
-__all__ = ["ReplayFailed", "ReplayOptions", "ReplayReport", "replay"]
+__all__ = ["ReplayFailed", "ReplayOptions", "ReplayReport", "run_replay"]
 
 
 class ReplayFailed(RuntimeError):
@@ -112,7 +112,7 @@ def _offsets(scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState) -> 
             for r in plan.ranges}
 
 
-def replay(conn: Connection, opts: ReplayOptions, *, progress: bool | None = None, console: Any = None) -> ReplayReport:
+def run_replay(conn: Connection, opts: ReplayOptions, *, progress: bool | None = None, console: Any = None) -> ReplayReport:
     """Replay the selected records that this selection's cursor has not passed yet; see docs/dlq.md."""
     started = time.monotonic()
     cursor = cursor_name(opts.selection, opts.dead_letter_topic, opts.to)

@@ -29,7 +29,7 @@ from stream.dlq.cursor import CursorState, cursor_name, resume_state
 from stream.dlq.inspect import compare_rewards, hexdump
 from stream.dlq.lineage import decide
 from stream.dlq.record import DeadLetterRecord, SampleHead
-from stream.dlq.replay import ReplayOptions, replay
+from stream.dlq.replay import ReplayOptions, run_replay
 from stream.dlq.scan import DeadLetterScanner
 from stream.dlq.selection import Selection, SelectionError, parse_coordinates, parse_time
 from stream.dlq.stats import TopGroups
@@ -436,7 +436,7 @@ def test_interrupted_replay_resumes_under_its_replay_id(kafka_bootstrap, monkeyp
     produce(kafka_bootstrap, dlq_records(dlq, [("r/1", i, input_topic) for i in range(5)]))
     conn = Connection(kafka_bootstrap)
     options = ReplayOptions(dlq, Selection.build(groups=["r/1"], now_ms=NOW), rate=0, batch_records=2)
-    from stream.dlq import replay as replay_module
+    import stream.dlq.replay as replay_module
 
     calls = {"n": 0}
     real_wait = replay_module.RateLimiter.wait
@@ -449,16 +449,16 @@ def test_interrupted_replay_resumes_under_its_replay_id(kafka_bootstrap, monkeyp
 
     monkeypatch.setattr(replay_module.RateLimiter, "wait", crash_on_fourth)
     with pytest.raises(KeyboardInterrupt):
-        replay(conn, options, progress=False)
+        run_replay(conn, options, progress=False)
     monkeypatch.setattr(replay_module.RateLimiter, "wait", real_wait)
     first = read_topic(kafka_bootstrap, input_topic, min_count=2)
     assert len(first) == 2  # two committed in the first transaction; the aborted one is invisible
-    rest = replay(conn, options, progress=False)
+    rest = run_replay(conn, options, progress=False)
     assert rest.resumed and rest.replayed == 3
     published = read_topic(kafka_bootstrap, input_topic, min_count=5)
     assert len(published) == 5 and len({r.value for r in published}) == 5
     assert {r.headers[H.REPLAY_ID] for r in published} == {rest.replay_id}  # one id for the whole group
-    assert not replay(conn, options, progress=False).resumed
+    assert not run_replay(conn, options, progress=False).resumed
 
 
 @pytest.mark.kafka(timeout=90)
