@@ -9,6 +9,8 @@ import socket
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
+from stream.security import SecuritySettings
+
 __all__ = ["BrokerUnreachable", "probe", "Connection", "make_consumer", "make_producer", "make_admin", "MAX_RECORD_BYTES"]
 
 # Samples of 32 MiB must pass end to end (SPEC §4.5); topics and clients are sized for 64 MiB.
@@ -17,15 +19,17 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Connection:
-    """How to reach the cluster. Security settings join this object, never individual commands."""
+    """How to reach the cluster: address and security (TLS/SASL, see stream.security), never per command."""
 
     bootstrap_servers: str
     client_id: str = "rollout-stream"
+    security: SecuritySettings = SecuritySettings()
 
     def client_settings(self) -> dict[str, Any]:
         return {
             "bootstrap_servers": [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()],
             "client_id": self.client_id,
+            **self.security.client_settings(),
         }
 
 

@@ -133,6 +133,11 @@ class ExactlyOnce:
         self.ledger.mark_committed(due)
 
     def commit(self, assigned: set[int], changelog: list[ChangelogWrite], timeout: float | None = None) -> dict[int, int]:
+        stale = sorted({out.source.partition for out in self.pending} - assigned)
+        if stale:  # outputs of partitions this worker no longer owns: their new owner produces them again
+            cause = CommitAborted(f"the transaction holds outputs of partitions {stale}, no longer assigned here")
+            self.abort(cause)
+            raise cause
         try:
             due = self._prepare(assigned, changelog)
             self._finish(due)

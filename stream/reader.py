@@ -191,13 +191,15 @@ class GroupAssembler:
     """Whole groups from one topic's records, each partition on its own (pure: no Kafka, no clock)."""
 
     def __init__(self, marks: ReadMarks, stats: ReaderStats, *, max_pending_per_partition: int = 1024,
-                 remember_groups: int = 100_000) -> None:
+                 remember_per_partition: int = 20_000) -> None:
         self.marks = marks
         self.stats = stats
         self.max_pending = max_pending_per_partition
-        self.remember = remember_groups
+        self.remember = remember_per_partition
         self.pending: dict[int, OrderedDict[str, _Pending]] = {}
-        self.recent: OrderedDict[tuple[str, frozenset[tuple[str, int, int]]], None] = OrderedDict()
+        # Per partition, so that what is remembered (and forgotten) depends on that partition's records
+        # alone, never on how fetches of different partitions interleave: every rank decides alike.
+        self.recent: dict[int, OrderedDict[tuple[str, frozenset[tuple[str, int, int]]], None]] = {}
 
     def accept(self, partition: int, offset: int, timestamp_ms: int, value: bytes | None) -> AssembledGroup | None:
         self.stats.records += 1
@@ -231,13 +233,14 @@ class GroupAssembler:
             return None
         del groups[ts.group_key]
         identity = (ts.group_key, frozenset(pending.sources))
-        if identity in self.recent:
+        recent = self.recent.setdefault(partition, OrderedDict())
+        if identity in recent:
             self.stats.duplicate_groups += 1
             self.marks.release(partition, pending.offsets)
             return None
-        self.recent[identity] = None
-        if len(self.recent) > self.remember:
-            self.recent.popitem(last=False)
+        recent[identity] = None
+        if len(recent) > self.remember:
+            recent.popitem(last=False)
         problem = next((p for p in map(collation_problem, pending.samples) if p is not None), None)
         oldest, version_problem = None, None
         try:

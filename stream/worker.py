@@ -37,6 +37,9 @@ __all__ = ["Worker", "WorkerStats", "ProduceFailed", "changelog_topic_name"]
 
 log = logging.getLogger("rollout_stream.worker")
 
+PAUSE_STALL_S = 1.0
+"""A pause at the open-group cap during which no window closed ends in an overrun (see _back_pressure)."""
+
 
 def changelog_topic_name(group_id: str, input_topic: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", group_id)
@@ -117,10 +120,16 @@ class Worker:
         self._last_progress = 0.0
         self._last_heartbeat = 0.0
         self._progress_base = (0.0, 0)
+        self._overrun = False  # reading past the cap: open windows needed records behind a pause
+        self._paused_at = 0.0
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def request_stop(self) -> None:
         self._stop.set()
+
+    def commit_soon(self) -> None:
+        """Commit at the loop's next tick instead of the cadence's (e.g. a benchmark that drained its input)."""
+        self._last_commit = float("-inf")
 
     @property
     def stopping(self) -> bool:
@@ -197,7 +206,8 @@ class Worker:
         mono = time.monotonic()
         if mono - self._last_expire >= 0.2:
             self._last_expire = mono
-            partitions = set(self._assigned) if self.stats.paused else self._caught_up()
+            # Paused, the high watermarks are stale and members may wait behind the pause: expire nothing.
+            partitions = set() if self.stats.paused else self._caught_up()
             self._handle(self.store.expire(now_ms, partitions))
         if mono - self._last_commit >= self.config.commit_interval_s or \
                 self._uncommitted >= self.config.commit_max_records:
@@ -387,6 +397,12 @@ class Worker:
             self._drop(p)
         self._assigned -= partitions
         log_event(log, "partitions.lost", logging.WARNING, partitions=",".join(map(str, sorted(partitions))))
+        if self.eos and self._delivery is not None and self._delivery.open:
+            # Lost while this worker was stalled or cut off: the new owner produces these outputs again, so the
+            # open transaction must never commit (after a rejoin its offsets would pass the generation check).
+            self._delivery.abort(CommitAborted(f"partitions {','.join(map(str, sorted(partitions)))} were lost"))
+            self.stats.aborts += 1
+            self._restore_all_later()
 
     def _drop(self, partition: int) -> None:
         """Forget a partition's windows; its uncommitted records are re-read by whoever owns it next."""
@@ -436,20 +452,37 @@ class Worker:
 
     # ---- back-pressure -------------------------------------------------------------------------
     def _back_pressure(self) -> None:
+        """At a cap, pause fetching. Open windows complete only with records behind the pause, though: if none
+        closed within PAUSE_STALL_S, read on past the cap (logged) until below it, rather than let complete
+        groups time out as incomplete. Groups are bounded by the byte cap per group (group_too_large)."""
         cfg = self.config
-        full = self.store.open_count() >= cfg.max_open_groups or self.store.open_bytes >= cfg.max_open_bytes
+        n, nbytes = self.store.open_count(), self.store.open_bytes
+        full = n >= cfg.max_open_groups or nbytes >= cfg.max_open_bytes
+        low = n < 0.8 * cfg.max_open_groups and nbytes < 0.8 * cfg.max_open_bytes
+        mono = time.monotonic()
+        if self._overrun:
+            if low:
+                self._overrun = False
+                log_event(log, "backpressure.overrun_ended", open_windows=n, open_bytes=nbytes)
+            return
         tps = [TopicPartition(cfg.topics.input, p) for p in self._assigned]
         if full and not self.stats.paused:
             self._consumer.pause(*tps)
             self.stats.paused = True
-            log_event(log, "backpressure.paused", logging.WARNING, open_windows=self.store.open_count(),
-                      open_bytes=self.store.open_bytes)
-        elif self.stats.paused and not full and self.store.open_count() < 0.8 * cfg.max_open_groups \
-                and self.store.open_bytes < 0.8 * cfg.max_open_bytes:
+            self._paused_at = mono
+            log_event(log, "backpressure.paused", logging.WARNING, open_windows=n, open_bytes=nbytes)
+        elif self.stats.paused and low:
             self._consumer.resume(*tps)
             self.stats.paused = False
-            log_event(log, "backpressure.resumed", open_windows=self.store.open_count(),
-                      open_bytes=self.store.open_bytes)
+            log_event(log, "backpressure.resumed", open_windows=n, open_bytes=nbytes)
+        elif self.stats.paused and mono - self._paused_at >= PAUSE_STALL_S:
+            self._consumer.resume(*tps)
+            self.stats.paused = False
+            self._overrun = True
+            log_event(log, "backpressure.overrun", logging.WARNING, open_windows=n, open_bytes=nbytes,
+                      paused_s=f"{mono - self._paused_at:.1f}",
+                      why="no open group closed while paused: their members are behind the pause; "
+                          "reading on past the cap until below it")
 
     # ---- progress ------------------------------------------------------------------------------
     def lag(self) -> int:

@@ -6,6 +6,8 @@ Data dir layout (default ``./.kafka-data``):
     logs/broker.log                       JVM output + WARN-and-above log4j lines (previous run: .1)
     cluster.json                          cluster id and controller port, kept across restarts
     broker.json                           pid/port/bootstrap of the running broker (removed on stop)
+    secure/                               `secure=True` only: CA, certificates, SCRAM passwords, client
+                                          properties (see stream/broker/secure.py)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Literal
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
 
+from stream.clients import Connection
 from stream.broker.errors import (
     BrokerAlreadyRunning,
     BrokerConfigError,
@@ -46,6 +49,14 @@ from stream.broker.process import (
     terminate,
 )
 from stream.broker.properties import log4j2_properties, new_cluster_id, server_properties
+from stream.broker.secure import (
+    ADMIN_USER,
+    SecureMaterial,
+    prepare_secure_material,
+    scram_format_arguments,
+    secure_listener_properties,
+    write_private,
+)
 
 __all__ = [
     "DEFAULT_DATA_DIR",
@@ -82,6 +93,7 @@ class BrokerStatus:
     pid: int | None = None
     port: int | None = None
     bootstrap: str | None = None
+    secure: bool = False  # SASL_SSL listener, SCRAM users, ACLs on
 
     @property
     def running(self) -> bool:
@@ -95,6 +107,8 @@ class LocalBroker:
     cache_dir: jar cache root (None: $ROLLOUT_STREAM_CACHE, else ~/.cache/rollout-stream).
     overrides: extra server.properties entries (not the listener/port/dir keys, which are managed here).
     progress: receives progress lines (jar download, format, start); None = silent.
+    secure: a SASL_SSL listener (self-signed CA, SCRAM-SHA-512/256 users admin and worker) and the
+        StandardAuthorizer with ACLs on, instead of PLAINTEXT. Fixed when the data dir is formatted.
     """
 
     port: int = DEFAULT_PORT
@@ -103,7 +117,9 @@ class LocalBroker:
     overrides: Mapping[str, str] = field(default_factory=dict)
     jvm_options: tuple[str, ...] = ("-Xms256m", "-Xmx512m")
     progress: Progress | None = field(default=None, repr=False)
+    secure: bool = False
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
+    _material: SecureMaterial | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Absolute once, so a later chdir does not move the broker; canonical, so the pid check matches.
@@ -130,6 +146,22 @@ class LocalBroker:
     def _cluster_path(self) -> Path:
         return self.data_dir / "cluster.json"
 
+    @property
+    def secure_dir(self) -> Path:
+        return self.data_dir / "secure"
+
+    def material(self) -> SecureMaterial:
+        """The certificates and credentials of the secured broker (created if missing)."""
+        if self._material is None:
+            self._material = prepare_secure_material(self.secure_dir)
+        return self._material
+
+    def client_connection(self, bootstrap: str, user: str = ADMIN_USER, client_id: str = "rollout-stream") -> Connection:
+        """A Connection to this broker: PLAINTEXT, or logged in as `user` when secured."""
+        if not self.secure:
+            return Connection(bootstrap, client_id=client_id)
+        return Connection(bootstrap, client_id=client_id, security=self.material().security(user))
+
     # -- queries ------------------------------------------------------------------------------------
     def status(self) -> BrokerStatus:
         """Running if the pid in broker.json is alive and is a kafka.Kafka started from this data dir."""
@@ -138,7 +170,7 @@ class LocalBroker:
         if isinstance(pid, int) and is_alive(pid) and self._is_our_broker(pid):
             return BrokerStatus(
                 "running", self.data_dir, self.log_path, pid=pid, port=state.get("port"),
-                bootstrap=state.get("bootstrap"),
+                bootstrap=state.get("bootstrap"), secure=bool(state.get("secure")),
             )  # fmt: skip
         return BrokerStatus("stopped", self.data_dir, self.log_path)
 
@@ -221,29 +253,50 @@ class LocalBroker:
         stored = cluster.get("controller_port")
         keep = isinstance(stored, int) and stored != self.port and port_is_free(stored)
         controller_port = stored if keep and isinstance(stored, int) else free_port()
-        self._properties_path.write_text(
-            server_properties(
-                port=self.port,
-                controller_port=controller_port,
-                log_dirs=self._log_dirs,
-                overrides=self.overrides,
-            )
+        formatted = (self._log_dirs / "meta.properties").exists()
+        if formatted and bool(cluster.get("secure")) != self.secure:
+            raise BrokerConfigError(
+                f"{self.data_dir} holds a {'secured' if cluster.get('secure') else 'PLAINTEXT'} cluster: start it "
+                f"{'with' if cluster.get('secure') else 'without'} --secure, or use another --data-dir")
+        material = self.material() if self.secure else None
+        text = server_properties(
+            port=self.port,
+            controller_port=controller_port,
+            log_dirs=self._log_dirs,
+            overrides=self.overrides,
+            secure=secure_listener_properties(material, port=self.port, controller_port=controller_port)
+            if material else None,
         )
+        if material is not None:
+            write_private(self._properties_path, text)  # holds the broker key and the admin password
+            material.write_client_properties(f"127.0.0.1:{self.port}")
+        else:
+            self._properties_path.write_text(text)
         (self.data_dir / "log4j2.properties").write_text(log4j2_properties())
-        if not (self._log_dirs / "meta.properties").exists():
-            cluster["cluster_id"] = self._format(java, jars)
+        if not formatted:
+            cluster["cluster_id"] = self._format(java, jars, material)
+            cluster["secure"] = self.secure
         cluster.update(controller_port=controller_port, kafka_version=jars.version)
         write_json(self._cluster_path, cluster)
         return controller_port
 
-    def _format(self, java: JavaRuntime, jars: KafkaJars) -> str:
+    def _format(self, java: JavaRuntime, jars: KafkaJars, material: SecureMaterial | None = None) -> str:
         cluster_id = new_cluster_id()
         self._say(f"formatting {self._log_dirs} (cluster id {cluster_id})")
+        tool = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self._properties_path),
+                "--standalone"]  # fmt: skip
+        argfile = self.data_dir / ".format.args"
+        if material is not None:
+            # SCRAM users are created with the cluster (--add-scram); the java launcher reads the main class
+            # and its arguments from an @argfile, so the passwords never show in the process list.
+            lines = ['"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                     for arg in (*tool, *scram_format_arguments(material))]
+            write_private(argfile, "\n".join(lines) + "\n")
+            tool = [f"@{argfile}"]
         command = [
             str(java.executable), "-Xmx256m",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
-            "-cp", jars.classpath, "kafka.tools.StorageTool", "format", "-t", cluster_id,
-            "-c", str(self._properties_path), "--standalone",
+            "-cp", jars.classpath, *tool,
         ]  # fmt: skip
         offset = file_size(self.log_path)
         with open(self.log_path, "ab") as log:
@@ -252,6 +305,8 @@ class LocalBroker:
                                     timeout=120, check=False).returncode  # fmt: skip
             except subprocess.TimeoutExpired:
                 rc = -1
+            finally:
+                argfile.unlink(missing_ok=True)
         if rc != 0:
             raise self._failure(f"formatting {self._log_dirs} failed (exit {rc})", offset)
         return cluster_id
@@ -277,7 +332,7 @@ class LocalBroker:
         write_json(self._state_path, {
             "pid": pid, "port": self.port, "controller_port": controller_port, "bootstrap": bootstrap,
             "kafka_version": jars.version, "java": str(java.executable), "started_at": time.time(),
-            "log_path": str(self.log_path),
+            "log_path": str(self.log_path), "secure": self.secure,
         })  # fmt: skip
         self._say(f"starting Kafka {jars.version} (pid {pid}) on {bootstrap}, log: {self.log_path}")
         try:
@@ -308,7 +363,7 @@ class LocalBroker:
         budget_ms = int(min(5.0, max(1.0, deadline - time.monotonic())) * 1000)
         try:
             admin = KafkaAdminClient(
-                bootstrap_servers=bootstrap, client_id="rollout-stream-broker-probe",
+                **self.client_connection(bootstrap, client_id="rollout-stream-broker-probe").client_settings(),
                 request_timeout_ms=budget_ms, bootstrap_timeout_ms=budget_ms,
             )  # fmt: skip
             try:

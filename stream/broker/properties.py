@@ -59,9 +59,13 @@ def parse_override(text: str) -> tuple[str, str]:
 
 
 def server_properties(
-    *, port: int, controller_port: int, log_dirs: Path, overrides: Mapping[str, str] | None = None
+    *, port: int, controller_port: int, log_dirs: Path, overrides: Mapping[str, str] | None = None,
+    secure: Mapping[str, str] | None = None,
 ) -> str:
-    """A combined broker+controller node on 127.0.0.1 (PLAINTEXT `port`, CONTROLLER `controller_port`)."""
+    """A combined broker+controller node on 127.0.0.1 (PLAINTEXT `port`, CONTROLLER `controller_port`).
+
+    `secure`: entries that replace the PLAINTEXT listeners (stream.broker.secure.secure_listener_properties).
+    """
     overrides = overrides or {}
     for key in overrides:
         if key in MANAGED_KEYS:
@@ -78,6 +82,7 @@ def server_properties(
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(log_dirs),
         **_SINGLE_NODE_DEFAULTS,
+        **(secure or {}),
         **overrides,
     }
     lines = ["# Written by rollout-stream at every `broker start`; edits are overwritten."]

@@ -32,10 +32,10 @@ Reason = Annotated[list[str] | None, typer.Option("--reason", help=f"Only this r
                                                   show_default=False)]
 GroupKey = Annotated[list[str] | None, typer.Option("--group", help="Only this group key, e.g. run-7/42 (repeatable; "
                                                     "glob patterns like 'run-7/*' allowed).", show_default=False)]
-Since = Annotated[str | None, typer.Option(help="Only records that failed at or after this time: ISO 8601 "
+Since = Annotated[str | None, typer.Option(help="Only records dead-lettered at or after this time: ISO 8601 "
                                            "(2024-05-01T12:00:00Z; UTC when no zone) or a duration ago (15m, 2h, 7d).",
                                            show_default=False)]
-Until = Annotated[str | None, typer.Option(help="Only records that failed at or before this time (same forms as "
+Until = Annotated[str | None, typer.Option(help="Only records dead-lettered at or before this time (same forms as "
                                            "--since).", show_default=False)]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output (JSON; `list` prints JSON lines).")]
 ShowProgress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar on stderr "
@@ -89,7 +89,7 @@ def stats(
     json_out: Json = False,
     progress: ShowProgress = None,
 ) -> None:
-    """Counts by reason, the groups with most records, oldest and newest failure, per-partition offset ranges."""
+    """Counts by reason, the groups with most records, oldest and newest dead-letter, per-partition offset ranges."""
     selection = _selection(reason, group, since, until)
     conn = _connect(bootstrap_servers)
     with _scanner(conn, dead_letter_topic, progress) as scanner:
@@ -117,7 +117,7 @@ def list_(
     json_out: Json = False,
     progress: ShowProgress = None,
 ) -> None:
-    """One row per record, by partition then offset: coordinates, failure time, reason, group, rollout, message."""
+    """One row per record, by partition then offset: coordinates, time, reason, group, rollout, message."""
     selection = _selection(reason, group, since, until, limit)
     conn = _connect(bootstrap_servers)
     console = Console()
@@ -134,13 +134,13 @@ def list_(
             else:
                 rows.append(record.summary())
                 if len(rows) >= 1000:  # a table needs its rows up front: print a long listing in chunks
-                    console.print(list_table(rows))
+                    console.print(list_table(rows, console.width))
                     rows = []
             if selection.limit is not None and shown >= selection.limit:
                 break
     if not json_out:
         if rows or not shown:
-            console.print(list_table(rows))
+            console.print(list_table(rows, console.width))
         more = " (--limit reached)" if selection.limit is not None and shown >= selection.limit else ""
         console.print(f"{shown} record(s) of {dead_letter_topic}, {selection.describe()}{more}", highlight=False)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console, Group
@@ -16,7 +16,9 @@ from codec import TrainSample
 from core.validate import rollout_key
 from stream.clients import BrokerUnreachable, Connection, probe
 from stream.commands.options import Bootstrap, OutputTopic, fail, resolve_bootstrap
-from stream.reader import GroupInfo, TrainDataReader
+
+if TYPE_CHECKING:
+    from stream.reader import GroupInfo
 
 __all__ = ["register", "group_block"]
 
@@ -94,6 +96,8 @@ def tail(
 
     Reads with read_committed and never commits (no consumer group is created).
     """
+    from stream.reader import TrainDataReader  # imports torch: only when tail runs, not for every command
+
     console = Console()
     conn = Connection(resolve_bootstrap(bootstrap_servers))
     try:
@@ -121,6 +125,7 @@ def tail(
         extra = [f"{n} {what}" for n, what in ((st.duplicate_records, "duplicate records"),
                                                (st.duplicate_groups, "duplicate groups"),
                                                (st.decode_errors, "undecodable records")) if n]
+        console.file.flush()
         Console(stderr=True).print(f"{shown} group(s) shown" + (f"; dropped {', '.join(extra)}" if extra else ""))
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "STAGE_VERSION",
     "FAILED_AT",
     "ORIGINAL_HEADERS",
+    "CARRIED_ON_REPLAY",
     "FAILURE_HEADERS",
     "REPLAY_ID",
     "REPLAY_COUNT",
@@ -38,10 +39,12 @@ GROUP_KEY = "x-group-key"
 STAGE_VERSION = "x-stage-version"
 FAILED_AT = "x-failed-at"
 
-# Where the record was first read: carried over onto a replayed record unchanged.
+# Where the record was read before it failed: carried over onto a replayed record unchanged.
 ORIGINAL_HEADERS = (ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ORIGINAL_TIMESTAMP)
+# Carried over too: the worker keeps a replayed record's first failure time if it fails again.
+CARRIED_ON_REPLAY = (*ORIGINAL_HEADERS, FAILED_AT)
 # Why it failed: meaningful only in the dead-letter topic, so a replay drops them.
-FAILURE_HEADERS = (REASON, MESSAGE, GROUP_KEY, STAGE_VERSION, FAILED_AT)
+FAILURE_HEADERS = (REASON, MESSAGE, GROUP_KEY, STAGE_VERSION)
 
 # Written by `dlq replay` on every replayed record.
 REPLAY_ID = "x-replay-id"  # one id per replay run: the worker windows a replayed group by (group key, id)

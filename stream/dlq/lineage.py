@@ -30,7 +30,7 @@ class ReplayAction:
 def replay_headers(record: DeadLetterRecord, replay_id: str) -> tuple[tuple[str, bytes], ...]:
     """The record's headers without the failure headers, plus lineage (docs/dlq.md, "Replay contract").
 
-    Kept in order: x-original-topic/partition/offset/timestamp and every producer header. Replaced:
+    Kept in order: x-original-topic/partition/offset/timestamp, x-failed-at and every producer header. Replaced:
     x-replay-id, x-replay-count (previous + 1) and x-replayed-from (`topic:partition:offset` in the DLQ).
     """
     kept = tuple((k, v) for k, v in record.headers if k not in _DROPPED)

@@ -79,7 +79,7 @@ class DeadLetterRecord:
     topic: str
     partition: int
     offset: int
-    timestamp_ms: int  # the dead-letter record's own Kafka timestamp
+    timestamp_ms: int  # the dead-letter record's Kafka timestamp: when it was dead-lettered (this time)
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...]
@@ -91,7 +91,7 @@ class DeadLetterRecord:
     original_offset: int | None
     original_timestamp_ms: int | None
     stage_version: str
-    failed_at_ms: int  # x-failed-at; the Kafka timestamp when the header is missing or unreadable
+    failed_at_ms: int  # x-failed-at: first failure, kept across replays; else the Kafka timestamp
     replay_count: int  # x-replay-count: how often this record's bytes were replayed before it failed again
     replay_id: str | None
     replayed_from: str | None
@@ -126,7 +126,8 @@ class DeadLetterRecord:
         return {
             "partition": self.partition,
             "offset": self.offset,
-            "failed_at": iso_ms(self.failed_at_ms),
+            "dead_lettered_at": iso_ms(self.timestamp_ms),
+            "first_failed_at": iso_ms(self.failed_at_ms),
             "reason": self.reason,
             "group_key": self.group,
             "rollout": head.rollout if head else None,

@@ -31,19 +31,31 @@ def _short(text: str | None, limit: int = 70) -> str:
 
 
 def _cell(value: Any) -> str:
-    return "-" if value is None else escape(str(value))
+    return "-" if value is None else str(value)
 
 
-def list_table(rows: Sequence[dict[str, Any]], title: str | None = None) -> Table:
-    """`dlq list`: one row per record (`DeadLetterRecord.summary()`)."""
-    table = Table(title=title, title_justify="left", show_lines=False)
-    for name, justify in (("p:offset", "right"), ("failed at", "left"), ("reason", "left"), ("group", "left"),
-                          ("rollout", "right"), ("sib", "right"), ("replays", "right"), ("message", "left")):
-        table.add_column(name, justify=justify, overflow="fold" if name == "message" else "ellipsis")  # type: ignore[arg-type]
-    for r in rows:
-        table.add_row(f"{r['partition']}:{r['offset']}", r["failed_at"], r["reason"], _cell(r["group_key"]),
-                      _cell(r["rollout"]), _cell(r["sibling_index"]), str(r["replay_count"] or ""),
-                      escape(_short(r["message"])))
+def list_table(rows: Sequence[dict[str, Any]], width: int = 120) -> Table:
+    """`dlq list`: one line per record (`DeadLetterRecord.summary()`); the message is cut to fit `width`."""
+    names = ["p:offset", "dead-lettered (UTC)", "reason", "group", "rollout", "sib", "replays", "message"]
+    cells = [
+        [f"{r['partition']}:{r['offset']}", r["dead_lettered_at"][:19].replace("T", " "), r["reason"], _cell(r["group_key"]),
+         _cell(r["rollout"]), _cell(r["sibling_index"]), str(r["replay_count"]), (r["message"] or "").replace("\n", " ")]
+        for r in rows
+    ]
+    if not any(r["replay_count"] for r in rows):  # the usual case: no column of zeros
+        names.pop(6)
+        for c in cells:
+            c.pop(6)
+    widths = [max([len(name), *(len(c[i]) for c in cells)]) for i, name in enumerate(names)]
+    # Box drawing takes 3 characters per column plus 1; the message gets what is left.
+    room = max(12, width - sum(widths[:-1]) - 3 * len(names) - 1)
+    table = Table()
+    for name in names:
+        table.add_column(name, no_wrap=True, justify="right" if name in ("p:offset", "rollout", "sib", "replays")
+                         else "left")
+    for c in cells:
+        c[-1] = _short(c[-1], room)
+        table.add_row(*(escape(x) for x in c))
     return table
 
 
@@ -56,8 +68,8 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
     parts.append(head)
     if doc["matched"]:
         old, new = doc["oldest"], doc["newest"]
-        parts.append(Text(f"oldest failure {old['failed_at']} ({old['partition']}:{old['offset']} {old['reason']}), "
-                          f"newest {new['failed_at']} ({new['partition']}:{new['offset']} {new['reason']})"))
+        parts.append(Text(f"oldest {old['dead_lettered_at']}  {old['partition']}:{old['offset']}  {old['reason']}\n"
+                          f"newest {new['dead_lettered_at']}  {new['partition']}:{new['offset']}  {new['reason']}"))
     reasons = Table(title="by reason", title_justify="left")
     reasons.add_column("reason")
     reasons.add_column("records", justify="right")
@@ -80,13 +92,12 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
         for t, n in doc["by_original_topic"].items():
             topics.add_row(escape(t), str(n))
         parts.append(topics)
-    parts_table = Table(title="partitions", title_justify="left")
-    for name in ("partition", "offsets", "scanned from", "matched", "first matched", "last matched"):
+    parts_table = Table(title="partitions (offsets: log start, end at scan start)", title_justify="left")
+    for name in ("partition", "log start", "end", "scanned from", "matched", "first matched", "last matched"):
         parts_table.add_column(name, justify="right")
     for p in doc["partitions"]:
-        parts_table.add_row(str(p["partition"]), f"{p['low']}..{p['end'] - 1}" if p["end"] > p["low"] else "empty",
-                            str(p["scanned_from"]), str(p["matched"]), _cell(p["first_matched_offset"]),
-                            _cell(p["last_matched_offset"]))
+        parts_table.add_row(str(p["partition"]), str(p["low"]), str(p["end"]), str(p["scanned_from"]),
+                            str(p["matched"]), _cell(p["first_matched_offset"]), _cell(p["last_matched_offset"]))
     parts.append(parts_table)
     if doc["replayed_before"]:
         parts.append(Text(f"{doc['replayed_before']} of these failed again after a replay (x-replay-count set)"))
@@ -109,7 +120,8 @@ def show_document(
     """`dlq show --json`: every header, the decoded sample or a hex preview, group members nearby."""
     doc: dict[str, Any] = {
         "topic": record.topic, "partition": record.partition, "offset": record.offset,
-        "timestamp": iso_ms(record.timestamp_ms), "reason": record.reason, "message": record.message,
+        "dead_lettered_at": iso_ms(record.timestamp_ms), "first_failed_at": iso_ms(record.failed_at_ms),
+        "replay_count": record.replay_count, "reason": record.reason, "message": record.message,
         "group_key": record.group, "key": record.key_text,
         "value_bytes": len(record.value) if record.value is not None else None,
         "headers": [[k, v.decode("utf-8", "backslashreplace")] for k, v in record.headers],
@@ -174,7 +186,8 @@ def show_view(doc: dict[str, Any]) -> RenderableType:
             members.add_column(name, justify="right")
         for m in doc["group_members"]:
             sib = f"{m['sibling_index']}/{m['sibling_count']}" if m["sibling_index"] is not None else "-"
-            members.add_row(f"{m['partition']}:{m['offset']}", _cell(m["rollout"]), sib, _cell(m["reward"]))
+            members.add_row(f"{m['partition']}:{m['offset']}", escape(_cell(m["rollout"])), sib,
+                            escape(_cell(m["reward"])))
         parts.append(members)
     return Group(*parts)
 
@@ -207,8 +220,8 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
             table.add_column(name, overflow="fold" if name == "why refused" else "ellipsis")
         for r in shown:
             style = "red" if r["action"] == "refused" else ("yellow" if doc["dry_run"] else "green")
-            table.add_row(f"{r['partition']}:{r['offset']}", r["reason"], _cell(r["group_key"]),
-                          Text(r["action"].replace("_", " "), style=style), _cell(r["to"]), str(r["replay_count"]),
+            table.add_row(f"{r['partition']}:{r['offset']}", r["reason"], escape(_cell(r["group_key"])),
+                          Text(r["action"].replace("_", " "), style=style), escape(_cell(r["to"])), str(r["replay_count"]),
                           escape(r["refused"] or ""))
         parts.append(table)
         if len(doc["records"]) > len(shown) or doc["records_truncated"]:

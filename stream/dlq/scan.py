@@ -15,9 +15,6 @@ from stream.dlq.record import DeadLetterRecord, parse_record
 
 __all__ = ["TopicMissing", "ScanStalled", "PartitionRange", "ScanPlan", "DeadLetterScanner"]
 
-# Kafka timestamps of dead-letter records are written after their x-failed-at (same worker clock);
-# the margin covers a LogAppendTime topic on a broker whose clock is a little behind.
-_SINCE_MARGIN_MS = 60_000
 # Below this many records a scan is quick and a progress bar only flickers.
 PROGRESS_THRESHOLD = 10_000
 
@@ -92,7 +89,7 @@ class DeadLetterScanner:
         stops: Mapping[int, int] | None = None,
         since_ms: int | None = None,
     ) -> ScanPlan:
-        """Capture where each partition begins and ends now; start at `starts` or at the `since_ms` time,
+        """Capture where each partition begins and ends now; start at `starts` or at the `since_ms` timestamp,
         stop at the end offset (or before `stops`, when given)."""
         parts = partitions if partitions is not None else self.partitions()
         tps = [TopicPartition(self.topic, p) for p in parts]
@@ -100,7 +97,8 @@ class DeadLetterScanner:
         ends = self.consumer.end_offsets(tps)
         by_time: dict[TopicPartition, Any] = {}
         if since_ms is not None:
-            by_time = self.consumer.offsets_for_times({tp: max(0, since_ms - _SINCE_MARGIN_MS) for tp in tps})
+            # The first offset with a timestamp >= since: every record before it is older (Kafka's time index).
+            by_time = self.consumer.offsets_for_times({tp: max(0, since_ms) for tp in tps})
         ranges = []
         for tp in tps:
             low, end = lows[tp], ends[tp]

@@ -94,9 +94,11 @@ class Selection:
     def matches(self, record: DeadLetterRecord) -> bool:
         if self.reasons and record.reason not in self.reasons:
             return False
-        if self.since_ms is not None and record.failed_at_ms < self.since_ms:
+        # When it was dead-lettered (its Kafka timestamp), not x-failed-at: a record that failed again
+        # after a replay is recent, though its first failure is old.
+        if self.since_ms is not None and record.timestamp_ms < self.since_ms:
             return False
-        if self.until_ms is not None and record.failed_at_ms > self.until_ms:
+        if self.until_ms is not None and record.timestamp_ms > self.until_ms:
             return False
         if self.groups:
             group = record.group

@@ -83,9 +83,9 @@ class DeadLetterStats:
         if record.replay_count:
             self.replayed_before += 1
         # Only the coordinates and headers are kept for these two, never the record's bytes.
-        if self.oldest is None or record.failed_at_ms < self.oldest.failed_at_ms:
+        if self.oldest is None or record.timestamp_ms < self.oldest.timestamp_ms:
             self.oldest = _light(record)
-        if self.newest is None or record.failed_at_ms >= self.newest.failed_at_ms:
+        if self.newest is None or record.timestamp_ms >= self.newest.timestamp_ms:
             self.newest = _light(record)
         group = record.group
         if group is not None:
@@ -100,7 +100,7 @@ class DeadLetterStats:
         def point(r: DeadLetterRecord | None) -> dict[str, Any] | None:
             if r is None:
                 return None
-            return {"failed_at": iso_ms(r.failed_at_ms), "partition": r.partition, "offset": r.offset,
+            return {"dead_lettered_at": iso_ms(r.timestamp_ms), "partition": r.partition, "offset": r.offset,
                     "reason": r.reason, "group_key": r.group}
 
         return {

@@ -5,6 +5,7 @@ Pure parts (filters, lineage headers, cursor state, bounded top-N, reward compar
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
@@ -16,6 +17,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.structs import OffsetAndMetadata
+from rich.console import Console
 from typer.testing import CliRunner
 
 from codec import DeadLetterReason as R
@@ -63,19 +65,20 @@ def cli_lines(*args: str) -> list[dict]:
 
 
 def fake_record(*, reason="incomplete_group", replay_count=0, original_topic="in", headers=(), offset=7,
-                value=b"v", key=b"r/1", failed_at_ms=NOW) -> DeadLetterRecord:
+                value=b"v", key=b"r/1", at_ms=NOW) -> DeadLetterRecord:
     return DeadLetterRecord(
-        topic="dlq", partition=2, offset=offset, timestamp_ms=failed_at_ms, key=key, value=value,
+        topic="dlq", partition=2, offset=offset, timestamp_ms=at_ms, key=key, value=value,
         headers=tuple(headers), reason=reason, message="m", group_key=key.decode() if key else None,
         original_topic=original_topic, original_partition=1, original_offset=5, original_timestamp_ms=NOW - 10,
-        stage_version="0.1.0", failed_at_ms=failed_at_ms, replay_count=replay_count, replay_id=None,
+        stage_version="0.1.0", failed_at_ms=at_ms - 5000, replay_count=replay_count, replay_id=None,
         replayed_from=None)
 
 
 # ---- pure ------------------------------------------------------------------------------------------
 
 def test_header_names_match_what_the_worker_writes():
-    assert set(H.ORIGINAL_HEADERS) | set(H.FAILURE_HEADERS) == set(DLQ_HEADERS)
+    assert set(H.CARRIED_ON_REPLAY) | set(H.FAILURE_HEADERS) == set(DLQ_HEADERS)
+    assert not set(H.CARRIED_ON_REPLAY) & set(H.FAILURE_HEADERS)
     assert not set(H.REPLAY_HEADERS) & set(DLQ_HEADERS)  # replay lineage travels through a re-dead-lettering
 
 
@@ -99,7 +102,8 @@ def test_selection_filters_and_cursor_fingerprint():
     assert sel.matches(fake_record(key=b"x/9"))
     assert not sel.matches(fake_record(key=b"r/2"))
     assert not sel.matches(fake_record(reason="late_member"))
-    assert not sel.matches(fake_record(failed_at_ms=NOW - 3_600_001))
+    assert not sel.matches(fake_record(at_ms=NOW - 3_600_001))
+    assert sel.matches(fake_record(at_ms=NOW - 3_599_999))  # first failed over an hour ago, dead-lettered since
     # The cursor follows the filters as typed: a relative --since names the same cursor an hour later.
     later = Selection.build(reasons=["incomplete_group"], groups=["x/*", "r/1"], since="1h", now_ms=NOW + 3_600_000)
     assert cursor_name(sel, "dlq", None) == cursor_name(later, "dlq", None)
@@ -124,7 +128,7 @@ def test_replay_decision_headers_and_refusals():
     assert action.topic == "in" and action.refused is None
     assert list(action.headers) == [
         (H.ORIGINAL_TOPIC, b"in"), (H.ORIGINAL_PARTITION, b"1"), (H.ORIGINAL_OFFSET, b"5"),
-        (H.ORIGINAL_TIMESTAMP, b"99"), producer_header,
+        (H.ORIGINAL_TIMESTAMP, b"99"), (H.FAILED_AT, b"2023-11-14T22:13:20.000Z"), producer_header,
         (H.REPLAY_ID, b"new"), (H.REPLAY_COUNT, b"2"), (H.REPLAYED_FROM, b"dlq:2:7"),
     ]
     assert decide(fake_record(), to="other", max_replays=3, replay_id="x").topic == "other"
@@ -217,7 +221,7 @@ def test_stats_counts_by_reason_top_groups_times_and_partitions(worker_dlq):
     assert doc["top_groups"][0] == {"group_key": "r/52", "records": 3, "reasons": ["shared_reward_violation"],
                                     "first_failed_at": doc["top_groups"][0]["first_failed_at"]}
     assert len(doc["top_groups"]) == 3 and doc["top_groups_exact"] and doc["distinct_groups"] == 6
-    assert doc["oldest"]["failed_at"] <= doc["newest"]["failed_at"]
+    assert doc["oldest"]["dead_lettered_at"] <= doc["newest"]["dead_lettered_at"]
     assert doc["newest"]["reason"] in ("incomplete_group", "late_member")  # decided last, by the clock
     parts = doc["partitions"]
     assert [p["partition"] for p in parts] == [0, 1]
@@ -249,10 +253,13 @@ def test_list_with_each_filter(worker_dlq):
     assert {r["reason"] for r in cli_lines("list", *worker_dlq.args, "--group", "r/51")} == {"invalid_sample"}
     assert len(cli_lines("list", *worker_dlq.args, "--group", "r/5[23]")) == 5
     assert len(cli_lines("list", *worker_dlq.args, "--limit", "4")) == 4
-    times = sorted({r["failed_at"] for r in rows})
+    times = sorted({r["dead_lettered_at"] for r in rows})
     newest, oldest = times[-1], times[0]
-    assert all(r["failed_at"] >= newest for r in cli_lines("list", *worker_dlq.args, "--since", newest))
-    assert all(r["failed_at"] <= oldest for r in cli_lines("list", *worker_dlq.args, "--until", oldest))
+    recent = cli_lines("list", *worker_dlq.args, "--since", newest)
+    early = cli_lines("list", *worker_dlq.args, "--until", oldest)
+    assert recent and all(r["dead_lettered_at"] >= newest for r in recent)
+    assert early and all(r["dead_lettered_at"] <= oldest for r in early)
+    assert len(recent) + len(early) <= 10
     assert cli_lines("list", *worker_dlq.args, "--since", "1m")  # they failed a moment ago
     assert cli_lines("list", *worker_dlq.args, "--until", "1m") == []
     table = cli("list", *worker_dlq.args, "--reason", "shared_reward_violation").stdout
@@ -292,13 +299,15 @@ def test_scan_stops_at_the_end_offsets_seen_at_start(kafka_bootstrap):
     produce(kafka_bootstrap, dlq_records(dlq, [(f"r/{i}", 0, input_topic) for i in range(6)]))
     consumer = make_consumer(Connection(kafka_bootstrap))
     try:
-        scanner = DeadLetterScanner(consumer, dlq, progress=False)
+        bar = io.StringIO()
+        scanner = DeadLetterScanner(consumer, dlq, progress=True, console=Console(file=bar, force_terminal=True))
         plan = scanner.plan()
         assert plan.total == 6
         # Written after the plan: a scan of a busy topic still ends where it was when it began.
         produce(kafka_bootstrap, dlq_records(dlq, [(f"r/{i}", 1, input_topic) for i in range(6)]))
         assert sorted(r.group for r in scanner.records(plan)) == [f"r/{i}" for i in range(6)]
         assert scanner.positions == {r.partition: r.end for r in plan.ranges}
+        assert f"scanning {dlq}" in bar.getvalue() and "6/6" in bar.getvalue()  # the progress bar, on stderr
         assert scanner.plan().total == 12
     finally:
         consumer.close()
@@ -385,7 +394,7 @@ def test_replay_group_with_lineage_and_a_second_identical_replay_publishes_nothi
         h = rec.headers
         assert h[H.REPLAY_ID] == first["replay_id"] and h[H.REPLAY_COUNT] == "1"
         assert h[H.REPLAYED_FROM] == f"{dlq}:{src.partition}:{src.offset}"
-        for name in H.ORIGINAL_HEADERS:
+        for name in H.CARRIED_ON_REPLAY:
             assert h[name] == src.headers[name]
         assert h["trace-id"] == src.headers["trace-id"]  # producer headers travel along
         assert not set(h) & set(H.FAILURE_HEADERS)
@@ -489,3 +498,52 @@ def test_replay_round_trip_publishes_complete_group_once(kafka_bootstrap):
         [("r/7", 0), ("r/7", 1)], [("r/7", 1), ("r/7", 0)])
     assert sorted(t.raw_reward for t in train) == [0.0, 1.0] and train[0].group_rollout_count == 2
     assert len(read_topic(kafka_bootstrap, topics.dead_letter, min_count=2)) == 2  # nothing dead-lettered again
+
+
+@pytest.mark.kafka(timeout=90)
+def test_a_replayed_group_that_fails_again_keeps_its_lineage_and_is_bounded(kafka_bootstrap):
+    topics = new_topics(kafka_bootstrap, partitions=1, prefix="again")
+    args = ("--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", topics.dead_letter, "--group", "r/8",
+            "--rate", "0", "--max-replays", "1")
+    with running_worker(worker_config(kafka_bootstrap, topics)) as worker:
+        # Siblings of rollout 0 disagree: whatever the number of replays, the group is refused again.
+        send(kafka_bootstrap, topics.input, [s(8, 0, 1.0, size=1, sc=2, si=0), s(8, 0, 0.0, size=1, sc=2, si=1)])
+        wait_until(lambda: worker.stats.dead_lettered[R.SHARED_REWARD_VIOLATION] == 2, 20, "first refusal")
+        assert cli_json("replay", *args)["replayed"] == 2
+        wait_until(lambda: worker.stats.dead_lettered[R.SHARED_REWARD_VIOLATION] == 4, 20, "refused again")
+    rows = cli_lines("list", "--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", topics.dead_letter,
+                     "--limit", "0")
+    assert [(r["reason"], r["replay_count"]) for r in rows] == [("shared_reward_violation", 0)] * 2 + [
+        ("shared_reward_violation", 1)] * 2
+    assert len({r["first_failed_at"] for r in rows}) == 1  # the first failure time survives the replay
+    assert rows[2]["dead_lettered_at"] > rows[0]["dead_lettered_at"]
+    # --since selects by the time of dead-lettering: the second failures only.
+    since = cli_lines("list", "--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", topics.dead_letter,
+                      "--since", rows[2]["dead_lettered_at"])
+    assert [r["replay_count"] for r in since] == [1, 1]
+    again = cli_json("show", f"{rows[2]['partition']}:{rows[2]['offset']}", "--bootstrap-servers", kafka_bootstrap,
+                     "--dead-letter-topic", topics.dead_letter)
+    headers = dict(again["headers"])
+    assert headers[H.REPLAYED_FROM] in {f"{topics.dead_letter}:0:{r['offset']}" for r in rows[:2]}
+    assert headers[H.ORIGINAL_TOPIC] == topics.input and int(headers[H.ORIGINAL_OFFSET]) >= 2  # the replayed copy
+    # The same selection's next run sees only the new dead-letters, and refuses them: --max-replays 1.
+    bounded = cli_json("replay", *args)
+    assert (bounded["replayed"], bounded["refused"]) == (0, 2)
+    assert all("--max-replays 1" in r["refused"] for r in bounded["records"])
+    assert len(read_topic(kafka_bootstrap, topics.input, min_count=4)) == 4  # 2 sent + 2 replayed, no more
+
+
+@pytest.mark.kafka(timeout=90)
+def test_a_replayed_group_still_incomplete_times_out_again(kafka_bootstrap):
+    """Replay is transactional, so the input partition ends with a commit marker: the worker must still see
+    itself caught up there and expire the replayed window by the wall clock."""
+    topics = new_topics(kafka_bootstrap, partitions=1, prefix="retime")
+    args = ("--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", topics.dead_letter, "--rate", "0")
+    with running_worker(worker_config(kafka_bootstrap, topics)) as worker:
+        send(kafka_bootstrap, topics.input, [s(9, 0, 1.0)])  # rollout 1 never comes
+        wait_until(lambda: worker.stats.dead_lettered[R.INCOMPLETE_GROUP] == 1, 20, "the group to time out")
+        assert cli_json("replay", *args, "--group", "r/9")["replayed"] == 1
+        wait_until(lambda: worker.stats.dead_lettered[R.INCOMPLETE_GROUP] == 2, 20,
+                   "the replayed group to time out again")
+    rows = cli_lines("list", "--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", topics.dead_letter)
+    assert [(r["reason"], r["replay_count"]) for r in rows] == [("incomplete_group", 0), ("incomplete_group", 1)]

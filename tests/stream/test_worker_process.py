@@ -91,7 +91,8 @@ class WorkerProcess:
 
 def worker_args(bootstrap: str, topics: TopicNames, group_id: str, *extra: str) -> list[str]:
     return ["--bootstrap-servers", bootstrap, "--input-topic", topics.input, "--output-topic", topics.output,
-            "--dead-letter-topic", topics.dead_letter, "--group-id", group_id, "--commit-interval", "0.2", *extra]
+            "--dead-letter-topic", topics.dead_letter, "--group-id", group_id, "--commit-interval", "0.2",
+            *extra]
 
 
 def partition_of(key: bytes, partitions: int) -> int:
@@ -120,7 +121,8 @@ class TopicTail:
         self.consumer.close()
 
 
-def committed_offsets(bootstrap: str, group_id: str, topic: str) -> tuple[dict[int, int | None], dict[int, int]]:
+def committed_offsets(bootstrap: str, group_id: str,
+                      topic: str) -> tuple[dict[int, int | None], dict[int, int]]:
     """(committed offset, end offset) of every partition of `topic` for `group_id`."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
     try:
@@ -139,10 +141,17 @@ def send_samples(bootstrap: str, topic: str, samples: Iterable[Sample]) -> list[
         return [(f.get(10).partition, f.get(10).offset) for f in futures]
 
 
-def sample(gi: int, rid: int, reward: float, *, size: int | None, run: str, sc: int = 1, si: int = 0) -> Sample:
+def sample(gi: int, rid: int, reward: float, *, size: int | None, run: str, sc: int = 1,
+           si: int = 0) -> Sample:
     return Sample(group_index=gi, index=rid, rollout_id=rid, reward=reward, group_size=size, sibling_count=sc,
                   sibling_index=si, run_id=run, tokens=[7, 8, 9, rid], response_length=2, loss_mask=[1, 1],
                   rollout_log_probs=[-0.5, -0.25])
+
+
+class _RawTrain(msgspec.Struct, tag="train_sample", tag_field="type"):
+    """A train sample with its embedded rollout sample left as raw bytes."""
+
+    sample: msgspec.Raw
 
 
 def assert_exact(members, cfg: RewardConfig) -> None:
@@ -162,9 +171,9 @@ def test_signal_stops_cleanly_commits_only_resolved_offsets_and_a_restart_comple
     topics = new_topics(kafka_bootstrap, partitions=parts, prefix="sig")
     group_id = f"g-{topics.input}"
     run = f"sig{uuid.uuid4().hex[:6]}"
-    # The timeout is long so that the open groups are still open after the restart (the deadline is not reset).
-    args = worker_args(kafka_bootstrap, topics, group_id, "--group-timeout", "90", "--progress-interval", "0.3",
-                       "--delivery", delivery)
+    # A long timeout: the open groups stay open through the restart (their deadline is not reset).
+    args = worker_args(kafka_bootstrap, topics, group_id, "--group-timeout", "90",
+                       "--progress-interval", "0.3", "--delivery", delivery)
     # Open groups only in partitions 0 and 1, so partition 2 holds nothing but resolved records.
     open_gis = [g for g in range(1000, 1200) if partition_of(f"{run}/{g}".encode(), parts) in (0, 1)][:4]
     # Four complete groups in every partition.
@@ -270,13 +279,14 @@ def test_kill_9_at_random_moments_and_restart_loses_nothing(kafka_bootstrap, tmp
     kills = 2
     topics = new_topics(kafka_bootstrap, partitions=3, prefix="k9")
     group_id = f"g-{topics.input}"
-    faults = FaultRates(malformed=0.05, invalid=0.05, shared_reward=0.05, conflicting_duplicate=0.05, late=0.05)
+    faults = FaultRates(malformed=0.05, invalid=0.05, shared_reward=0.05, conflicting_duplicate=0.05,
+                        late=0.05)
     plan = SynthPlan(group_size=4, max_siblings=3, tokens=16, faults=faults, seed=seed, run_id=f"k9-{seed}")
     groups = list(plan_groups(plan, 300))
     records = [r for recs, _ in groups for r in recs]
     # A short session timeout, so a restarted worker does not wait 45 s for the killed one to be evicted.
-    args = worker_args(kafka_bootstrap, topics, group_id, "--group-timeout", "3", "--progress-interval", "0.2",
-                       "--delivery", "at-least-once", "--session-timeout", "6")
+    args = worker_args(kafka_bootstrap, topics, group_id, "--group-timeout", "3",
+                       "--progress-interval", "0.2", "--delivery", "at-least-once", "--session-timeout", "6")
     coords: list[tuple[int, int]] = []
     produce_error: list[BaseException] = []
 
@@ -300,8 +310,8 @@ def test_kill_9_at_random_moments_and_restart_loses_nothing(kafka_bootstrap, tmp
     try:
         for _ in range(kills):
             # Kill while it works: after it has published something in this life.
-            worker.wait_for(lambda: any(int(e["groups_published"]) > 0 for e in worker.events("progress")), 60,
-                            "progress before the kill")
+            worker.wait_for(lambda: any(int(e["groups_published"]) > 0 for e in worker.events("progress")),
+                            60, "progress before the kill")
             time.sleep(rng.uniform(0.0, 1.5))
             worker.proc.send_signal(signal.SIGKILL)
             worker.proc.wait(10)
@@ -364,7 +374,8 @@ def test_kill_9_at_random_moments_and_restart_loses_nothing(kafka_bootstrap, tmp
     torn = 0
     for key, members in by_group.items():
         copies = _split_copies(members)
-        whole = [c for c in copies if {(m.source_partition, m.source_offset) for m in c} == planned_members[key]]
+        whole = [c for c in copies
+                 if {(m.source_partition, m.source_offset) for m in c} == planned_members[key]]
         assert whole, key
         for c in whole:
             assert len(c) == c[0].group_sample_count
@@ -377,12 +388,6 @@ def test_kill_9_at_random_moments_and_restart_loses_nothing(kafka_bootstrap, tmp
     assert torn <= kills, f"{torn} partial copies for {kills} kills (seed {seed})"
 
 
-class _RawTrain(msgspec.Struct, tag="train_sample", tag_field="type"):
-    """A train sample with its embedded rollout sample left as raw bytes."""
-
-    sample: msgspec.Raw
-
-
 # ---- configuration errors ------------------------------------------------------------------------
 CONFIG_ERRORS = {
     "advantage-estimator": (["--advantage-estimator", "bogus"], {}),
@@ -393,35 +398,36 @@ CONFIG_ERRORS = {
     "invalid-topic-name": (["--input-topic", "bad topic!"], {}),
     "input-is-output": (["--input-topic", "{same}", "--output-topic", "{same}"], {}),
     "log-format": (["--log-format", "xml"], {}),
-    "delivery": (["--delivery", "twice"], {}),
     "group-size-from-env": ([], {"ROLLOUT_STREAM_GROUP_SIZE": "0"}),
 }
 
 
+def _run_cli(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str, float]:
+    started = time.monotonic()
+    try:
+        done = subprocess.run([EXE, *args], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"`rollout-stream {' '.join(args)}` still running after 60 s") from exc
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - started
+
+
 @pytest.fixture(scope="module")
 def config_error_runs(kafka_bootstrap) -> dict[str, tuple[int, str, str, float]]:
-    """Every bad configuration started at once (each is a fresh interpreter): name → (rc, stdout, stderr, s)."""
-    procs = {}
-    for name, (extra, env) in CONFIG_ERRORS.items():
+    """Every bad configuration against the reachable broker, two processes at a time (each is a fresh
+    interpreter and pays the import of torch): name → (exit code, stdout, stderr, seconds)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str) -> tuple[int, str, str, float]:
+        extra, env = CONFIG_ERRORS[name]
         tag = uuid.uuid4().hex[:8]
         topics = TopicNames(f"cfg-{tag}-in", f"cfg-{tag}-out", f"cfg-{tag}-dlq")
-        args = worker_args(kafka_bootstrap, topics, f"g-cfg-{tag}") + [a.format(same=f"cfg-{tag}-in") for a in extra]
-        env = {**os.environ, **env}
-        env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
-        procs[name] = (subprocess.Popen([EXE, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        env=env), time.monotonic())
-    procs["unreachable"] = (subprocess.Popen([EXE, "run", "--bootstrap-servers", "127.0.0.1:1", "--group-id",
-                                              f"g-{uuid.uuid4().hex[:8]}"],
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE), time.monotonic())
-    out = {}
-    for name, (proc, started) in procs.items():
-        try:
-            stdout, stderr = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        out[name] = (proc.returncode, stdout.decode(), stderr.decode(), time.monotonic() - started)
-    return out
+        args = worker_args(kafka_bootstrap, topics, f"g-cfg-{tag}")
+        args += [a.format(same=topics.input) for a in extra]
+        return _run_cli(["run", *args], env)
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(CONFIG_ERRORS, pool.map(one, CONFIG_ERRORS), strict=True))
 
 
 @pytest.mark.parametrize("name", list(CONFIG_ERRORS))
@@ -433,8 +439,9 @@ def test_bad_configuration_stops_it_at_start_with_one_error_line(config_error_ru
     assert stdout == ""
 
 
-def test_unreachable_broker_stops_it_fast_with_one_error_line(config_error_runs):
-    rc, _, stderr, seconds = config_error_runs["unreachable"]
+def test_unreachable_broker_stops_it_fast_with_one_error_line():
+    rc, _, stderr, seconds = _run_cli(["run", "--bootstrap-servers", "127.0.0.1:1",
+                                       "--group-id", f"g-{uuid.uuid4().hex[:8]}"])
     lines = stderr.strip().splitlines()
     assert rc == 1, stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and "127.0.0.1:1" in lines[0], stderr

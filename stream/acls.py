@@ -1,0 +1,372 @@
+"""Least privilege: the ACLs each role needs, as kafka-acls commands, as kafka-python ACLs, and as a check.
+
+One list drives all three, so what `rollout-stream acls print` documents is what `acls apply` grants and
+what `rollout-stream run` verifies at start (`missing_permissions`), before anything is read or written.
+
+The worker (exactly-once delivery) needs:
+
+    topic   <input>                          Read          consume rollouts
+    group   <group-id>                       Read          join the group, commit offsets (in transactions)
+    topic   <train-data>, <dead-letter>      Write         publish outcomes
+    topic   <group>-<input>-windows-changelog Read, Write  window state (restored on assignment)
+    txn id  rollout-stream-<group>-  (prefixed)  Write     one transactional id per worker instance
+
+Read and Write imply Describe. Brokers >= 2.8 let a principal with Write on a topic (or on its transactional
+id) initialise an idempotent producer, so IdempotentWrite on the cluster is only needed by older brokers
+(`idempotent_write=True`). Create on the topics only if the worker should create them (`create_topics`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from kafka.admin import (
+    ACL,
+    ACLOperation,
+    ACLPermissionType,
+    ACLResourcePatternType,
+    ResourcePattern,
+    ResourceType,
+)
+from kafka.errors import (
+    ClusterAuthorizationFailedError,
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    GroupAuthorizationFailedError,
+    KafkaError,
+    NotCoordinatorError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailedError,
+    TransactionalIdNotFoundError,
+)
+
+from stream.clients import Connection, make_admin
+from stream.config import WorkerConfig
+from stream.security import redact
+
+__all__ = [
+    "AccessDenied",
+    "AclsNotApplied",
+    "Permission",
+    "Role",
+    "apply_permissions",
+    "changelog_topic",
+    "check_worker_access",
+    "describe_missing",
+    "explain_denial",
+    "missing_permissions",
+    "producer_permissions",
+    "reader_permissions",
+    "render_kafka_acls",
+    "transactional_id",
+    "transactional_id_prefix",
+    "worker_permissions",
+]
+
+Resource = Literal["topic", "group", "transactional-id", "cluster"]
+Operation = Literal["Read", "Write", "Describe", "Create", "IdempotentWrite"]
+Role = Literal["worker", "producer", "reader"]
+
+_RESOURCE_TYPES = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
+                   "transactional-id": ResourceType.TRANSACTIONAL_ID, "cluster": ResourceType.CLUSTER}
+_OPERATIONS = {"Read": ACLOperation.READ, "Write": ACLOperation.WRITE, "Describe": ACLOperation.DESCRIBE,
+               "Create": ACLOperation.CREATE, "IdempotentWrite": ACLOperation.IDEMPOTENT_WRITE}
+_IMPLIES_DESCRIBE = {"READ", "WRITE", "DELETE", "ALTER", "DESCRIBE"}
+
+
+@dataclass(frozen=True, slots=True)
+class Permission:
+    """Allow `operation` on one resource (a prefix of names when `prefixed`)."""
+
+    resource: Resource
+    name: str
+    operation: Operation
+    why: str = ""
+    prefixed: bool = False
+
+    def __str__(self) -> str:
+        kind = "cluster" if self.resource == "cluster" else f"{self.resource} {self.name!r}"
+        return f"{self.operation.upper()} on {kind}{' (prefixed)' if self.prefixed else ''}"
+
+    def acl(self, principal: str, host: str = "*") -> ACL:
+        pattern = ACLResourcePatternType.PREFIXED if self.prefixed else ACLResourcePatternType.LITERAL
+        return ACL(principal=principal, host=host, operation=_OPERATIONS[self.operation],
+                   permission_type=ACLPermissionType.ALLOW,
+                   resource_pattern=ResourcePattern(_RESOURCE_TYPES[self.resource], self.name, pattern))
+
+
+# -- names the worker derives (stream/worker.py builds the same ones) ---------------------------------------
+def changelog_topic(group_id: str, input_topic: str) -> str:
+    from stream.worker import changelog_topic_name
+
+    return changelog_topic_name(group_id, input_topic)
+
+
+def transactional_id_prefix(group_id: str) -> str:
+    """Every instance of a worker group uses `rollout-stream-<group>-<instance>` as its transactional id."""
+    return f"rollout-stream-{group_id}-"
+
+
+def transactional_id(group_id: str, instance_id: str | None) -> str:
+    import socket
+
+    return f"{transactional_id_prefix(group_id)}{instance_id or socket.gethostname()}"
+
+
+# -- the lists -----------------------------------------------------------------------------------------------
+def worker_permissions(*, input_topic: str, output_topic: str, dead_letter_topic: str, group_id: str,
+                       delivery: str = "exactly-once", route_topic: str | None = None,
+                       create_topics: bool = False, idempotent_write: bool = False) -> list[Permission]:
+    """What `rollout-stream run` needs, nothing more."""
+    out = [
+        Permission("topic", input_topic, "Read", "consume rollout samples"),
+        Permission("group", group_id, "Read", "join the consumer group and commit its offsets"),
+        Permission("topic", output_topic, "Write", "publish train samples"),
+        Permission("topic", dead_letter_topic, "Write", "publish dead-letters"),
+    ]
+    if route_topic:
+        out.append(Permission("topic", route_topic, "Write", "publish routed zero-variance groups"))
+    data_topics = [input_topic, output_topic, dead_letter_topic, *([route_topic] if route_topic else [])]
+    if delivery == "exactly-once":
+        changelog = changelog_topic(group_id, input_topic)
+        out += [
+            Permission("topic", changelog, "Read", "restore window state after an assignment"),
+            Permission("topic", changelog, "Write", "record window state in the same transaction"),
+            Permission("transactional-id", transactional_id_prefix(group_id), "Write",
+                       "transactions (one id per worker instance)", prefixed=True),
+        ]
+        data_topics.append(changelog)
+    if create_topics:
+        out += [Permission("topic", t, "Create", "create the topic if it is missing") for t in data_topics]
+    if idempotent_write:
+        out.append(Permission("cluster", "kafka-cluster", "IdempotentWrite", "idempotent producer (brokers < 2.8)"))
+    return out
+
+
+def producer_permissions(*, input_topic: str, idempotent_write: bool = False) -> list[Permission]:
+    """What a rollout producer (stream.producer.RolloutProducer, `rollout-stream synth`) needs."""
+    out = [Permission("topic", input_topic, "Write", "publish rollout samples")]
+    if idempotent_write:
+        out.append(Permission("cluster", "kafka-cluster", "IdempotentWrite", "idempotent producer (brokers < 2.8)"))
+    return out
+
+
+def reader_permissions(*, output_topic: str, group_id: str) -> list[Permission]:
+    """What a trainer's TrainDataReader needs: the train-data topic and its per-rank groups `<group>-rank<r>`."""
+    return [
+        Permission("topic", output_topic, "Read", "read train samples"),
+        Permission("group", f"{group_id}-rank", "Read", "commit each rank's position", prefixed=True),
+    ]
+
+
+# -- kafka-acls commands -------------------------------------------------------------------------------------
+def render_kafka_acls(principal: str, permissions: Iterable[Permission], *, bootstrap: str = "$KAFKA_BOOTSTRAP_SERVERS",
+                      command_config: str = "admin.properties", tool: str = "kafka-acls.sh") -> list[str]:
+    """One `kafka-acls.sh --add` command per resource, each preceded by a comment saying why."""
+    grouped: dict[tuple[str, str, bool], list[Permission]] = {}
+    for p in permissions:
+        grouped.setdefault((p.resource, p.name, p.prefixed), []).append(p)
+    lines = []
+    for (resource, name, prefixed), perms in grouped.items():
+        ops = list(dict.fromkeys(p.operation for p in perms))
+        target = "--cluster" if resource == "cluster" else f"--{resource} {_shell(name)}"
+        pattern = " --resource-pattern-type prefixed" if prefixed else ""
+        lines.append(f"# {'; '.join(dict.fromkeys(p.why for p in perms if p.why))}")
+        lines.append(f"{tool} --bootstrap-server {bootstrap} --command-config {_shell(command_config)} --add "
+                     f"--allow-principal {_shell(principal)} "
+                     + " ".join(f"--operation {op}" for op in ops) + f" {target}{pattern}")
+    return lines
+
+
+def _shell(word: str) -> str:
+    if word.startswith("$") or all(c.isalnum() or c in "._-:/=@+,%" for c in word):
+        return word
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+# -- applying and checking -----------------------------------------------------------------------------------
+class AclsNotApplied(RuntimeError):
+    """The broker refused to create some of the ACLs."""
+
+
+def apply_permissions(conn: Connection, principal: str, permissions: Iterable[Permission]) -> int:
+    """Create the ACLs (as `conn`, which needs ALTER on the cluster). Returns how many were sent."""
+    acls = [p.acl(principal) for p in permissions]
+    admin = make_admin(conn)
+    try:
+        result = admin.create_acls(acls)
+    finally:
+        admin.close()
+    failed = result.get("failed", [])
+    if failed:
+        raise AclsNotApplied(f"the broker refused {len(failed)} of {len(acls)} ACLs: "
+                             + "; ".join(f"{type(e).__name__ if isinstance(e, BaseException) else e}" for e in failed))
+    return len(acls)
+
+
+def missing_permissions(conn: Connection, permissions: list[Permission], *,
+                        transactional_ids: dict[str, str] | None = None) -> list[Permission]:
+    """The permissions this connection's principal lacks, asked of the broker (KIP-430 authorized operations).
+
+    A topic that does not exist counts as missing unless the principal may create it. A transactional id
+    is checked by describing it (`transactional_ids` maps a prefix to the concrete id to try); only Describe
+    can be verified that way, a missing Write still shows at the producer's first transaction, before
+    anything is written. Without an authorizer on the broker nothing is missing.
+    """
+    missing: list[Permission] = []
+    admin = make_admin(conn)
+    try:
+        topics = list(dict.fromkeys(p.name for p in permissions if p.resource == "topic"))
+        if topics:
+            missing += _missing_on_topics(admin, topics, permissions)
+        for group in dict.fromkeys(p.name for p in permissions if p.resource == "group" and not p.prefixed):
+            missing += _missing_on_group(admin, group, [p for p in permissions if p.name == group
+                                                        and p.resource == "group"])
+        for p in permissions:
+            if p.resource == "transactional-id" and not _may_describe_transaction(
+                    admin, (transactional_ids or {}).get(p.name, p.name)):
+                missing.append(p)
+        cluster_ops = [p for p in permissions if p.resource == "cluster"]
+        if cluster_ops:
+            ops = admin.describe_cluster().get("authorized_operations")
+            if isinstance(ops, list):
+                missing += [p for p in cluster_ops if p.operation.upper().replace("IDEMPOTENTWRITE", "IDEMPOTENT_WRITE")
+                            not in ops]
+    finally:
+        admin.close()
+    return missing
+
+
+def _may_describe_transaction(admin: object, tid: str, budget_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            admin.describe_transactions([tid])  # type: ignore[attr-defined]
+            return True
+        except TransactionalIdAuthorizationFailedError:
+            return False
+        except TransactionalIdNotFoundError:
+            return True  # allowed to describe it; it has just never been used
+        except (CoordinatorNotAvailableError, CoordinatorLoadInProgressError, NotCoordinatorError):
+            if time.monotonic() >= deadline:  # a fresh cluster creates __transaction_state on first use
+                return True  # unknown: the producer's init_transactions reports a refusal itself
+            time.sleep(0.25)
+
+
+def _missing_on_topics(admin: object, topics: list[str], permissions: list[Permission]) -> list[Permission]:
+    described = {t["name"]: t for t in admin.describe_topics(topics)}  # type: ignore[attr-defined]
+    missing: list[Permission] = []
+    for name in topics:
+        wanted = [p for p in permissions if p.resource == "topic" and p.name == name]
+        info = described.get(name, {})
+        error = info.get("error_code", 0)
+        ops = info.get("authorized_operations")
+        if error == 29:  # TOPIC_AUTHORIZATION_FAILED: not even Describe (or absent and not ours to know)
+            missing += [p for p in wanted if p.operation != "Create"] or wanted
+            continue
+        if error == 3:  # UNKNOWN_TOPIC_OR_PARTITION: describable, absent
+            create = next((p for p in wanted if p.operation == "Create"), None)
+            if create is None or _may_create(admin, name):
+                continue  # created at start (or by whoever creates topics); ensure_topics reports its own errors
+            missing.append(create)
+            continue
+        if not isinstance(ops, list):
+            continue  # no authorizer, or an old broker: nothing to check
+        for p in wanted:
+            if p.operation == "Create":
+                continue  # the topic exists
+            need = p.operation.upper()
+            if need not in ops and not (need == "DESCRIBE" and _IMPLIES_DESCRIBE & set(ops)):
+                missing.append(p)
+    return missing
+
+
+def _may_create(admin: object, topic: str) -> bool:
+    result = admin.create_topics({topic: {"num_partitions": 1, "replication_factor": -1}},  # type: ignore[attr-defined]
+                                 validate_only=True, raise_errors=False)
+    codes = [t.get("error_code", 0) for t in result.get("topics", [])]
+    return 29 not in codes and 31 not in codes
+
+
+def _missing_on_group(admin: object, group: str, wanted: list[Permission]) -> list[Permission]:
+    try:
+        described = admin.describe_groups([group]).get(group, {})  # type: ignore[attr-defined]
+    except GroupAuthorizationFailedError:
+        return wanted
+    except KafkaError:
+        return []  # coordinator not available and the like: the consumer will report it
+    if described.get("error") and "GROUP_AUTHORIZATION_FAILED" in str(described["error"]):
+        return wanted
+    ops = described.get("authorized_operations")
+    if not isinstance(ops, list):
+        return []
+    return [p for p in wanted if p.operation.upper() not in ops]
+
+
+def describe_missing(principal: str | None, missing: list[Permission], *, hint: str = "") -> str:
+    """One line: who lacks what, and how to grant it."""
+    who = principal or "this client"
+    what = ", ".join(str(p) for p in missing)
+    return f"{who} is not allowed to use {len(missing)} resource(s) it needs: missing {what}" + (f"; {hint}" if hint else "")
+
+
+# -- the worker's start-up check and its runtime errors ------------------------------------------------------
+class AccessDenied(RuntimeError):
+    """The principal lacks permissions the worker needs; the message names them and how to grant them."""
+
+
+def acls_print_hint(principal: str | None, config: WorkerConfig) -> str:
+    topics = config.topics
+    parts = [f"rollout-stream acls print --principal {principal or 'User:NAME'}", f"--group-id {config.group_id}",
+             f"--input-topic {topics.input}", f"--output-topic {topics.output}",
+             f"--dead-letter-topic {topics.dead_letter}"]
+    if config.delivery != "exactly-once":
+        parts.append(f"--delivery {config.delivery}")
+    if config.zero_variance.topic:
+        parts.append(f"--route-topic {config.zero_variance.topic}")
+    return "the ACLs it needs: " + " ".join(parts)
+
+
+def check_worker_access(conn: Connection, config: WorkerConfig) -> None:
+    """Raise AccessDenied, naming every missing permission, before the worker reads or writes anything."""
+    permissions = worker_permissions(
+        input_topic=config.topics.input, output_topic=config.topics.output,
+        dead_letter_topic=config.topics.dead_letter, group_id=config.group_id, delivery=config.delivery,
+        route_topic=config.zero_variance.topic, create_topics=True)
+    prefix = transactional_id_prefix(config.group_id)
+    missing = missing_permissions(conn, permissions,
+                                  transactional_ids={prefix: transactional_id(config.group_id, config.instance_id)})
+    if missing:
+        principal = conn.security.principal
+        raise AccessDenied(describe_missing(principal, missing, hint=acls_print_hint(principal, config)))
+
+
+_DENIALS = {
+    TopicAuthorizationFailedError: "a topic",
+    GroupAuthorizationFailedError: "the consumer group",
+    TransactionalIdAuthorizationFailedError: "the transactional id",
+    ClusterAuthorizationFailedError: "the cluster",
+}
+
+
+def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | None = None) -> str | None:
+    """One line for an authorization error the broker returned while running; None if `exc` is not one."""
+    kind = next((what for cls, what in _DENIALS.items() if isinstance(exc, cls)), None)
+    if kind is None:
+        return None
+    who = conn.security.principal or "this client"
+    detail = str(exc).split(": ", 1)[-1] if ": " in str(exc) else ""
+    what = {
+        "a topic": f"READ/WRITE on a topic{f' ({detail})' if detail and detail != str(exc) else ''}",
+        "the consumer group": f"READ on group {config.group_id!r}" if config else "READ on the consumer group",
+        "the transactional id": (f"WRITE on transactional id {transactional_id(config.group_id, config.instance_id)!r}"
+                                 if config else "WRITE on the transactional id"),
+        "the cluster": "an operation on the cluster",
+    }[kind]
+    line = f"the broker refused {who}: missing {what} ({type(exc).__name__})"
+    if config is not None:
+        line += "; " + acls_print_hint(conn.security.principal, config)
+    return redact(line, conn.security.secrets())

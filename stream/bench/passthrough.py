@@ -1,0 +1,109 @@
+"""The client's ceiling: consume raw bytes → produce raw bytes → commit, with the worker's clients and cadence.
+
+No decode, no windows, no normalization: what is left is what kafka-python costs for the same records
+under the same delivery guarantee (exactly-once: one transaction per commit carrying the outputs and
+the input offsets via send_offsets_to_transaction; at-least-once: flush, then commit offsets).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Literal
+
+from kafka import TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from stream.clients import Connection, make_consumer, make_producer
+
+__all__ = ["Passthrough"]
+
+
+class Passthrough:
+    """Copies every record of the input topic to the output topic; counters readable from other threads."""
+
+    def __init__(self, conn: Connection, *, group_id: str, input_topic: str, output_topic: str,
+                 delivery: Literal["exactly-once", "at-least-once"], commit_interval_s: float,
+                 commit_max_records: int, max_record_bytes: int, session_timeout_s: float = 45.0,
+                 transactional_id: str | None = None, transaction_timeout_s: float = 60.0) -> None:
+        self.conn, self.group_id = conn, group_id
+        self.input_topic, self.output_topic = input_topic, output_topic
+        self.eos = delivery == "exactly-once"
+        self.commit_interval_s, self.commit_max_records = commit_interval_s, commit_max_records
+        self.max_record_bytes, self.session_timeout_s = max_record_bytes, session_timeout_s
+        self.transactional_id = transactional_id or f"bench-passthrough-{group_id}"
+        self.transaction_timeout_s = transaction_timeout_s
+        self.records_in = 0
+        self.bytes_in = 0
+        self.commits = 0
+        self.committed: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._commit_soon = False
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def commit_soon(self) -> None:
+        self._commit_soon = True
+
+    def run(self) -> None:
+        consumer = make_consumer(self.conn, group_id=self.group_id, max_record_bytes=self.max_record_bytes,
+                                 session_timeout_ms=int(self.session_timeout_s * 1000),
+                                 heartbeat_interval_ms=max(100, int(self.session_timeout_s * 1000 / 3)))
+        if self.eos:
+            producer = make_producer(self.conn, max_record_bytes=self.max_record_bytes,
+                                     transactional_id=self.transactional_id,
+                                     transaction_timeout_ms=int(self.transaction_timeout_s * 1000))
+            producer.init_transactions()
+        else:
+            producer = make_producer(self.conn, max_record_bytes=self.max_record_bytes)
+        consumer.subscribe([self.input_topic])
+        positions: dict[int, int] = {}
+        uncommitted = 0
+        in_txn = False
+        last_commit = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                batch = consumer.poll(timeout_ms=100, max_records=500)
+                for tp, records in batch.items():
+                    for rec in records:
+                        if self.eos and not in_txn:
+                            producer.begin_transaction()
+                            in_txn = True
+                        producer.send(self.output_topic, key=rec.key, value=rec.value)
+                        positions[tp.partition] = rec.offset + 1
+                        self.records_in += 1
+                        self.bytes_in += len(rec.value or b"") + len(rec.key or b"")
+                        uncommitted += 1
+                now = time.monotonic()
+                if self._commit_soon or now - last_commit >= self.commit_interval_s \
+                        or uncommitted >= self.commit_max_records:
+                    self._commit_soon = False
+                    last_commit = now
+                    uncommitted = 0
+                    due = {p: o for p, o in positions.items() if o > self.committed.get(p, -1)}
+                    in_txn = self._commit(producer, consumer, due, in_txn)
+        finally:
+            if in_txn:
+                producer.abort_transaction()
+            consumer.close(autocommit=False)
+            producer.close(timeout=30)
+
+    def _commit(self, producer: Any, consumer: Any, due: dict[int, int], in_txn: bool) -> bool:
+        offsets = {TopicPartition(self.input_topic, p): OffsetAndMetadata(o, "", -1) for p, o in due.items()}
+        if self.eos:
+            if due and not in_txn:
+                producer.begin_transaction()
+                in_txn = True
+            if due:
+                producer.send_offsets_to_transaction(offsets, consumer.group_metadata())
+            if in_txn:
+                producer.commit_transaction()
+        else:
+            producer.flush()
+            if due:
+                consumer.commit(offsets)
+        if due:
+            self.committed.update(due)
+            self.commits += 1
+        return False

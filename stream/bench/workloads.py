@@ -1,0 +1,152 @@
+"""Benchmark workloads: what one prompt group looks like, and topics pre-loaded with many of them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from kafka.admin import NewTopic
+
+from codec import Sample, encode_sample, group_key_of
+from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_producer
+from stream.config import TopicNames
+
+__all__ = ["Workload", "standard_workloads", "group_records", "BenchTopics", "create_topics", "delete_topics",
+           "preload", "Preloaded"]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Prompt groups of `group_size` rollouts, each rollout `siblings` samples of `tokens` tokens."""
+
+    name: str
+    tokens: int
+    group_size: int
+    siblings: int = 1
+    groups: int = 100  # groups sent for a throughput run
+
+    @property
+    def samples_per_group(self) -> int:
+        return self.group_size * self.siblings
+
+    @property
+    def samples(self) -> int:
+        return self.groups * self.samples_per_group
+
+    def label(self) -> str:
+        shape = f"{self.tokens // 1024}K tok" if self.tokens >= 1024 else f"{self.tokens} tok"
+        fan = f", {self.siblings} sib" if self.siblings > 1 else ""
+        return f"{self.name}: {shape}{fan}, g{self.group_size}"
+
+
+def standard_workloads(quick: bool = False) -> list[Workload]:
+    """(a) short, (b) long, (c) agentic fan-out samples, each with groups of 8 and 16.
+
+    Sized so every throughput run lasts several seconds on a 2-core machine (about 15-25 MB of input
+    for (a)/(c), 400 MB for (b)); `quick` is a smoke-sized run for tests.
+    """
+    if quick:
+        return [Workload("a", 256, 8, 1, 40), Workload("b", 32768, 8, 1, 2)]
+    out = []
+    for g in (8, 16):
+        out += [
+            Workload("a", 256, g, 1, 96_000 // g // 8 * 8 // 1),
+            Workload("b", 32768, g, 1, 2_000 // g),
+            Workload("c", 256, g, 3, 72_000 // (3 * g)),
+        ]
+    return sorted(out, key=lambda w: (w.name, w.group_size))
+
+
+def _sample(w: Workload, rng: np.random.Generator, run_id: str, gi: int, rid: int, sib: int, reward: float) -> Sample:
+    resp = max(1, w.tokens // 2)
+    return Sample(
+        group_index=gi, index=rid, rollout_id=rid, tokens=rng.integers(0, 32000, w.tokens, dtype="<i4"),
+        response_length=resp, reward=reward, loss_mask=np.ones(resp, dtype="u1"),
+        rollout_log_probs=rng.random(resp, dtype="<f4") * -2.0, weight_versions=["1"], group_size=w.group_size,
+        sibling_count=w.siblings, sibling_index=sib, run_id=run_id, prompt=f"prompt {gi}",
+    )
+
+
+def group_records(w: Workload, run_id: str, gi: int, rng: np.random.Generator,
+                  drop_last: bool = False) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every member of group `gi`, rollouts interleaved; `drop_last` leaves the group open."""
+    key = group_key_of(run_id, gi).encode()
+    out = []
+    for r in range(w.group_size):
+        reward = float(rng.integers(0, 4)) / 4
+        for s in range(w.siblings):
+            out.append((key, encode_sample(_sample(w, rng, run_id, gi, gi * 1000 + r, s, reward))))
+    return out[:-1] if drop_last else out
+
+
+@dataclass(frozen=True, slots=True)
+class BenchTopics:
+    names: TopicNames
+    partitions: int
+
+    def all(self) -> list[str]:
+        return [self.names.input, self.names.output, self.names.dead_letter]
+
+
+def create_topics(conn: Connection, partitions: int, tag: str = "bench") -> BenchTopics:
+    prefix = f"{tag}-{uuid.uuid4().hex[:8]}"
+    names = TopicNames(f"{prefix}-rollouts", f"{prefix}-train", f"{prefix}-dlq")
+    admin = make_admin(conn)
+    try:
+        admin.create_topics([NewTopic(n, partitions, 1, topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES)})
+                             for n in (names.input, names.output, names.dead_letter)])
+    finally:
+        admin.close()
+    return BenchTopics(names, partitions)
+
+
+def delete_topics(conn: Connection, topics: list[str]) -> None:
+    """Best effort: bench topics hold hundreds of MB the broker should not keep."""
+    admin = make_admin(conn)
+    try:
+        admin.delete_topics(topics)
+    except Exception:  # noqa: BLE001 - a leftover topic only costs disk; the result is already measured
+        pass
+    finally:
+        admin.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Preloaded:
+    records: int
+    bytes: int
+    end_offsets: dict[int, int]
+    seconds: float
+
+
+def _groups(w: Workload, run_id: str, count: int, seed: int, drop_last: bool) -> Iterator[list[tuple[bytes, bytes]]]:
+    rng = np.random.default_rng(seed)
+    for gi in range(count):
+        yield group_records(w, run_id, gi, rng, drop_last)
+
+
+def preload(conn: Connection, topic: str, w: Workload, *, groups: int | None = None, seed: int = 0,
+            drop_last: bool = False, run_id: str | None = None) -> Preloaded:
+    """Write the workload's groups to `topic` before the timed run; returns the end offsets to drain to."""
+    run_id = run_id or f"bench-{uuid.uuid4().hex[:6]}"
+    producer = make_producer(conn, linger_ms=20, batch_size=1 << 20)
+    started = time.monotonic()
+    n = nbytes = 0
+    futures = []
+    try:
+        for records in _groups(w, run_id, w.groups if groups is None else groups, seed, drop_last):
+            for key, value in records:
+                futures.append(producer.send(topic, key=key, value=value))
+                n += 1
+                nbytes += len(key) + len(value)
+        producer.flush(timeout=300)
+        ends: dict[int, int] = {}
+        for f in futures:
+            md = f.get(timeout=60)
+            ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
+    finally:
+        producer.close(timeout=30)
+    return Preloaded(n, nbytes, ends, time.monotonic() - started)
