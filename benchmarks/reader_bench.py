@@ -53,10 +53,11 @@ def make_records(n: int, tokens: int, group_size: int, seed: int = 0) -> list[tu
         )
         size = min(group_size, n - g * group_size)
         train = TrainSample(
-            sample=sample, raw_reward=float(member % 2), reward=float(member % 2) - 0.5, group_key=f"bench/{g}",
-            group_rollout_count=size, group_sample_count=size, group_mean=0.5, group_std=0.5, zero_variance=False,
-            advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True, reward_key=None,
-            source_topic="rollouts", source_partition=0, source_offset=i,
+            sample=sample, raw_reward=float(member % 2), reward=float(member % 2) - 0.5,
+            group_key=f"bench/{g}", group_rollout_count=size, group_sample_count=size, group_mean=0.5,
+            group_std=0.5, zero_variance=False, advantage_estimator="grpo", rewards_normalization=True,
+            grpo_std_normalization=True, reward_key=None, source_topic="rollouts", source_partition=0,
+            source_offset=i,
         )
         out.append((f"bench/{g}".encode(), encode_train_sample(train)))
     return out
@@ -132,20 +133,23 @@ def main(argv: list[str] | None = None) -> int:
     conn = Connection(resolve_bootstrap(args.bootstrap_servers))
     topic = f"bench-reader-{uuid.uuid4().hex[:8]}"
     admin = make_admin(conn)
-    admin.create_topics([NewTopic(topic, args.partitions, 1, topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES)})])
+    limits = {"max.message.bytes": str(MAX_RECORD_BYTES)}
+    admin.create_topics([NewTopic(topic, args.partitions, 1, topic_configs=limits)])
     records = make_records(args.samples, args.tokens, args.group_size)
     groups = -(-args.samples // args.group_size)
     total_bytes = sum(len(v) for _, v in records)
     mb = total_bytes / 1e6
     try:
         produce_s = produce(conn, topic, records)
-        runs: dict[str, list[float]] = {"reader": [], "reader rank 0 of 4": [], "kafka fetch": [], "decode + collate": []}
+        names = ("reader", "reader rank 0 of 4", "kafka fetch", "decode + collate")
+        runs: dict[str, list[float]] = {name: [] for name in names}
         batches = 0
         for _ in range(args.repeats):
             seconds, batches, _, read_bytes = read_with_reader(conn, topic, groups, args.groups_per_batch)
             assert read_bytes == total_bytes, (read_bytes, total_bytes)
             runs["reader"].append(seconds)
-            runs["reader rank 0 of 4"].append(read_with_reader(conn, topic, groups, args.groups_per_batch, 0, 4)[0])
+            rank0 = read_with_reader(conn, topic, groups, args.groups_per_batch, rank=0, world=4)
+            runs["reader rank 0 of 4"].append(rank0[0])
             runs["kafka fetch"].append(raw_fetch(conn, topic, len(records))[0])
             runs["decode + collate"].append(decode_collate(records, args.group_size, args.groups_per_batch))
     finally:
@@ -162,14 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         result["results"][name] = {
             "median_s": round(median, 3), "mb_s": round(mb / median, 1),
             "samples_s": round(args.samples / median, 1),
-            "batches_s": round(batches / median, 2) if name.startswith("reader") or name == "decode + collate" else None,
+            "batches_s": None if name == "kafka fetch" else round(batches / median, 2),
         }
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.samples} samples x {args.tokens} tokens ({result['record_bytes']:,} B per record, {mb:.1f} MB), "
-          f"groups of {args.group_size}, {args.groups_per_batch} groups per batch = {batches} batches, "
-          f"{args.partitions} partitions; median of {args.repeats}; produced at {result['produce_mb_s']} MB/s")
+    print(f"{args.samples} samples x {args.tokens} tokens ({result['record_bytes']:,} B per record, "
+          f"{mb:.1f} MB), groups of {args.group_size}, {args.groups_per_batch} groups per batch = {batches} "
+          f"batches, {args.partitions} partitions; median of {args.repeats}; "
+          f"produced at {result['produce_mb_s']} MB/s")
     print(f"{'':22} {'seconds':>8} {'batches/s':>10} {'samples/s':>10} {'MB/s':>8}")
     for name, r in result["results"].items():
         bps = f"{r['batches_s']:.2f}" if r["batches_s"] is not None else "-"

@@ -35,7 +35,7 @@ _INT = re.compile(r"[+-]?[0-9]+")
 
 @dataclass(frozen=True, slots=True)
 class Collated:
-    """Tensors of B samples; token arrays right-padded to the longest sample, response arrays to the longest response.
+    """B samples as tensors: token arrays right-padded to the longest sample, response arrays likewise.
 
     A sample's tokens are its prompt followed by its response: response token j of row i is
     `tokens[i, response_index[i, j]]` (= `total_lengths[i] - response_lengths[i] + j`).
@@ -80,8 +80,8 @@ def collation_problem(s: TrainSample) -> str | None:
 
 
 def _padded(parts: list[np.ndarray], lengths: np.ndarray, width: int, fill: float, dtype: type) -> np.ndarray:
-    """Right-pad 1-D arrays into a (len(parts), width) matrix with one concatenation and one masked scatter."""
-    out = np.full((len(parts), width), fill, dtype=dtype)
+    """Right-pad 1-D arrays into a (len(parts), width) matrix: one concatenation and one masked scatter."""
+    out: np.ndarray = np.full((len(parts), width), fill, dtype=dtype)
     if width and int(lengths.sum()):
         # Boolean-mask assignment fills in row-major order: row i takes the next lengths[i] values.
         out[np.arange(width)[None, :] < lengths[:, None]] = np.concatenate(parts).astype(dtype, copy=False)

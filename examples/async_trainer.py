@@ -62,7 +62,8 @@ class TinyPolicy(nn.Module):
         return token_lp.gather(1, (response_index - 1).clamp(min=0))
 
     @torch.no_grad()
-    def sample(self, prompts: torch.Tensor, length: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, prompts: torch.Tensor, length: int,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Responses of `length` tokens after each prompt, and their log-probs under this policy."""
         last, tokens, log_probs = prompts[:, -1], [], []
         for _ in range(length):
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups-per-batch", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per prompt group")
     parser.add_argument("--max-siblings", type=int, default=2, help="samples per rollout drawn from 1..N")
-    parser.add_argument("--max-staleness", type=int, default=2, help="skip groups older than this many versions")
+    parser.add_argument("--max-staleness", type=int, default=2, help="skip groups this many versions older")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -170,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
     plan = SynthPlan(group_size=args.group_size, max_siblings=args.max_siblings, tokens=32, seed=args.seed,
                      run_id=f"example-{tag}")
-    generator = RolloutGenerator(bootstrap, topics.input, plan, policy, ahead_groups=3 * args.groups_per_batch,
-                                 seed=args.seed)
+    generator = RolloutGenerator(bootstrap, topics.input, plan, policy,
+                                 ahead_groups=3 * args.groups_per_batch, seed=args.seed)
     generator.start()
     reader = TrainDataReader(bootstrap, topics.output, f"example-{tag}-trainer",
                              groups_per_batch=args.groups_per_batch, max_weight_staleness=args.max_staleness)
@@ -192,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             reader.commit()  # the batch is trained: a restarted trainer continues after it
             reader.set_weight_version(step + 1)
             generator.publish_weights(step + 1, policy)
-            print(f"step {step:3d}  loss {loss.item():+.6f}  clip {clip_frac:.2f}  groups {len(batch.groups)}  "
-                  f"samples {len(batch)}  raw reward {batch.raw_rewards.mean().item():.3f}  "
+            print(f"step {step:3d}  loss {loss.item():+.6f}  clip {clip_frac:.2f}  "
+                  f"groups {len(batch.groups)}  samples {len(batch)}  "
+                  f"raw reward {batch.raw_rewards.mean().item():.3f}  "
                   f"skipped stale {batch.skipped_stale}", flush=True)
     finally:
         generator.stop.set()
@@ -209,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             admin.close()
     stats = reader.stats
-    print(f"done: {stats.batches} batches, {stats.groups} groups read, {stats.skipped_stale_groups} stale groups "
-          f"skipped; worker published {worker.stats.groups_published} groups", flush=True)
+    print(f"done: {stats.batches} batches, {stats.groups} groups read, {stats.skipped_stale_groups} stale "
+          f"groups skipped; worker published {worker.stats.groups_published} groups", flush=True)
     return status
 
 

@@ -18,6 +18,7 @@ id) initialise an idempotent producer, so IdempotentWrite on the cluster is only
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -358,14 +359,27 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
     if kind is None:
         return None
     who = conn.security.principal or "this client"
-    detail = str(exc).split(": ", 1)[-1] if ": " in str(exc) else ""
-    what = {
-        "a topic": f"READ/WRITE on a topic{f' ({detail})' if detail and detail != str(exc) else ''}",
-        "the consumer group": f"READ on group {config.group_id!r}" if config else "READ on the consumer group",
-        "the transactional id": (f"WRITE on transactional id {transactional_id(config.group_id, config.instance_id)!r}"
-                                 if config else "WRITE on the transactional id"),
-        "the cluster": "an operation on the cluster",
-    }[kind]
+    if kind == "a topic":
+        what = "an ACL on a topic"
+        if config is not None:
+            needs: dict[str, list[str]] = {}
+            for p in worker_permissions(
+                    input_topic=config.topics.input, output_topic=config.topics.output,
+                    dead_letter_topic=config.topics.dead_letter, group_id=config.group_id, delivery=config.delivery,
+                    route_topic=config.zero_variance.topic):
+                if p.resource == "topic":
+                    needs.setdefault(p.name, []).append(p.operation.upper())
+            named = [(name, ops) for name, ops in needs.items()
+                     if re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", str(exc))]
+            if named:
+                what = ", ".join(f"{'/'.join(ops)} on topic {name!r}" for name, ops in named)
+    elif kind == "the consumer group":
+        what = f"READ on group {config.group_id!r}" if config else "READ on the consumer group"
+    elif kind == "the transactional id":
+        what = (f"WRITE on transactional id {transactional_id(config.group_id, config.instance_id)!r}"
+                if config else "WRITE on the transactional id")
+    else:
+        what = "an operation on the cluster"
     line = f"the broker refused {who}: missing {what} ({type(exc).__name__})"
     if config is not None:
         line += "; " + acls_print_hint(conn.security.principal, config)

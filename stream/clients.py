@@ -15,6 +15,8 @@ __all__ = ["BrokerUnreachable", "probe", "Connection", "make_consumer", "make_pr
 
 # Samples of 32 MiB must pass end to end (SPEC §4.5); topics and clients are sized for 64 MiB.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
+# Longest wait between reconnect attempts to a broker that is down (the Java client's default is 1 s).
+RECONNECT_BACKOFF_MAX_MS = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ def make_consumer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES,
         "max_partition_fetch_bytes": max_record_bytes,
         "fetch_max_bytes": max(52_428_800, max_record_bytes),
         "max_poll_records": 500,
+        # kafka-python backs off up to 30 s between reconnects; after a broker restart that is 30 s of idling.
+        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
     }
     settings.update(overrides)
     return KafkaConsumer(**settings)
@@ -56,6 +60,7 @@ def make_producer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES,
         "batch_size": 256 * 1024,
         # A train sample is its rollout sample plus ~300 bytes of statistics and lineage.
         "max_request_size": max_record_bytes + 1024 * 1024,
+        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
     }
     settings.update(overrides)
     return KafkaProducer(**settings)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka import TopicPartition
-from kafka.errors import KafkaError, ProducerFencedError
+from kafka.errors import AuthorizationError, KafkaError, ProducerFencedError
 from kafka.structs import OffsetAndMetadata
 
 from core.offsets import OffsetLedger
@@ -100,6 +100,7 @@ class ExactlyOnce:
         self.changelog_topic = changelog_topic
         self.open = False
         self.pending: list[OutputRecord] = []
+        self.fatal: BaseException | None = None  # after it, nothing may be committed (see _checked)
         self.producer.init_transactions()
 
     def _begin(self) -> None:
@@ -109,8 +110,17 @@ class ExactlyOnce:
 
     def send(self, out: OutputRecord) -> None:
         self._begin()
-        self.producer.send(out.topic, value=out.value, key=out.key, headers=out.headers)
+        self._checked(self.producer.send(out.topic, value=out.value, key=out.key, headers=out.headers))
         self.pending.append(out)
+
+    def _checked(self, future: Any) -> None:
+        """kafka-python fails a send whose topic metadata the broker refused (TOPIC_AUTHORIZATION_FAILED, ...) at
+        once, without failing the transaction: committing would succeed without that record and lose it. Abort,
+        and refuse every later commit (the worker's shutdown commit included)."""
+        if future.is_done and future.failed():
+            self.abort(future.exception)
+            self.fatal = future.exception
+            raise future.exception
 
     def _prepare(self, assigned: set[int], changelog: list[ChangelogWrite]) -> dict[int, int]:
         # Everything sent in this transaction is resolved if (and only if) the transaction commits.
@@ -120,7 +130,7 @@ class ExactlyOnce:
         if changelog or due:
             self._begin()
         for w in changelog:
-            self.producer.send(self.changelog_topic, key=w.key, value=w.value, partition=w.partition)
+            self._checked(self.producer.send(self.changelog_topic, key=w.key, value=w.value, partition=w.partition))
         if due:
             self.producer.send_offsets_to_transaction(_offsets(self.topic, due), self.consumer.group_metadata())
         return due
@@ -138,11 +148,18 @@ class ExactlyOnce:
             cause = CommitAborted(f"the transaction holds outputs of partitions {stale}, no longer assigned here")
             self.abort(cause)
             raise cause
+        if self.fatal is not None:
+            raise self.fatal
         try:
             due = self._prepare(assigned, changelog)
             self._finish(due)
             return due
         except ProducerFencedError:
+            raise
+        except AuthorizationError as exc:  # an ACL went missing: retrying cannot help, and must not commit
+            if self.fatal is None:
+                self.abort(exc)
+                self.fatal = exc
             raise
         except KafkaError as exc:
             self.abort(exc)

@@ -126,7 +126,7 @@ class _Session:
             raise self._verify_failed(exc) from None
         except ssl.SSLError as exc:
             raise self._tls_failed(exc) from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise ListenerMismatch(f"no TLS answer from {self.server} within the timeout: is it a TLS listener? "
                                    f"(security protocol {self.security.protocol})") from None
         except OSError as exc:
@@ -188,7 +188,7 @@ class _Session:
             raise self._tls_failed(exc) from None
         except (ConnectionResetError, BrokenPipeError):
             raise _Closed() from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise ConnectionCheckFailed(f"no answer from {self.server} within the timeout ({self.step}): "
                                         f"does the listener speak {self.security.protocol}?") from None
 

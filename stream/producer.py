@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from codec import Sample, encode_sample, group_key
 from stream.clients import Connection, make_producer
+from stream.security import SecuritySettings
 
 __all__ = ["RolloutProducer"]
 
@@ -18,10 +20,17 @@ class RolloutProducer:
     ...     p.send(Sample(group_index=0, index=0, rollout_id=0, reward=1.0, group_size=4))
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str = "rollouts", **producer_settings: Any) -> None:
+    def __init__(self, bootstrap_servers: str | Connection, topic: str = "rollouts", *,
+                 security: SecuritySettings | None = None, **producer_settings: Any) -> None:
+        """`bootstrap_servers`: an address, or a Connection (address and TLS/SASL settings); `security`
+        applies to an address (e.g. SecuritySettings.from_env())."""
         self.topic = topic
-        self._producer = make_producer(Connection(bootstrap_servers, client_id="rollout-stream-producer"),
-                                       **producer_settings)
+        if isinstance(bootstrap_servers, Connection):
+            conn = replace(bootstrap_servers, client_id="rollout-stream-producer")
+        else:
+            conn = Connection(bootstrap_servers, client_id="rollout-stream-producer",
+                              security=security or SecuritySettings())
+        self._producer = make_producer(conn, **producer_settings)
 
     def send(self, sample: Sample, *, timestamp_ms: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> Any:
         """Encode and send one sample; returns the kafka-python future."""

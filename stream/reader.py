@@ -1,4 +1,4 @@
-"""Train data for asynchronous trainers: whole prompt groups as torch batches, sharded over DP ranks (SPEC §4.6).
+"""Train data for async trainers: whole prompt groups as torch batches, sharded over DP ranks (SPEC §4.6).
 
 How every rank reads the same sequence without talking to the others (docs/reader.md has the details):
 
@@ -22,13 +22,14 @@ How every rank reads the same sequence without talking to the others (docs/reade
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from kafka import TopicPartition
@@ -36,9 +37,17 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from codec import DecodeError, TrainSample, decode_train_sample
-from core.collate import Collated, collate, collation_problem, is_stale_version, oldest_weight_version, shard_groups
+from core.collate import (
+    Collated,
+    collate,
+    collation_problem,
+    is_stale_version,
+    oldest_weight_version,
+    shard_groups,
+)
 from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_consumer
 from stream.logs import log_event
+from stream.security import SecuritySettings
 
 __all__ = [
     "TrainDataReader",
@@ -115,7 +124,7 @@ class _Pending:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """Where a partition stands after a yielded group: commit `offset`; in [offset, end) only `keep` is unread."""
+    """A partition's position after a yielded group: commit `offset`; in [offset, end) only `keep` is new."""
 
     offset: int
     end: int
@@ -146,7 +155,8 @@ class Mark:
         for run in filter(None, fields.get("keep", "").split(",")):
             lo, _, hi = run.partition("-")
             keep.extend(range(offset + int(lo), offset + int(hi or lo) + 1))
-        return int(fields["batch"]), Mark(offset, max(offset, int(fields.get("end", offset))), frozenset(keep))
+        end = max(offset, int(fields.get("end", offset)))
+        return int(fields["batch"]), Mark(offset, end, frozenset(keep))
 
 
 class ReadMarks:
@@ -199,9 +209,11 @@ class GroupAssembler:
         self.pending: dict[int, OrderedDict[str, _Pending]] = {}
         # Per partition, so that what is remembered (and forgotten) depends on that partition's records
         # alone, never on how fetches of different partitions interleave: every rank decides alike.
-        self.recent: dict[int, OrderedDict[tuple[str, frozenset[tuple[str, int, int]]], None]] = {}
+        # A group is remembered by a digest of its key and lineage (~100 B each, not the whole set).
+        self.recent: dict[int, OrderedDict[bytes, None]] = {}
 
-    def accept(self, partition: int, offset: int, timestamp_ms: int, value: bytes | None) -> AssembledGroup | None:
+    def accept(self, partition: int, offset: int, timestamp_ms: int,
+               value: bytes | None) -> AssembledGroup | None:
         self.stats.records += 1
         self.stats.bytes += len(value or b"")
         try:
@@ -232,7 +244,8 @@ class GroupAssembler:
         if len(pending.samples) < pending.expected:
             return None
         del groups[ts.group_key]
-        identity = (ts.group_key, frozenset(pending.sources))
+        lineage = repr((ts.group_key, sorted(pending.sources))).encode()
+        identity = hashlib.blake2b(lineage, digest_size=16).digest()
         recent = self.recent.setdefault(partition, OrderedDict())
         if identity in recent:
             self.stats.duplicate_groups += 1
@@ -296,7 +309,8 @@ class _CaughtUp:
     """Whether a partition is read to its end (read_committed: an open transaction keeps it behind)."""
 
     def __init__(self, consumer: Any, tps: dict[int, TopicPartition]) -> None:
-        self.consumer, self.tps, self.known = consumer, tps, {}  # type: dict[int, bool]
+        self.consumer, self.tps = consumer, tps
+        self.known: dict[int, bool] = {}
 
     def __call__(self, partition: int) -> bool:
         if partition not in self.known:
@@ -344,7 +358,7 @@ class _Prefetcher(threading.Thread):
         return []
 
     def _resume(self, partitions: list[int]) -> tuple[int | None, dict[int, Mark]]:
-        """The commit of the rank with the lowest batch index (ranks realign after a crash between commits)."""
+        """The commit of the rank with the lowest batch index (ranks realign after a crash mid-commit)."""
         r = self.r
         groups = [rank_group_id(r.group_id, i) for i in range(r.world_size)]
         tps = [TopicPartition(r.topic, p) for p in partitions]
@@ -380,7 +394,7 @@ class _Prefetcher(threading.Thread):
 
     def _run(self) -> None:
         r = self.r
-        conn = Connection(r.conn.bootstrap_servers, client_id=f"rollout-stream-reader-{r.rank}")
+        conn = replace(r.conn, client_id=f"rollout-stream-reader-{r.rank}")
         self.consumer = c = make_consumer(conn, group_id=None, max_record_bytes=r.max_record_bytes)
         partitions = self._partitions()
         if not partitions:
@@ -532,11 +546,12 @@ class TrainDataReader:
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        bootstrap_servers: str | Connection,
         topic: str,
         group_id: str,
         *,
         groups_per_batch: int,
+        security: SecuritySettings | None = None,
         rank: int = 0,
         world_size: int = 1,
         max_weight_staleness: int | None = None,
@@ -560,7 +575,11 @@ class TrainDataReader:
             raise ValueError(f"start must be committed, earliest or latest, got {start!r}")
         if not group_id:
             raise ValueError("group_id must not be empty")
-        self.conn = Connection(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}")
+        # An address (with `security`, e.g. SecuritySettings.from_env()), or a Connection that carries both.
+        self.conn = (replace(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}")
+                     if isinstance(bootstrap_servers, Connection) else
+                     Connection(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}",
+                                security=security or SecuritySettings()))
         self.topic = topic
         self.group_id = group_id
         self.groups_per_batch = groups_per_batch
@@ -589,7 +608,7 @@ class TrainDataReader:
 
     # ---- iteration -----------------------------------------------------------------------------
     def set_weight_version(self, version: int) -> None:
-        """The trainer's current weight version; groups older than version - max_weight_staleness are skipped."""
+        """The trainer's weight version: groups older than version - max_weight_staleness are skipped."""
         self.weight_version = int(version)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -602,7 +621,7 @@ class TrainDataReader:
         return batch
 
     def next_batch(self, timeout: float | None = None) -> Batch | None:
-        """The next batch, or None when it did not complete within `timeout` seconds (its groups stay buffered).
+        """The next batch, or None if it did not complete within `timeout` seconds (its groups stay buffered).
 
         Staleness is judged when the batch completes, against the weight version set at that moment.
         """
@@ -634,14 +653,15 @@ class TrainDataReader:
         return self._batch(verdicts)
 
     def _verdict(self, group: AssembledGroup) -> str | None:
-        """None: the group trains; "stale" or "invalid": it is skipped whole (core.collate.is_stale's rule)."""
+        """None: the group trains; "stale" or "invalid": it is skipped whole (as core.collate.is_stale)."""
         if group.problem is not None:
             return "invalid"
         if self.max_weight_staleness is None or self.weight_version is None:
             return None
         if group.version_problem is not None:
             return "invalid"  # a weight version that is not an integer: the rule cannot be applied
-        return "stale" if is_stale_version(group.oldest_version, self.weight_version, self.max_weight_staleness) else None
+        stale = is_stale_version(group.oldest_version, self.weight_version, self.max_weight_staleness)
+        return "stale" if stale else None
 
     def _batch(self, verdicts: list[str | None]) -> Batch:
         taken, n = 0, 0
@@ -652,10 +672,12 @@ class TrainDataReader:
         verdicts = verdicts[:n]
         for (group, _), verdict in zip(items, verdicts, strict=True):
             if verdict == "invalid":
-                log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key, partition=group.partition,
-                          offset=group.first_offset, problem=group.problem or group.version_problem)
+                log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key,
+                          partition=group.partition, offset=group.first_offset,
+                          problem=group.problem or group.version_problem)
         good = [g for (g, _), v in zip(items, verdicts, strict=True) if v is None]
-        mine = shard_groups([g.samples for g in good], self.rank, self.world_size, balance_tokens=self.balance_tokens)
+        mine = shard_groups([g.samples for g in good], self.rank, self.world_size,
+                            balance_tokens=self.balance_tokens)
         index = self._next_index if self._next_index is not None else 0
         self._next_index = index + 1
         batch = Batch(
@@ -683,7 +705,7 @@ class TrainDataReader:
         offsets = {}
         for p, mark in snapshot.items():
             meta = mark.metadata(index)
-            if len(meta) > _MAX_METADATA:  # too many interleaved offsets to list: re-read them after a restart
+            if len(meta) > _MAX_METADATA:  # too many interleaved offsets to list: re-read them on restart
                 log_event(log, "commit.metadata_truncated", logging.WARNING, partition=p, keep=len(mark.keep))
                 meta = Mark(mark.offset, mark.offset).metadata(index)
             offsets[TopicPartition(self.topic, p)] = OffsetAndMetadata(mark.offset, meta, -1)

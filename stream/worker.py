@@ -121,6 +121,9 @@ class Worker:
         self._last_heartbeat = 0.0
         self._progress_base = (0.0, 0)
         self._overrun = False  # reading past the cap: open windows needed records behind a pause
+        self._last_broker_check = 0.0
+        self._broker_lost_at: float | None = None  # monotonic time the last broker connection went away
+        self._broker_last_said = 0.0
         self._paused_at = 0.0
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -166,6 +169,7 @@ class Worker:
         log_event(log, "worker.started", **{k: v for k, v in cfg.effective().items() if k != "topics"},
                   input_topic=cfg.topics.input, output_topic=cfg.topics.output,
                   dead_letter_topic=cfg.topics.dead_letter, bootstrap=self.conn.bootstrap_servers,
+                  security=str(self.conn.security),  # masked: no password or key material
                   changelog_topic=self.changelog_topic if self.eos else "-")
         now = time.monotonic()
         self._last_progress = self._last_commit = now
@@ -213,6 +217,8 @@ class Worker:
                 self._uncommitted >= self.config.commit_max_records:
             self._commit()
         self._back_pressure()
+        if mono - self._last_broker_check >= 1.0:
+            self._watch_broker(mono)
         if mono - self._last_progress >= self.config.progress_interval_s:
             self._progress(mono)
         if self.config.heartbeat_file and mono - self._last_heartbeat >= 5.0:
@@ -483,6 +489,34 @@ class Worker:
                       paused_s=f"{mono - self._paused_at:.1f}",
                       why="no open group closed while paused: their members are behind the pause; "
                           "reading on past the cap until below it")
+
+    # ---- broker connectivity -------------------------------------------------------------------
+    def _broker_connections(self) -> int | None:
+        try:
+            return int(self._consumer.metrics()["consumer-metrics"]["connection-count"])
+        except (KeyError, TypeError, ValueError):
+            return None  # metrics disabled or renamed: say nothing rather than something wrong
+
+    def _watch_broker(self, mono: float) -> None:
+        """Say when the worker has no broker connection left, and when it is back. The clients reconnect
+        with backoff on their own; uncommitted outputs and offsets wait in the open transaction."""
+        self._last_broker_check = mono
+        count = self._broker_connections()
+        if count is None:
+            return
+        if count == 0 and self._broker_lost_at is None:
+            self._broker_lost_at = self._broker_last_said = mono
+            log_event(log, "broker.unreachable", logging.WARNING, bootstrap=self.conn.bootstrap_servers,
+                      open_windows=self.store.open_count(),
+                      action="retrying with backoff; nothing is committed until it is back")
+        elif count == 0 and self._broker_lost_at is not None and mono - self._broker_last_said >= 10.0:
+            self._broker_last_said = mono
+            log_event(log, "broker.still_unreachable", logging.WARNING, bootstrap=self.conn.bootstrap_servers,
+                      down_s=f"{mono - self._broker_lost_at:.0f}")
+        elif count > 0 and self._broker_lost_at is not None:
+            log_event(log, "broker.reconnected", bootstrap=self.conn.bootstrap_servers,
+                      down_s=f"{mono - self._broker_lost_at:.1f}")
+            self._broker_lost_at = None
 
     # ---- progress ------------------------------------------------------------------------------
     def lag(self) -> int:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 
-__all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "cpu_seconds"]
+__all__ = ["rss_bytes", "peak_rss_bytes", "reset_peak_rss", "cpu_seconds", "thread_cpu_seconds"]
 
 
 def _status_kib(field: str) -> int | None:
@@ -47,3 +48,18 @@ def cpu_seconds() -> float:
     """User + system CPU time of every thread of this process."""
     t = os.times()
     return t.user + t.system
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU time of each live Python thread by name (the loop vs kafka-python's IO and sender threads)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # After the command name: state is field 3, utime 14 and stime 15 (1-based, see proc(5)).
+        out[thread.name] = out.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out

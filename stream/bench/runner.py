@@ -1,10 +1,12 @@
 """One process under test: the stage (`Worker`) or the passthrough, measured from inside.
 
-Run as `python -m stream.bench.runner` with a `RunSpec` as JSON on stdin's first line. It prints JSON
-lines on stdout: `status` every `status_interval_s` (records in, committed, open windows, RSS) and one
-`result` at the end. It stops by itself once every partition is committed up to `end_offsets`, or when
-stdin says `stop` (paced runs, whose end the driver decides). The loop under test runs on the main
-thread, so `profile` (a cProfile output path) sees its work; kafka-python's IO thread is not in it.
+Run as `python -m stream.bench.runner` with a `RunSpec` as JSON on stdin's first line. It prints JSON lines
+on stdout: `status` every `status_interval_s` (records in, open windows, RSS), `drained` once every partition
+is committed up to `end_offsets` (the throughput phase), and `result` when it ends: right after `drained`,
+or, with `serve_after`, when stdin says `stop` (the driver then offers paced load or open windows).
+
+The loop under test runs on the main thread, so `profile` (a cProfile output path) sees its work;
+kafka-python's IO and sender threads are accounted for by per-thread CPU time instead.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import json
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from stream.bench.passthrough import Passthrough
-from stream.bench.procstat import cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes
-from stream.clients import Connection
+from stream.bench.procstat import cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes, thread_cpu_seconds
+from stream.clients import MAX_RECORD_BYTES, Connection
 from stream.config import TopicNames, WorkerConfig
 
 __all__ = ["RunSpec", "main"]
@@ -36,12 +38,12 @@ class RunSpec:
     delivery: str = "exactly-once"
     commit_interval_s: float = 1.0
     commit_max_records: int = 5000
-    group_timeout_s: float = 600.0
-    end_offsets: dict[int, int] | None = None  # drain to these, then stop; None: run until `stop`
+    group_timeout_s: float = 900.0
+    end_offsets: dict[int, int] | None = None  # the throughput phase drains to these
+    serve_after: bool = False  # keep running after the throughput phase until `stop`
     profile: str | None = None
     timeout_s: float = 300.0
     status_interval_s: float = 0.25
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -66,7 +68,8 @@ class _Target:
             config = WorkerConfig(
                 bootstrap_servers=spec.bootstrap,
                 topics=TopicNames(spec.input_topic, spec.output_topic, spec.dead_letter_topic),
-                group_id=spec.group_id, group_timeout_s=spec.group_timeout_s, delivery=spec.delivery,  # type: ignore[arg-type]
+                group_id=spec.group_id, group_timeout_s=spec.group_timeout_s,
+                delivery=spec.delivery,  # type: ignore[arg-type]
                 commit_interval_s=spec.commit_interval_s, commit_max_records=spec.commit_max_records,
                 instance_id=spec.group_id, progress_interval_s=3600.0,
             )
@@ -75,7 +78,7 @@ class _Target:
             self.obj = Passthrough(conn, group_id=spec.group_id, input_topic=spec.input_topic,
                                    output_topic=spec.output_topic, delivery=spec.delivery,  # type: ignore[arg-type]
                                    commit_interval_s=spec.commit_interval_s,
-                                   commit_max_records=spec.commit_max_records, max_record_bytes=64 << 20)
+                                   commit_max_records=spec.commit_max_records, max_record_bytes=MAX_RECORD_BYTES)
 
     def records_in(self) -> int:
         return self.obj.stats.records_in if self.stage else self.obj.records_in
@@ -91,8 +94,8 @@ class _Target:
             return 0, 0
         return self.obj.store.open_count(), self.obj.store.open_bytes
 
-    def extra(self) -> dict[str, Any]:
-        return self.obj.stats.summary() if self.stage else {}
+    def summary(self) -> dict[str, Any]:
+        return self.obj.stats.summary() if self.stage else {"records_in": self.obj.records_in}
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -100,59 +103,90 @@ def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+class _Watch(threading.Thread):
+    """Samples the target every 20 ms: marks the throughput phase, tracks peaks, prints status lines."""
+
+    def __init__(self, spec: RunSpec, target: _Target) -> None:
+        super().__init__(name="bench-watch", daemon=True)
+        self.spec, self.target = spec, target
+        self.total = sum(spec.end_offsets.values()) if spec.end_offsets is not None else None
+        self.started = time.monotonic()
+        self.first: float | None = None
+        self.drained_at: float | None = None
+        self.cpu0 = 0.0
+        self.threads0: dict[str, float] = {}
+        self.peak_open = [0, 0]  # windows, bytes (since the last phase change)
+        self.stopped = threading.Event()
+        self.stop_reason = "stop"
+
+    def stop(self, reason: str) -> None:
+        if not self.stopped.is_set():
+            self.stop_reason = reason
+            self.stopped.set()
+            self.target.obj.request_stop()
+
+    def run(self) -> None:
+        spec, target = self.spec, self.target
+        last_status = 0.0
+        while not self.stopped.is_set():
+            now = time.monotonic()
+            n = target.records_in()
+            count, nbytes = target.open_windows()
+            self.peak_open = [max(self.peak_open[0], count), max(self.peak_open[1], nbytes)]
+            if n and self.first is None:
+                self.first = now
+                self.cpu0, self.threads0 = cpu_seconds(), thread_cpu_seconds()
+            if self.total is not None and n >= self.total and self.drained_at is None:
+                self.drained_at = now
+                target.obj.commit_soon()  # the final commit now, not at the cadence's next tick
+            if spec.end_offsets is not None and self.first is not None:
+                committed = target.committed()
+                if all(committed.get(p, -1) >= end for p, end in spec.end_offsets.items()):
+                    self._phase_done(now, n)
+                    if not spec.serve_after:
+                        self.stop("done")
+                        return
+            if now - self.started > spec.timeout_s:
+                self.stop("timeout")
+                return
+            if now - last_status >= spec.status_interval_s:
+                last_status = now
+                _emit({"event": "status", "t": round(now - self.started, 3), "records_in": n, "open_windows": count,
+                       "open_bytes": nbytes, "rss": rss_bytes(), "peak_rss": peak_rss_bytes(),
+                       "commits": target.commits()})
+            time.sleep(0.02)
+
+    def _phase_done(self, now: float, n: int) -> None:
+        assert self.first is not None
+        threads = thread_cpu_seconds()
+        _emit({
+            "event": "drained", "mode": self.spec.mode, "delivery": self.spec.delivery, "records": n,
+            "seconds": now - self.first,
+            "final_commit_s": (now - self.drained_at) if self.drained_at is not None else None,
+            "cpu_s": cpu_seconds() - self.cpu0,
+            # CPU seconds of each thread during the phase: the loop vs kafka-python's IO/sender threads.
+            "thread_cpu_s": {k: round(v - self.threads0.get(k, 0.0), 3) for k, v in threads.items()},
+            "commits": self.target.commits(), "rss": rss_bytes(), "peak_rss": peak_rss_bytes(),
+            "peak_open_windows": self.peak_open[0], "peak_open_bytes": self.peak_open[1],
+        })
+        self.spec.end_offsets = None
+        reset_peak_rss()
+        self.peak_open = [0, 0]
+
+
 def main() -> None:
     spec = RunSpec.from_json(sys.stdin.readline())
     target = _Target(spec)
-    total = sum(spec.end_offsets.values()) if spec.end_offsets is not None else None
-    marks: dict[str, float] = {}
-    peaks = {"open_bytes": 0, "open_windows": 0}
-    stop_reason = ["timeout"]
-    reset_peak_rss()
-    started = time.monotonic()
+    watch = _Watch(spec, target)
 
     def listen() -> None:
         for line in sys.stdin:
             if line.strip() == "stop":
                 break
-        stop_reason[0] = stop_reason[0] if "done" in marks else "stop"
-        target.obj.request_stop()
+        watch.stop("stop")
 
-    def watch() -> None:
-        last_status = 0.0
-        while True:
-            now = time.monotonic()
-            n = target.records_in()
-            count, nbytes = target.open_windows()
-            peaks["open_bytes"] = max(peaks["open_bytes"], nbytes)
-            peaks["open_windows"] = max(peaks["open_windows"], count)
-            if n and "first" not in marks:
-                marks["first"] = now
-            if total is not None and n >= total and "drained" not in marks:
-                marks["drained"] = now
-                target.obj.commit_soon()  # the final commit now, not at the cadence's next tick
-            if spec.end_offsets is not None and "done" not in marks:
-                committed = target.committed()
-                if all(committed.get(p, -1) >= end for p, end in spec.end_offsets.items()):
-                    marks["done"] = now
-                    stop_reason[0] = "done"
-                    target.obj.request_stop()
-                    return
-            if now - started > spec.timeout_s:
-                target.obj.request_stop()
-                return
-            if now - last_status >= spec.status_interval_s:
-                last_status = now
-                _emit({"event": "status", "t": now - started, "records_in": n, "open_windows": count,
-                       "open_bytes": nbytes, "rss": rss_bytes(), "peak_rss": peak_rss_bytes(),
-                       "commits": target.commits()})
-            if stop_reason[0] == "stop":
-                return
-            time.sleep(0.02)
-
-    threading.Thread(target=listen, daemon=True).start()
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    cpu0 = cpu_seconds()
+    threading.Thread(target=listen, name="bench-listen", daemon=True).start()
+    watch.start()
     profiler = cProfile.Profile() if spec.profile else None
     if profiler:
         profiler.enable()
@@ -162,16 +196,11 @@ def main() -> None:
         if profiler:
             profiler.disable()
             profiler.dump_stats(spec.profile)
-    watcher.join(timeout=5)
-    first, done = marks.get("first"), marks.get("done")
-    _emit({
-        "event": "result", "mode": spec.mode, "delivery": spec.delivery, "stop": stop_reason[0],
-        "records": target.records_in(), "seconds": (done - first) if first and done else None,
-        "drain_to_commit_s": (done - marks["drained"]) if done and "drained" in marks else None,
-        "cpu_s": cpu_seconds() - cpu0, "rss": rss_bytes(), "peak_rss": peak_rss_bytes(),
-        "peak_open_bytes": peaks["open_bytes"], "peak_open_windows": peaks["open_windows"],
-        "commits": target.commits(), "stats": target.extra(),
-    })
+    watch.stopped.set()
+    watch.join(timeout=5)
+    _emit({"event": "result", "mode": spec.mode, "stop": watch.stop_reason, "records": target.records_in(),
+           "rss": rss_bytes(), "peak_rss": peak_rss_bytes(), "peak_open_windows": watch.peak_open[0],
+           "peak_open_bytes": watch.peak_open[1], "stats": target.summary()})
 
 
 if __name__ == "__main__":

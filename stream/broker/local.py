@@ -12,6 +12,7 @@ Data dir layout (default ``./.kafka-data``):
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import time
 from collections.abc import Mapping
@@ -361,10 +362,16 @@ class LocalBroker:
     def _answers_metadata(self, bootstrap: str, deadline: float) -> bool:
         """A metadata round trip lists this broker unfenced: clients can use it now."""
         budget_ms = int(min(5.0, max(1.0, deadline - time.monotonic())) * 1000)
+        settings = self.client_connection(bootstrap, client_id="rollout-stream-broker-probe").client_settings()
+        if self.secure:
+            # Readiness only: the broker just launched here is up even if its certificate has expired (tests
+            # need one), and the SCRAM login proves it knows the admin password anyway. Clients do verify.
+            probe_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            probe_tls.check_hostname, probe_tls.verify_mode = False, ssl.CERT_NONE
+            settings.update(ssl_context=probe_tls, ssl_check_hostname=False)
         try:
             admin = KafkaAdminClient(
-                **self.client_connection(bootstrap, client_id="rollout-stream-broker-probe").client_settings(),
-                request_timeout_ms=budget_ms, bootstrap_timeout_ms=budget_ms,
+                **settings, request_timeout_ms=budget_ms, bootstrap_timeout_ms=budget_ms,
             )  # fmt: skip
             try:
                 brokers = admin.describe_cluster().get("brokers", [])

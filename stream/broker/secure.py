@@ -32,6 +32,7 @@ __all__ = [
     "CLIENT_USERS",
     "SCRAM_MECHANISMS",
     "SecureMaterial",
+    "describe_secure_broker",
     "prepare_secure_material",
     "secure_listener_properties",
     "scram_format_arguments",
@@ -164,3 +165,19 @@ def secure_listener_properties(material: SecureMaterial, *, port: int, controlle
         "super.users": f"User:{ADMIN_USER};User:{CONTROLLER_USER}",
         "allow.everyone.if.no.acl.found": "false",
     }
+
+
+def describe_secure_broker(material: SecureMaterial, bootstrap: str) -> list[str]:
+    """What `broker start --secure` prints: where to connect and with what (never a password itself)."""
+    d = material.directory
+    return [
+        f"SASL_SSL (SCRAM-SHA-512/256) on {bootstrap}; ACLs on (StandardAuthorizer), nothing allowed without one",
+        f"  CA certificate:   {material.ca.cert}   (--ssl-cafile)",
+        f"  admin (super user): --kafka-config {material.properties_file(ADMIN_USER)}  "
+        f"(password in {material.password_file(ADMIN_USER)})",
+        f"  worker (no ACLs yet): --kafka-config {material.properties_file('worker')}  "
+        f"(password in {material.password_file('worker')})",
+        f"  mTLS client certificate: {d / 'client.pem'}, key {d / 'client.key'}",
+        "  grant the worker its ACLs: rollout-stream acls apply --principal User:worker --kafka-config "
+        f"{material.properties_file(ADMIN_USER)}",
+    ]

@@ -16,7 +16,12 @@ from stream.acls import (
     render_kafka_acls,
     worker_permissions,
 )
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
+from stream.commands.connection import (
+    NO_SECURITY_OPTIONS,
+    SecurityOptions,
+    connection_from_options,
+    connection_options,
+)
 from stream.commands.options import Bootstrap, DeadLetterTopic, InputTopic, OutputTopic, fail
 
 __all__ = ["acls_app", "register"]

@@ -88,6 +88,14 @@ def start(
             help="Extra server.properties entry; repeatable. E.g. --override num.partitions=3",
         ),
     ] = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="SASL_SSL instead of PLAINTEXT: a local CA and broker certificate, SCRAM users admin (super "
+            "user) and worker, ACLs on. Fixed when --data-dir is first formatted. See docs/security.md.",
+        ),
+    ] = False,
 ) -> None:
     """Start the broker in the background; print its bootstrap address (127.0.0.1:PORT) on stdout.
 
@@ -103,12 +111,20 @@ def start(
         overrides = dict(parse_override(item) for item in override or [])
     except ValueError as exc:
         fail(str(exc), 2)
-    broker = LocalBroker(port=port, data_dir=data_dir, overrides=overrides, progress=_stderr)
+    broker = LocalBroker(port=port, data_dir=data_dir, overrides=overrides, progress=_stderr, secure=secure)
     with _one_line_errors():
         before = broker.status()
+        if before.running and before.secure != secure:
+            raise BrokerConfigError(f"the broker running from {broker.data_dir} is "
+                                    f"{'secured' if before.secure else 'PLAINTEXT'}: stop it first")
         bootstrap = broker.start(timeout=timeout)
     if before.running:
         _stderr(f"already running (pid {before.pid}) from {broker.data_dir}")
+    if secure:
+        from stream.broker.secure import describe_secure_broker
+
+        for line in describe_secure_broker(broker.material(), bootstrap):
+            _stderr(line)
     print(bootstrap, flush=True)
 
 
@@ -146,7 +162,7 @@ def status(data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
     result = LocalBroker(data_dir=data_dir).status()
     if result.running:
         print(f"running pid={result.pid} bootstrap={result.bootstrap} data_dir={result.data_dir} "
-              f"log={result.log_path}")  # fmt: skip
+              f"log={result.log_path}" + (" security=SASL_SSL" if result.secure else ""))  # fmt: skip
         return
     print(f"stopped data_dir={result.data_dir}")
     raise typer.Exit(EXIT_NOT_RUNNING)

@@ -89,7 +89,7 @@ _PARAMETERS: list[tuple[str, Any]] = [
         "sasl.mechanism, sasl.jaas.config, sasl.username, sasl.password.file, ssl.cafile / ssl.truststore.location "
         "(PEM), ...). Flags and env vars override it.")]),
     ("security_protocol", Annotated[str | None, _opt(
-        "--security-protocol", "protocol", f"{', '.join(SECURITY_PROTOCOLS)} [default: PLAINTEXT]")]),
+        "--security-protocol", "protocol", f"{', '.join(SECURITY_PROTOCOLS)} (default: PLAINTEXT)")]),
     ("sasl_mechanism", Annotated[str | None, _opt(
         "--sasl-mechanism", "sasl_mechanism", f"{', '.join(SASL_MECHANISMS)}.")]),
     ("sasl_username", Annotated[str | None, _opt("--sasl-username", "sasl_username", "SASL user name.")]),
@@ -102,8 +102,8 @@ _PARAMETERS: list[tuple[str, Any]] = [
         "--sasl-oauth-token-file", "sasl_oauth_token_file", "OAUTHBEARER: file holding the token; read at every "
         "login, so a sidecar may refresh it.")]),
     ("ssl_cafile", Annotated[Path | None, _opt(
-        "--ssl-cafile", "ssl_cafile", "PEM file of the CA(s) that signed the broker certificates [default: the "
-        "system CAs].")]),
+        "--ssl-cafile", "ssl_cafile", "PEM file of the CA(s) that signed the broker certificates (default: the "
+        "system CAs).")]),
     ("ssl_certfile", Annotated[Path | None, _opt(
         "--ssl-certfile", "ssl_certfile", "mTLS: PEM client certificate (chain).")]),
     ("ssl_keyfile", Annotated[Path | None, _opt("--ssl-keyfile", "ssl_keyfile", "mTLS: PEM client private key.")]),
@@ -111,14 +111,14 @@ _PARAMETERS: list[tuple[str, Any]] = [
         "--ssl-key-password-file", "ssl_key_password_file", "mTLS: file holding the password of an encrypted key.")]),
     ("ssl_check_hostname", Annotated[bool | None, _opt(
         "--ssl-check-hostname/--no-ssl-check-hostname", "ssl_check_hostname",
-        "Check that the broker certificate names the host connected to [default: check]. Turning it off "
+        "Check that the broker certificate names the host connected to (default: check). Turning it off "
         "allows a man in the middle.")]),
 ]
 
 
 def connection_options(func: F) -> F:
     """Add the security flags to a typer command; the command receives them as `security: SecurityOptions`."""
-    signature = inspect.signature(func)
+    signature = inspect.signature(func, eval_str=True)  # typer needs the Annotated objects, not strings
     if "security" not in signature.parameters:
         raise TypeError(f"{func.__name__} needs a `security: SecurityOptions = NO_SECURITY_OPTIONS` parameter")
     names = [name for name, _ in _PARAMETERS]

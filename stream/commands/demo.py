@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from stream.clients import BrokerUnreachable, Connection, probe
-from stream.commands.options import Bootstrap, fail, resolve_bootstrap
+from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
+from stream.commands.options import Bootstrap
 from stream.config import TopicNames, WorkerConfig
 from stream.logs import configure_logging
 from stream.producer import RolloutProducer
@@ -46,6 +46,7 @@ def _accounted(expected: Expected, worker: Worker) -> bool:
             and st.duplicates == expected.duplicates and worker.store.open_count() == 0)
 
 
+@connection_options
 def demo(
     bootstrap_servers: Bootstrap = None,
     groups: Annotated[int, typer.Option(help="Prompt groups to send.")] = 300,
@@ -54,14 +55,11 @@ def demo(
     fault_rate: Annotated[float, typer.Option(help="Per-group probability of each kind of fault.")] = 0.03,
     rate: Annotated[float, typer.Option(help="Samples per second sent by the synthetic producer.")] = 1000.0,
     group_timeout: Annotated[float, typer.Option(help="Worker --group-timeout in seconds.")] = 5.0,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Start the local broker, the worker and a synthetic producer; show live progress and a final summary."""
     console = Console(stderr=True)
-    conn = Connection(resolve_bootstrap(bootstrap_servers))
-    try:
-        probe(conn)
-    except BrokerUnreachable as exc:
-        fail(str(exc), 1)
+    conn = connection_from_options(bootstrap_servers, security)
     tag = uuid.uuid4().hex[:6]
     topics = TopicNames(f"demo-{tag}-rollouts", f"demo-{tag}-train-data", f"demo-{tag}-rollouts-dlq")
     ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
@@ -82,7 +80,7 @@ def demo(
     started = time.monotonic()
     try:
         with Live(_table(expected, worker, sent, "rollout-stream demo: sending"), console=console,
-                  refresh_per_second=4) as live, RolloutProducer(conn.bootstrap_servers, topic=topics.input) as producer:
+                  refresh_per_second=4) as live, RolloutProducer(conn, topic=topics.input) as producer:
             for records, exp in plan_groups(plan, groups):
                 for r in records:
                     limiter.wait()

@@ -13,52 +13,96 @@ from kafka.errors import KafkaError
 from rich.console import Console
 
 from codec import DeadLetterReason
-from stream.clients import BrokerUnreachable, Connection, make_consumer, probe
-from stream.commands.options import Bootstrap, DeadLetterTopic, fail, resolve_bootstrap
+from stream.clients import Connection, make_consumer
+from stream.commands.connection import (
+    NO_SECURITY_OPTIONS,
+    SecurityOptions,
+    connection_from_options,
+    connection_options,
+)
+from stream.commands.options import Bootstrap, DeadLetterTopic, fail
 from stream.dlq.inspect import RecordNotFound, compare_rewards, decode_value, fetch_record, group_members
-from stream.dlq.render import json_line, list_table, replay_document, replay_view, show_document, show_view, stats_view
+from stream.dlq.render import (
+    json_line,
+    list_table,
+    replay_document,
+    replay_view,
+    show_document,
+    show_view,
+    stats_view,
+)
 from stream.dlq.replay import ReplayFailed, ReplayOptions, run_replay
 from stream.dlq.scan import DeadLetterScanner, ScanStalled, TopicMissing
 from stream.dlq.selection import Selection, SelectionError, parse_coordinates
 from stream.dlq.stats import DeadLetterStats
 
 dlq_app = typer.Typer(
-    help="Inspect the dead-letter topic (stats, list, show) and replay refused records once the cause is fixed.",
+    help="Inspect the dead-letter topic (stats, list, show); replay refused records once the cause is fixed.",
     no_args_is_help=True,
 )
 
 _REASONS = ", ".join(r.value for r in DeadLetterReason)
-Reason = Annotated[list[str] | None, typer.Option("--reason", help=f"Only this reason (repeatable): {_REASONS}.",
-                                                  show_default=False)]
-GroupKey = Annotated[list[str] | None, typer.Option("--group", help="Only this group key, e.g. run-7/42 (repeatable; "
-                                                    "glob patterns like 'run-7/*' allowed).", show_default=False)]
-Since = Annotated[str | None, typer.Option(help="Only records dead-lettered at or after this time: ISO 8601 "
-                                           "(2024-05-01T12:00:00Z; UTC when no zone) or a duration ago (15m, 2h, 7d).",
-                                           show_default=False)]
-Until = Annotated[str | None, typer.Option(help="Only records dead-lettered at or before this time (same forms as "
-                                           "--since).", show_default=False)]
-Json = Annotated[bool, typer.Option("--json", help="Machine-readable output (JSON; `list` prints JSON lines).")]
-ShowProgress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar on stderr "
-                                                   "(default: on a terminal, for scans of 10,000+ records).",
-                                                   show_default=False)]
+Reason = Annotated[
+    list[str] | None,
+    typer.Option("--reason", help=f"Only this reason (repeatable): {_REASONS}.", show_default=False),
+]
+GroupKey = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--group",
+        help="Only this group key, e.g. run-7/42 (repeatable; glob patterns like 'run-7/*' allowed).",
+        show_default=False,
+    ),
+]
+Since = Annotated[
+    str | None,
+    typer.Option(
+        help="Only records dead-lettered at or after this time: ISO 8601 "
+        "(2024-05-01T12:00:00Z; UTC when no zone) or a duration ago (15m, 2h, 7d).",
+        show_default=False,
+    ),
+]
+Until = Annotated[
+    str | None,
+    typer.Option(
+        help="Only records dead-lettered at or before this time (same forms as --since).", show_default=False
+    ),
+]
+Json = Annotated[
+    bool, typer.Option("--json", help="Machine-readable output (JSON; `list` prints JSON lines).")
+]
+ShowProgress = Annotated[
+    bool | None,
+    typer.Option(
+        "--progress/--no-progress",
+        help="Progress bar on stderr (default: on a terminal, for scans of 10,000+ records).",
+        show_default=False,
+    ),
+]
 
 
-def _selection(reason: list[str] | None, group: list[str] | None, since: str | None, until: str | None,
-               limit: int | None = None) -> Selection:
+def _selection(
+    reason: list[str] | None,
+    group: list[str] | None,
+    since: str | None,
+    until: str | None,
+    limit: int | None = None,
+) -> Selection:
     try:
-        return Selection.build(reasons=reason or (), groups=group or (), since=since, until=until, limit=limit,
-                               now_ms=int(time.time() * 1000))
+        return Selection.build(
+            reasons=reason or (),
+            groups=group or (),
+            since=since,
+            until=until,
+            limit=limit,
+            now_ms=int(time.time() * 1000),
+        )
     except SelectionError as exc:
         fail(str(exc))
 
 
-def _connect(bootstrap_servers: str | None) -> Connection:
-    conn = Connection(resolve_bootstrap(bootstrap_servers), client_id="rollout-stream-dlq")
-    try:
-        probe(conn)
-    except BrokerUnreachable as exc:
-        fail(f"{exc}; is the broker running?", 1)
-    return conn
+def _connect(bootstrap_servers: str | None, security: SecurityOptions) -> Connection:
+    return connection_from_options(bootstrap_servers, security, client_id="rollout-stream-dlq")
 
 
 @contextmanager
@@ -78,6 +122,7 @@ def _scanner(conn: Connection, topic: str, progress: bool | None) -> Iterator[De
 
 
 @dlq_app.command("stats")
+@connection_options
 def stats(
     bootstrap_servers: Bootstrap = None,
     dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
@@ -88,10 +133,11 @@ def stats(
     top: Annotated[int, typer.Option(min=0, help="How many of the groups with most records to show.")] = 10,
     json_out: Json = False,
     progress: ShowProgress = None,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
-    """Counts by reason, the groups with most records, oldest and newest dead-letter, per-partition offset ranges."""
+    """Counts by reason, top groups, oldest and newest dead-letter, per-partition offset ranges."""
     selection = _selection(reason, group, since, until)
-    conn = _connect(bootstrap_servers)
+    conn = _connect(bootstrap_servers, security)
     with _scanner(conn, dead_letter_topic, progress) as scanner:
         plan = scanner.plan(since_ms=selection.since_ms)
         aggregate = DeadLetterStats(top_capacity=max(10_000, 100 * top))
@@ -106,6 +152,7 @@ def stats(
 
 
 @dlq_app.command("list")
+@connection_options
 def list_(
     bootstrap_servers: Bootstrap = None,
     dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
@@ -113,13 +160,16 @@ def list_(
     group: GroupKey = None,
     since: Since = None,
     until: Until = None,
-    limit: Annotated[int, typer.Option(min=0, help="At most this many records (0: all; --json streams them).")] = 50,
+    limit: Annotated[
+        int, typer.Option(min=0, help="At most this many records (0: all; --json streams them).")
+    ] = 50,
     json_out: Json = False,
     progress: ShowProgress = None,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """One row per record, by partition then offset: coordinates, time, reason, group, rollout, message."""
     selection = _selection(reason, group, since, until, limit)
-    conn = _connect(bootstrap_servers)
+    conn = _connect(bootstrap_servers, security)
     console = Console()
     rows: list[dict[str, Any]] = []
     shown = 0
@@ -142,34 +192,59 @@ def list_(
         if rows or not shown:
             console.print(list_table(rows, console.width))
         more = " (--limit reached)" if selection.limit is not None and shown >= selection.limit else ""
-        console.print(f"{shown} record(s) of {dead_letter_topic}, {selection.describe()}{more}", highlight=False)
+        console.print(
+            f"{shown} record(s) of {dead_letter_topic}, {selection.describe()}{more}", highlight=False
+        )
 
 
 @dlq_app.command("show")
+@connection_options
 def show(
-    coordinates: Annotated[str, typer.Argument(help="PARTITION:OFFSET of the record in the dead-letter topic "
-                                               "(the first column of `dlq list`).", show_default=False)],
+    coordinates: Annotated[
+        str,
+        typer.Argument(
+            help="PARTITION:OFFSET of the record in the dead-letter topic (the first column of `dlq list`).",
+            show_default=False,
+        ),
+    ],
     bootstrap_servers: Bootstrap = None,
     dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
-    context: Annotated[int, typer.Option(min=0, help="Offsets searched on each side for the rest of the record's "
-                                         "group (a group is dead-lettered in one go).")] = 1000,
-    reward_key: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_REWARD_KEY", help="Compare reward[KEY] "
-                                                   "when rewards are mappings (as the worker's --reward-key).",
-                                                   show_default=False)] = None,
+    context: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Offsets searched on each side for the rest of the record's "
+            "group (a group is dead-lettered in one go).",
+        ),
+    ] = 1000,
+    reward_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ROLLOUT_STREAM_REWARD_KEY",
+            help="Compare reward[KEY] when rewards are mappings (as the worker's --reward-key).",
+            show_default=False,
+        ),
+    ] = None,
     json_out: Json = False,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
-    """Every header, the decoded sample (hex preview when it does not decode), and for shared_reward_violation the group's sibling rewards side by side."""
+    """All headers, the decoded sample (or a hex preview), and the group's sibling rewards side by side."""
     try:
         partition, offset = parse_coordinates(coordinates)
     except SelectionError as exc:
         fail(str(exc))
-    conn = _connect(bootstrap_servers)
+    conn = _connect(bootstrap_servers, security)
     with _scanner(conn, dead_letter_topic, False) as scanner:
         record = fetch_record(scanner, partition, offset)
         decoded = decode_value(record.value)
-        members = group_members(scanner, record, context) if record.reason != DeadLetterReason.DECODE_ERROR else []
-    rewards = (compare_rewards(members, reward_key)
-               if record.reason == DeadLetterReason.SHARED_REWARD_VIOLATION else None)
+        members = (
+            group_members(scanner, record, context) if record.reason != DeadLetterReason.DECODE_ERROR else []
+        )
+    rewards = (
+        compare_rewards(members, reward_key)
+        if record.reason == DeadLetterReason.SHARED_REWARD_VIOLATION
+        else None
+    )
     doc = show_document(record, decoded, members, rewards)
     if json_out:
         print(json_line(doc))
@@ -178,6 +253,7 @@ def show(
 
 
 @dlq_app.command("replay")
+@connection_options
 def replay_(
     bootstrap_servers: Bootstrap = None,
     dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
@@ -185,34 +261,56 @@ def replay_(
     group: GroupKey = None,
     since: Since = None,
     until: Until = None,
-    limit: Annotated[int, typer.Option(min=0, help="At most this many records this run (0: all); the next "
-                                       "identical run continues after them.")] = 0,
-    to: Annotated[str | None, typer.Option(help="Publish to this topic instead of each record's original topic.",
-                                           show_default=False)] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be replayed; write nothing.")] = False,
+    limit: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="At most this many records this run (0: all); the next identical run continues after them.",
+        ),
+    ] = 0,
+    to: Annotated[
+        str | None,
+        typer.Option(
+            help="Publish to this topic instead of each record's original topic.", show_default=False
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be replayed; write nothing.")
+    ] = False,
     rate: Annotated[float, typer.Option(min=0.0, help="Records per second at most (0: unlimited).")] = 100.0,
-    max_replays: Annotated[int, typer.Option(min=1, help="Refuse records already replayed this many times "
-                                             "(their x-replay-count).")] = 3,
-    rows: Annotated[int, typer.Option(min=0, help="Records listed in the table (the summary counts all).")] = 50,
+    max_replays: Annotated[
+        int,
+        typer.Option(min=1, help="Refuse records already replayed this many times (their x-replay-count)."),
+    ] = 3,
+    rows: Annotated[
+        int, typer.Option(min=0, help="Records listed in the table (the summary counts all).")
+    ] = 50,
     json_out: Json = False,
     progress: ShowProgress = None,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Re-publish selected records (original key and value bytes, lineage headers) to their original topic.
 
-    Idempotent: each selection (topic, --to and filters as typed) has a cursor, a consumer group named rollout-stream-replay-<hash>, moved in the same Kafka transaction as the records it replays, so an identical second run publishes only records dead-lettered since. See docs/dlq.md.
+    Idempotent: a cursor per selection (consumer group rollout-stream-replay-<hash>) moves in the same
+    transaction as the records it replays; an identical second run publishes nothing twice. See docs/dlq.md.
     """
     selection = _selection(reason, group, since, until, limit or None)
     if to is not None and to == dead_letter_topic:
         fail("--to must not be the dead-letter topic itself")
-    conn = _connect(bootstrap_servers)
-    options = ReplayOptions(dead_letter_topic, selection, to=to, max_replays=max_replays, rate=rate, dry_run=dry_run)
+    conn = _connect(bootstrap_servers, security)
+    options = ReplayOptions(
+        dead_letter_topic, selection, to=to, max_replays=max_replays, rate=rate, dry_run=dry_run
+    )
     try:
         report = run_replay(conn, options, progress=progress)
     except (TopicMissing, ScanStalled, ReplayFailed) as exc:
         fail(str(exc), 1)
     except KafkaError as exc:
-        fail(f"Kafka error on {conn.bootstrap_servers}: {type(exc).__name__}: {exc}; the open transaction was "
-             f"aborted and the cursor did not move past unpublished records", 1)
+        fail(
+            f"Kafka error on {conn.bootstrap_servers}: {type(exc).__name__}: {exc}; the open transaction was "
+            f"aborted and the cursor did not move past unpublished records",
+            1,
+        )
     doc = replay_document(report)
     if json_out:
         print(json_line(doc))

@@ -7,10 +7,11 @@ import signal
 from typing import Annotated
 
 import typer
-from kafka.errors import KafkaError
+from kafka.errors import AuthorizationError, KafkaError
 
-from stream.clients import BrokerUnreachable, Connection, probe
-from stream.commands.options import Bootstrap, DeadLetterTopic, GroupSize, InputTopic, OutputTopic, fail, resolve_bootstrap
+from stream.acls import AccessDenied, check_worker_access, explain_denial
+from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
+from stream.commands.options import Bootstrap, DeadLetterTopic, GroupSize, InputTopic, OutputTopic, fail
 from stream.config import ConfigError, TopicNames, WorkerConfig, parse_zero_variance
 from stream.logs import configure_logging, log_event
 from stream.topics import TopicSettings, ensure_topics
@@ -20,6 +21,7 @@ from stream.worker import ProduceFailed, Worker
 log = logging.getLogger("rollout_stream.run")
 
 
+@connection_options
 def run(
     bootstrap_servers: Bootstrap = None,
     input_topic: InputTopic = "rollouts",
@@ -86,6 +88,7 @@ def run(
     log_format: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_FORMAT", help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_LEVEL", help="debug, info, warning.")]
     = "info",
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Run the stream worker: window rollouts by prompt group, check shared rewards, publish or dead-letter.
 
@@ -124,9 +127,13 @@ def run(
     if partitions < 1:
         fail(f"--partitions must be at least 1, got {partitions}")
     configure_logging(log_format, log_level)
-    conn = Connection(resolve_bootstrap(config.bootstrap_servers))
+    conn = connection_from_options(config.bootstrap_servers, security)
+    if conn.security.protocol != "PLAINTEXT":
+        try:  # every missing ACL named now, before anything is read or written
+            check_worker_access(conn, config)
+        except AccessDenied as exc:
+            fail(str(exc), 2)
     try:
-        probe(conn)
         created = ensure_topics(
             conn,
             data_topics=[config.topics.input, config.topics.output]
@@ -134,8 +141,8 @@ def run(
             dead_letter_topics=[config.topics.dead_letter],
             settings=TopicSettings(partitions=partitions),
         )
-    except BrokerUnreachable as exc:
-        fail(f"{exc}; is the broker running?", 1)
+    except AuthorizationError as exc:
+        fail(explain_denial(exc, conn, config) or str(exc), 2)
     except KafkaError as exc:
         fail(f"cannot set up topics on {conn.bootstrap_servers}: {type(exc).__name__}: {exc}", 1)
     if created:
@@ -154,6 +161,8 @@ def run(
         fail(str(exc), 2)
     except ProduceFailed as exc:
         fail(f"stopping without committing past an unpublished record: {exc}", 1)
+    except AuthorizationError as exc:
+        fail(explain_denial(exc, conn, config) or str(exc), 2)
     except KafkaError as exc:
         fail(f"Kafka error: {type(exc).__name__}: {exc}", 1)
 

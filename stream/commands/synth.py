@@ -8,14 +8,15 @@ from typing import Annotated
 
 import typer
 
-from stream.clients import BrokerUnreachable, Connection, probe
-from stream.commands.options import Bootstrap, GroupSize, InputTopic, fail, resolve_bootstrap
+from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
+from stream.commands.options import Bootstrap, GroupSize, InputTopic, fail
 from stream.producer import RolloutProducer
 from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, default_run_id, plan_groups
 
 Rate = Annotated[float, typer.Option(min=0.0, max=1.0)]
 
 
+@connection_options
 def synth(
     bootstrap_servers: Bootstrap = None,
     input_topic: InputTopic = "rollouts",
@@ -39,6 +40,7 @@ def synth(
                                                show_default=False)] = None,
     start_index: Annotated[int, typer.Option(help="First group_index.")] = 0,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same records).")] = 0,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Send synthetic rollout groups, with per-group probabilities of every dead-letter cause.
 
@@ -54,14 +56,10 @@ def synth(
         fail("--groups must be >= 0; --tokens, --max-siblings and --group-size >= 1")
     plan = SynthPlan(group_size=group_size or 4, max_siblings=max_siblings, tokens=tokens, faults=faults, seed=seed,
                      run_id=run_id or default_run_id(), write_group_size=not omit_group_size)
-    conn = Connection(resolve_bootstrap(bootstrap_servers))
-    try:
-        probe(conn)
-    except BrokerUnreachable as exc:
-        fail(str(exc), 1)
+    conn = connection_from_options(bootstrap_servers, security)
     total = Expected()
     limiter = RateLimiter(rate)
-    with RolloutProducer(conn.bootstrap_servers, topic=input_topic) as producer:
+    with RolloutProducer(conn, topic=input_topic) as producer:
         for i, (records, expected) in enumerate(plan_groups(plan, groups, start_index)):
             for rec in records:
                 limiter.wait()

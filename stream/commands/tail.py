@@ -1,4 +1,4 @@
-"""`rollout-stream tail`: follow the train-data topic one prompt group at a time, as a person wants to see it."""
+"""`rollout-stream tail`: follow the train-data topic one prompt group at a time, as a person reads it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,13 @@ from rich.text import Text
 
 from codec import TrainSample
 from core.validate import rollout_key
-from stream.clients import BrokerUnreachable, Connection, probe
-from stream.commands.options import Bootstrap, OutputTopic, fail, resolve_bootstrap
+from stream.commands.connection import (
+    NO_SECURITY_OPTIONS,
+    SecurityOptions,
+    connection_from_options,
+    connection_options,
+)
+from stream.commands.options import Bootstrap, OutputTopic
 
 if TYPE_CHECKING:
     from stream.reader import GroupInfo
@@ -69,28 +74,29 @@ def group_block(info: GroupInfo, samples: Sequence[TrainSample]) -> Panel:
                 ",".join(sample.weight_versions) or "-",
                 sample.status + (" (removed)" if sample.remove_sample else ""),
             )
+    oldest = info.oldest_weight_version
     stats = Text.assemble(
         (f"{info.rollouts} rollouts, {info.samples} samples", "bold"),
         f"   mean {info.mean:.4f}  std {info.std:.4f}",
         ("   zero variance" if info.zero_variance else "", "yellow"),
-        f"   oldest weight version {info.oldest_weight_version if info.oldest_weight_version is not None else '-'}",
+        f"   oldest weight version {oldest if oldest is not None else '-'}",
     )
     where = f"partition {info.partition}, offsets {info.first_offset}–{info.last_offset}"
     return Panel(Group(stats, table), title=f"[bold]group {info.key}[/]", subtitle=where, title_align="left",
                  subtitle_align="right")
 
 
+@connection_options
 def tail(
     bootstrap_servers: Bootstrap = None,
     output_topic: OutputTopic = "train-data",
-    from_beginning: Annotated[bool, typer.Option("--from-beginning",
-                                                 help="Start at the oldest record (default: only new groups).")]
-    = False,
-    groups: Annotated[int | None, typer.Option("--groups", min=1, show_default=False,
-                                               help="Stop after N groups (default: follow until Ctrl-C).")]
-    = None,
-    partition_idle_ms: Annotated[int, typer.Option(help="Wait this long for an empty partition before showing "
-                                                   "a group out of order.")] = 1000,
+    from_beginning: Annotated[bool, typer.Option(
+        "--from-beginning", help="Start at the oldest record (default: only new groups).")] = False,
+    groups: Annotated[int | None, typer.Option(
+        "--groups", min=1, show_default=False, help="Stop after N groups (default: until Ctrl-C).")] = None,
+    partition_idle_ms: Annotated[int, typer.Option(
+        help="Wait this long for an empty partition before showing a group out of order.")] = 1000,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Follow train-data: one block per prompt group, each rollout's raw → processed reward, siblings grouped.
 
@@ -99,13 +105,9 @@ def tail(
     from stream.reader import TrainDataReader  # imports torch: only when tail runs, not for every command
 
     console = Console()
-    conn = Connection(resolve_bootstrap(bootstrap_servers))
-    try:
-        probe(conn)
-    except BrokerUnreachable as exc:
-        fail(str(exc), 1)
+    conn = connection_from_options(bootstrap_servers, security)
     shown = 0
-    reader = TrainDataReader(conn.bootstrap_servers, output_topic, f"rollout-stream-tail-{uuid.uuid4().hex[:8]}",
+    reader = TrainDataReader(conn, output_topic, f"rollout-stream-tail-{uuid.uuid4().hex[:8]}",
                              groups_per_batch=1, start="earliest" if from_beginning else "latest",
                              partition_idle_ms=partition_idle_ms)
     try:
@@ -126,7 +128,8 @@ def tail(
                                                (st.duplicate_groups, "duplicate groups"),
                                                (st.decode_errors, "undecodable records")) if n]
         console.file.flush()
-        Console(stderr=True).print(f"{shown} group(s) shown" + (f"; dropped {', '.join(extra)}" if extra else ""))
+        dropped = f"; dropped {', '.join(extra)}" if extra else ""
+        Console(stderr=True).print(f"{shown} group(s) shown{dropped}")
 
 
 def register(app: typer.Typer) -> None:

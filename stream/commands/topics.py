@@ -7,14 +7,16 @@ from typing import Annotated
 import typer
 from kafka.errors import KafkaError
 
-from stream.clients import BrokerUnreachable, Connection, probe
-from stream.commands.options import Bootstrap, DeadLetterTopic, InputTopic, OutputTopic, fail, resolve_bootstrap
-from stream.topics import TopicSettings, ensure_topics
+from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
+from stream.commands.options import Bootstrap, DeadLetterTopic, InputTopic, OutputTopic, fail
+from stream.topics import TopicMismatch, TopicSettings, ensure_changelog, ensure_topics
+from stream.worker import changelog_topic_name
 
 topics_app = typer.Typer(help="Manage the stage's Kafka topics.", no_args_is_help=True)
 
 
 @topics_app.command("create")
+@connection_options
 def create(
     bootstrap_servers: Bootstrap = None,
     input_topic: InputTopic = "rollouts",
@@ -26,19 +28,25 @@ def create(
     dead_letter_retention_days: Annotated[float, typer.Option(help="retention.ms of the dead-letter topic.")] = 90.0,
     extra_topic: Annotated[list[str] | None, typer.Option(help="Another data topic to create (repeatable), e.g. a "
                                                           "--zero-variance route target.")] = None,
+    changelog_group_id: Annotated[str | None, typer.Option(help="Also create the window changelog topic of this "
+                                                         "worker group (--delivery exactly-once), so the worker "
+                                                         "needs no CREATE permission.", show_default=False)] = None,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Create the rollout, train-data and dead-letter topics (existing topics are left unchanged)."""
     if partitions < 1 or replication_factor < 1 or max_message_mib < 1 or dead_letter_retention_days <= 0:
         fail("--partitions, --replication-factor, --max-message-mib and --dead-letter-retention-days must be positive")
-    conn = Connection(resolve_bootstrap(bootstrap_servers))
+    conn = connection_from_options(bootstrap_servers, security)
     settings = TopicSettings(partitions, replication_factor, max_message_mib * 1024 * 1024,
                              int(dead_letter_retention_days * 24 * 3600 * 1000))
     try:
-        probe(conn)
         created = ensure_topics(conn, data_topics=[input_topic, output_topic, *(extra_topic or [])],
                                 dead_letter_topics=[dead_letter_topic], settings=settings)
-    except BrokerUnreachable as exc:
-        fail(str(exc), 1)
+        if changelog_group_id:
+            changelog = changelog_topic_name(changelog_group_id, input_topic)
+            print(f"{changelog}: {'created' if ensure_changelog(conn, changelog, partitions) else 'exists'}")
+    except TopicMismatch as exc:
+        fail(str(exc), 2)
     except KafkaError as exc:
         fail(f"{type(exc).__name__}: {exc}", 1)
     for name in [input_topic, output_topic, *(extra_topic or []), dead_letter_topic]:

@@ -5,5 +5,13 @@ from stream.dlq.replay import ReplayOptions, ReplayReport, run_replay
 from stream.dlq.scan import DeadLetterScanner, ScanPlan
 from stream.dlq.selection import Selection
 
-__all__ = ["DeadLetterRecord", "DeadLetterScanner", "ReplayOptions", "ReplayReport", "ScanPlan", "Selection",
-           "parse_record", "run_replay"]
+__all__ = [
+    "DeadLetterRecord",
+    "DeadLetterScanner",
+    "ReplayOptions",
+    "ReplayReport",
+    "ScanPlan",
+    "Selection",
+    "parse_record",
+    "run_replay",
+]

@@ -1,4 +1,4 @@
-"""Durable replay progress: a consumer group per replay selection whose committed offsets mark what was replayed.
+"""Durable replay progress: a consumer group per selection whose committed offsets mark what was replayed.
 
 The offsets are committed by the replaying transactional producer (`send_offsets_to_transaction`), so a
 record's replay and the cursor moving past it are one atomic step (docs/dlq.md, "Idempotent replay").
@@ -52,7 +52,11 @@ class CursorState:
             doc = json.loads(metadata or "")
         except ValueError:
             return None
-        if not isinstance(doc, dict) or doc.get("state") not in ("running", "done") or not doc.get("replay_id"):
+        if (
+            not isinstance(doc, dict)
+            or doc.get("state") not in ("running", "done")
+            or not doc.get("replay_id")
+        ):
             return None
         return cls(str(doc["replay_id"]), doc["state"], str(doc.get("selection", "")))
 

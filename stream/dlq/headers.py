@@ -1,4 +1,4 @@
-"""Header names of dead-letter records and of replayed records: the contract between `dlq replay` and the worker.
+"""Header names of dead-letter and replayed records: the contract between `dlq replay` and the worker.
 
 The dead-letter headers are written by stream/outputs.py (SPEC §4.4); the replay headers are written by
 `dlq replay` and read by the worker to window a replayed group apart from its original (docs/dlq.md).
@@ -54,7 +54,7 @@ REPLAY_HEADERS = (REPLAY_ID, REPLAY_COUNT, REPLAYED_FROM)
 
 
 def header_map(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, str]:
-    """Header values as text (last one wins on repeats); bytes that are not UTF-8 are escaped, never dropped."""
+    """Header values as text (last one wins on repeats); bytes that are not UTF-8 are escaped, not dropped."""
     out: dict[str, str] = {}
     for name, value in headers or ():
         out[name] = (value or b"").decode("utf-8", "backslashreplace")

@@ -22,8 +22,14 @@ __all__ = [
 ]
 
 # Reasons whose records were dead-lettered as a whole group, so the group's other members are nearby.
-GROUP_REASONS = frozenset({DeadLetterReason.INVALID_SAMPLE, DeadLetterReason.SHARED_REWARD_VIOLATION,
-                           DeadLetterReason.CONFLICTING_DUPLICATE, DeadLetterReason.INCOMPLETE_GROUP})
+GROUP_REASONS = frozenset(
+    {
+        DeadLetterReason.INVALID_SAMPLE,
+        DeadLetterReason.SHARED_REWARD_VIOLATION,
+        DeadLetterReason.CONFLICTING_DUPLICATE,
+        DeadLetterReason.INCOMPLETE_GROUP,
+    }
+)
 
 
 class RecordNotFound(LookupError):
@@ -42,21 +48,27 @@ def fetch_record(scanner: DeadLetterScanner, partition: int, offset: int) -> Dea
     for record in scanner.records(one):
         if record.offset == offset:
             return record
-    raise RecordNotFound(f"no record at {scanner.topic}:{partition}:{offset} (a transaction marker or aborted record)")
+    raise RecordNotFound(
+        f"no record at {scanner.topic}:{partition}:{offset} (a transaction marker or aborted record)"
+    )
 
 
 def group_members(
     scanner: DeadLetterScanner, record: DeadLetterRecord, context: int
 ) -> list[tuple[DeadLetterRecord, SampleHead | None]]:
-    """Records of the same group and reason within `context` offsets of `record` (a group is written together)."""
+    """Records of the same group and reason within `context` offsets of `record` (written together)."""
     group = record.group
     if group is None:
         return []
     p = record.partition
-    plan = scanner.plan(partitions=[p], starts={p: max(0, record.offset - context)},
-                        stops={p: record.offset + context + 1})
-    return [(r, sample_head(r.value)) for r in scanner.records(plan)
-            if r.group == group and r.reason == record.reason]
+    plan = scanner.plan(
+        partitions=[p], starts={p: max(0, record.offset - context)}, stops={p: record.offset + context + 1}
+    )
+    return [
+        (r, sample_head(r.value))
+        for r in scanner.records(plan)
+        if r.group == group and r.reason == record.reason
+    ]
 
 
 def decode_value(value: bytes | None) -> Sample | DecodeError:
@@ -143,11 +155,15 @@ def compare_rewards(
             continue
         rollout = head.rollout if head.rollout is not None else f"row {record.coordinates}"
         by_rollout.setdefault(rollout, []).append(
-            (head.sibling_index, _selected(head.reward, reward_key), record.coordinates, head.sibling_count))
+            (head.sibling_index, _selected(head.reward, reward_key), record.coordinates, head.sibling_count)
+        )
     rows = []
     for rollout, sibs in by_rollout.items():
         sibs.sort(key=lambda s: s[0])
         distinct = {repr(s[1]) for s in sibs}
-        rows.append(RolloutRewards(rollout, max(s[3] for s in sibs), tuple((s[0], s[1], s[2]) for s in sibs),
-                                   len(distinct) <= 1))
+        rows.append(
+            RolloutRewards(
+                rollout, max(s[3] for s in sibs), tuple((s[0], s[1], s[2]) for s in sibs), len(distinct) <= 1
+            )
+        )
     return rows

@@ -30,7 +30,7 @@ class ReplayAction:
 def replay_headers(record: DeadLetterRecord, replay_id: str) -> tuple[tuple[str, bytes], ...]:
     """The record's headers without the failure headers, plus lineage (docs/dlq.md, "Replay contract").
 
-    Kept in order: x-original-topic/partition/offset/timestamp, x-failed-at and every producer header. Replaced:
+    Kept in order: x-original-topic/partition/offset/timestamp, x-failed-at, every producer header. Replaced:
     x-replay-id, x-replay-count (previous + 1) and x-replayed-from (`topic:partition:offset` in the DLQ).
     """
     kept = tuple((k, v) for k, v in record.headers if k not in _DROPPED)
@@ -44,9 +44,11 @@ def replay_headers(record: DeadLetterRecord, replay_id: str) -> tuple[tuple[str,
 def decide(record: DeadLetterRecord, *, to: str | None, max_replays: int, replay_id: str) -> ReplayAction:
     """Replay to `to` (or the original topic) unless the record was replayed `max_replays` times already."""
     if record.replay_count >= max_replays:
-        return ReplayAction(record, None, refused=(
-            f"replayed {record.replay_count} times already (--max-replays {max_replays}); "
-            f"last replay {record.replay_id or '?'} from {record.replayed_from or '?'}"))
+        return ReplayAction(
+            record,
+            None,
+            refused=(f"replayed {record.replay_count} time(s) already (--max-replays {max_replays})"),
+        )
     topic = to or record.original_topic
     if topic is None:
         return ReplayAction(record, None, refused="no x-original-topic header: give --to TOPIC")

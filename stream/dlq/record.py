@@ -62,7 +62,11 @@ def parse_iso_ms(text: str) -> int | None:
 
 
 def iso_ms(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (
+        dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
 
 
 def _int(text: str | None) -> int | None:
@@ -133,8 +137,11 @@ class DeadLetterRecord:
             "rollout": head.rollout if head else None,
             "sibling_index": head.sibling_index if head else None,
             "message": self.message,
-            "original": (f"{self.original_topic}:{self.original_partition}:{self.original_offset}"
-                         if self.original_topic is not None else None),
+            "original": (
+                f"{self.original_topic}:{self.original_partition}:{self.original_offset}"
+                if self.original_topic is not None
+                else None
+            ),
             "replay_count": self.replay_count,
             "value_bytes": len(self.value) if self.value is not None else None,
         }

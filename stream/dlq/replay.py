@@ -84,8 +84,9 @@ class _Transaction:
             self.open, self.began, self.futures = True, time.monotonic(), []
 
     def due(self, opts: ReplayOptions) -> bool:
-        return self.open and (len(self.futures) >= opts.batch_records
-                              or time.monotonic() - self.began >= opts.batch_seconds)
+        return self.open and (
+            len(self.futures) >= opts.batch_records or time.monotonic() - self.began >= opts.batch_seconds
+        )
 
     def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata], group_id: str) -> None:
         """Flush, check every record was acknowledged, then commit records and cursor together."""
@@ -95,7 +96,8 @@ class _Transaction:
             if future.failed():
                 raise ReplayFailed(
                     f"replay of {action.record.topic}:{action.record.coordinates} to {action.topic} failed: "
-                    f"{type(future.exception).__name__}: {future.exception}")
+                    f"{type(future.exception).__name__}: {future.exception}"
+                )
         self.producer.send_offsets_to_transaction(offsets, group_id)
         self.producer.commit_transaction()
         self.open = False
@@ -106,13 +108,21 @@ class _Transaction:
             self.producer.abort_transaction()
 
 
-def _offsets(scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState) -> dict[TopicPartition, OffsetAndMetadata]:
+def _offsets(
+    scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState
+) -> dict[TopicPartition, OffsetAndMetadata]:
     meta = state.encode()
-    return {TopicPartition(plan.topic, r.partition): OffsetAndMetadata(scanner.positions.get(r.partition, r.start), meta, -1)
-            for r in plan.ranges}
+    return {
+        TopicPartition(plan.topic, r.partition): OffsetAndMetadata(
+            scanner.positions.get(r.partition, r.start), meta, -1
+        )
+        for r in plan.ranges
+    }
 
 
-def run_replay(conn: Connection, opts: ReplayOptions, *, progress: bool | None = None, console: Any = None) -> ReplayReport:
+def run_replay(
+    conn: Connection, opts: ReplayOptions, *, progress: bool | None = None, console: Any = None
+) -> ReplayReport:
     """Replay the selected records that this selection's cursor has not passed yet; see docs/dlq.md."""
     started = time.monotonic()
     cursor = cursor_name(opts.selection, opts.dead_letter_topic, opts.to)
@@ -131,7 +141,9 @@ def run_replay(conn: Connection, opts: ReplayOptions, *, progress: bool | None =
             kwargs["console"] = console
         scanner = DeadLetterScanner(consumer, opts.dead_letter_topic, **kwargs)
         parts = scanner.partitions()
-        committed = {p: consumer.committed(TopicPartition(opts.dead_letter_topic, p), metadata=True) for p in parts}
+        committed = {
+            p: consumer.committed(TopicPartition(opts.dead_letter_topic, p), metadata=True) for p in parts
+        }
         previous = resume_state(committed)
         replay_id = previous.replay_id if previous is not None else new_replay_id()
         report = ReplayReport(cursor, replay_id, previous is not None, opts.dry_run)
@@ -148,13 +160,16 @@ def run_replay(conn: Connection, opts: ReplayOptions, *, progress: bool | None =
                 if txn is not None and action.topic is not None:
                     limiter.wait()
                     txn.begin()
-                    future = txn.producer.send(action.topic, key=record.key, value=record.value,
-                                               headers=list(action.headers))
+                    future = txn.producer.send(
+                        action.topic, key=record.key, value=record.value, headers=list(action.headers)
+                    )
                     txn.futures.append((future, action))
                 if limit is not None and report.matched >= limit:
                     break
             # Move the cursor now and then even when nothing matches, so a long scan is not repeated.
-            if txn is not None and (txn.due(opts) or time.monotonic() - last_commit >= 10 * opts.batch_seconds):
+            if txn is not None and (
+                txn.due(opts) or time.monotonic() - last_commit >= 10 * opts.batch_seconds
+            ):
                 txn.commit(_offsets(scanner, plan, running), cursor)
                 report.transactions += 1
                 last_commit = time.monotonic()
@@ -169,7 +184,9 @@ def run_replay(conn: Connection, opts: ReplayOptions, *, progress: bool | None =
             try:
                 txn.abort()
             except Exception as abort_exc:  # the first error is the one to report; the next run fences anyway
-                exc.add_note(f"aborting the replay transaction failed too: {type(abort_exc).__name__}: {abort_exc}")
+                exc.add_note(
+                    f"aborting the replay transaction failed too: {type(abort_exc).__name__}: {abort_exc}"
+                )
         raise
     finally:
         consumer.close(autocommit=False)

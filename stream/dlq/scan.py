@@ -57,7 +57,7 @@ class ScanPlan:
 
 @dataclass
 class DeadLetterScanner:
-    """Reads one topic partition by partition, in offset order, from `start` to the `end` captured at plan time.
+    """Reads a topic partition by partition, in offset order, from `start` to the `end` captured at plan time.
 
     consumer: a kafka-python consumer from stream.clients.make_consumer (read_committed; never subscribed).
     progress: True/False, or None for "when stderr is a terminal and the scan is long".
@@ -97,7 +97,7 @@ class DeadLetterScanner:
         ends = self.consumer.end_offsets(tps)
         by_time: dict[TopicPartition, Any] = {}
         if since_ms is not None:
-            # The first offset with a timestamp >= since: every record before it is older (Kafka's time index).
+            # The first offset with a timestamp >= since: every record before it is older (time index).
             by_time = self.consumer.offsets_for_times({tp: max(0, since_ms) for tp in tps})
         ranges = []
         for tp in tps:
@@ -113,10 +113,20 @@ class DeadLetterScanner:
 
     def records(self, plan: ScanPlan) -> Iterator[DeadLetterRecord]:
         """Every record of the plan, partition by partition. `positions` says how far each partition got."""
-        show = self.progress if self.progress is not None else (
-            self.console.is_terminal and plan.total >= PROGRESS_THRESHOLD)
-        bar = Progress(TextColumn("[dim]scanning {task.fields[topic]}[/]"), BarColumn(), MofNCompleteColumn(),
-                       TimeRemainingColumn(), console=self.console, transient=True, disable=not show)
+        show = (
+            self.progress
+            if self.progress is not None
+            else (self.console.is_terminal and plan.total >= PROGRESS_THRESHOLD)
+        )
+        bar = Progress(
+            TextColumn("[dim]scanning {task.fields[topic]}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
+            disable=not show,
+        )
         with bar:
             task = bar.add_task("scan", total=plan.total, topic=plan.topic)
             for r in plan.ranges:
@@ -139,7 +149,7 @@ class DeadLetterScanner:
                 self.scanned += 1
                 self.positions[r.partition] = rec.offset + 1
                 yield parse_record(rec)
-            # Not the last record + 1: under read_committed, transaction markers and aborted records are skipped.
+            # Not last record + 1: under read_committed, transaction markers and aborted records are skipped.
             new_pos = max(self.consumer.position(tp), self.positions[r.partition])
             if new_pos > pos:
                 advance(min(new_pos, r.end) - pos)

@@ -23,14 +23,15 @@ class SelectionError(ValueError):
 
 
 def parse_time(text: str, now_ms: int) -> int:
-    """`2024-05-01T12:00:00Z`, `2024-05-01` (UTC when no zone is given), or a duration ago: `90s`, `15m`, `2h`, `7d`."""
+    """`2024-05-01T12:00:00Z`, `2024-05-01` (UTC if no zone), or a duration ago: `15m`, `2h`, `7d`."""
     match = _RELATIVE.match(text)
     if match:
         return now_ms - int(float(match.group(1)) * _UNIT_S[match.group(2)] * 1000)
     parsed = parse_iso_ms(text.strip())
     if parsed is None:
         raise SelectionError(
-            f"{text!r} is not a time: use ISO 8601 (2024-05-01T12:00:00Z, 2024-05-01) or a duration ago (15m, 2h, 7d)"
+            f"{text!r} is not a time: use ISO 8601 (2024-05-01T12:00:00Z, 2024-05-01) "
+            "or a duration ago (15m, 2h, 7d)"
         )
     return parsed
 
@@ -77,15 +78,18 @@ class Selection:
         known = {r.value for r in DeadLetterReason}
         unknown = sorted(set(reasons) - known)
         if unknown:
-            raise SelectionError(f"unknown --reason {', '.join(unknown)}; reasons are {', '.join(sorted(known))}")
+            raise SelectionError(
+                f"unknown --reason {', '.join(unknown)}; reasons are {', '.join(sorted(known))}"
+            )
         if limit is not None and limit < 0:
             raise SelectionError(f"--limit must be >= 0, got {limit}")
         since_ms = parse_time(since, now_ms) if since else None
         until_ms = parse_time(until, now_ms) if until else None
         if since_ms is not None and until_ms is not None and since_ms > until_ms:
             raise SelectionError(f"--since {since} is after --until {until}")
-        return cls(frozenset(reasons), tuple(dict.fromkeys(groups)), since_ms, until_ms, since, until,
-                   limit or None)
+        return cls(
+            frozenset(reasons), tuple(dict.fromkeys(groups)), since_ms, until_ms, since, until, limit or None
+        )
 
     @property
     def groups_are_exact(self) -> bool:
@@ -111,7 +115,7 @@ class Selection:
         return True
 
     def fingerprint(self, *parts: str | None) -> str:
-        """A short stable hash of the filters as typed (a relative `--since 2h` names the same cursor every run)."""
+        """A short stable hash of the filters as typed (`--since 2h` names the same cursor every run)."""
         doc = {
             "reasons": sorted(self.reasons),
             "groups": sorted(self.groups),

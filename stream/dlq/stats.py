@@ -44,7 +44,7 @@ class TopGroups:
 
     def _prune(self) -> None:
         ranked = sorted(self.tallies.items(), key=lambda kv: kv[1].records, reverse=True)
-        self.error = max([self.error, *(t.records for _, t in ranked[self.capacity:])])
+        self.error = max([self.error, *(t.records for _, t in ranked[self.capacity :])])
         self.tallies = dict(ranked[: self.capacity])
         self.pruned = True
 
@@ -100,8 +100,13 @@ class DeadLetterStats:
         def point(r: DeadLetterRecord | None) -> dict[str, Any] | None:
             if r is None:
                 return None
-            return {"dead_lettered_at": iso_ms(r.timestamp_ms), "partition": r.partition, "offset": r.offset,
-                    "reason": r.reason, "group_key": r.group}
+            return {
+                "dead_lettered_at": iso_ms(r.timestamp_ms),
+                "partition": r.partition,
+                "offset": r.offset,
+                "reason": r.reason,
+                "group_key": r.group,
+            }
 
         return {
             "topic": plan.topic,
@@ -113,18 +118,27 @@ class DeadLetterStats:
             "oldest": point(self.oldest),
             "newest": point(self.newest),
             "top_groups": [
-                {"group_key": g, "records": t.records, "reasons": sorted(t.reasons),
-                 "first_failed_at": iso_ms(t.first_failed_at_ms)}
+                {
+                    "group_key": g,
+                    "records": t.records,
+                    "reasons": sorted(t.reasons),
+                    "first_failed_at": iso_ms(t.first_failed_at_ms),
+                }
                 for g, t in self.groups.top(top)
             ],
             "top_groups_exact": not self.groups.pruned,
             "top_groups_max_undercount": self.groups.error,
             "distinct_groups": None if self.groups.pruned else len(self.groups.tallies),
             "partitions": [
-                {"partition": r.partition, "low": r.low, "end": r.end, "scanned_from": r.start,
-                 "matched": self.partitions.get(r.partition, _PartitionTally()).matched,
-                 "first_matched_offset": self.partitions.get(r.partition, _PartitionTally()).first_offset,
-                 "last_matched_offset": self.partitions.get(r.partition, _PartitionTally()).last_offset}
+                {
+                    "partition": r.partition,
+                    "low": r.low,
+                    "end": r.end,
+                    "scanned_from": r.start,
+                    "matched": self.partitions.get(r.partition, _PartitionTally()).matched,
+                    "first_matched_offset": self.partitions.get(r.partition, _PartitionTally()).first_offset,
+                    "last_matched_offset": self.partitions.get(r.partition, _PartitionTally()).last_offset,
+                }
                 for r in plan.ranges
             ],
         }

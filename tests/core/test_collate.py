@@ -26,7 +26,8 @@ from core.collate import (
 def ts(tokens=(1, 2, 3, 4), response=2, *, mask=None, log_probs=None, remove=False, reward=0.5, raw=1.0,
        group="g", rid: object = 0, index=None, sib=0, versions=()) -> TrainSample:
     sample = Sample(group_index=0, index=index, rollout_id=rid, tokens=np.asarray(tokens, dtype="<i4"),
-                    response_length=response, loss_mask=None if mask is None else np.asarray(mask, dtype="u1"),
+                    response_length=response,
+                    loss_mask=None if mask is None else np.asarray(mask, dtype="u1"),
                     rollout_log_probs=None if log_probs is None else np.asarray(log_probs, dtype="<f4"),
                     remove_sample=remove, sibling_index=sib, weight_versions=list(versions), reward=raw)
     return TrainSample(sample=sample, raw_reward=raw, reward=reward, group_key=group, group_rollout_count=1,
@@ -92,8 +93,8 @@ def test_float_tokens_and_integer_log_probs_are_refused():
     assert collation_problem(bad) == "rollout_log_probs have dtype int32, not a float type"
 
 
-lengths = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.booleans(), st.booleans(), st.booleans()),
-                   max_size=8)
+lengths = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.booleans(), st.booleans(),
+                             st.booleans()), max_size=8)
 
 
 @settings(max_examples=150, deadline=None)
@@ -158,7 +159,8 @@ def grp(name: str, shape: list[tuple[object, int]], tokens: int = 4) -> list[Tra
 def test_rollout_units_keep_siblings_together_and_ids_are_per_group():
     groups = [grp("a", [(1, 2), (2, 1)]), grp("b", [(1, 3), (None, 1), (None, 1)])]
     assert rollout_units(groups) == [[0, 1], [2], [3, 4, 5], [6], [7]]
-    by_index = [ts(group="c", rid=None, index=7), ts(group="c", rid=None, index=7, sib=1), ts(group="c", rid="7")]
+    by_index = [ts(group="c", rid=None, index=7), ts(group="c", rid=None, index=7, sib=1),
+                ts(group="c", rid="7")]
     assert rollout_units([by_index]) == [[0, 1], [2]]  # index stands in for rollout_id; "7" is not 7
 
 
@@ -199,7 +201,8 @@ def test_sharding_properties(shape, world, balance):
         assert [everything.index(id(s)) for s in shard] == sorted(everything.index(id(s)) for s in shard)
     # Deterministic: a decoded copy (what another rank holds) gets the same assignment.
     copies = [[decode_train_sample(encode_train_sample(s)) for s in g] for g in groups]
-    assert shard_ranks(copies, world, balance_tokens=balance) == shard_ranks(groups, world, balance_tokens=balance)
+    ranks = shard_ranks(groups, world, balance_tokens=balance)
+    assert shard_ranks(copies, world, balance_tokens=balance) == ranks
     if balance and groups:
         flat = [s for g in groups for s in g]
         sizes = [sum(len(flat[r].sample.tokens) for r in unit) for unit in rollout_units(groups)]

@@ -1,10 +1,9 @@
-"""TrainDataReader: group assembly, global order and resume as pure properties; then the same on the real broker."""
+"""TrainDataReader: group assembly, global order and resume as pure properties, then on the real broker."""
 
 from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
@@ -17,11 +16,9 @@ from typer.testing import CliRunner
 
 from codec import Sample, TrainSample, encode_train_sample
 from stream.cli import app
+from stream.clients import Connection, make_admin, make_consumer, make_producer
 from stream.config import WorkerConfig
 from stream.producer import RolloutProducer
-from stream.synth import Expected, FaultRates, SynthPlan, plan_groups
-from stream.clients import Connection, make_admin, make_consumer, make_producer
-from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples
 from stream.reader import (
     Batch,
     GroupAssembler,
@@ -32,6 +29,8 @@ from stream.reader import (
     TrainDataReader,
     rank_group_id,
 )
+from stream.synth import Expected, FaultRates, SynthPlan, plan_groups
+from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples
 
 
 # ---- data ----------------------------------------------------------------------------------------
@@ -43,10 +42,11 @@ def train_sample(g: int, rid: int, *, sib: int = 0, nsib: int = 1, rollouts: int
                rollout_log_probs=np.full(3, -0.5, dtype="<f4"), weight_versions=list(versions),
                group_size=rollouts, sibling_count=nsib, sibling_index=sib, run_id=run)
     return TrainSample(
-        sample=s, raw_reward=reward, reward=reward - 0.5, group_key=f"{run}/{g}", group_rollout_count=rollouts,
-        group_sample_count=samples, group_mean=0.5, group_std=0.5, zero_variance=False, advantage_estimator="grpo",
-        rewards_normalization=True, grpo_std_normalization=True, reward_key=None, source_topic="rollouts",
-        source_partition=g % 7, source_offset=g * 1000 + (rid % 100) * 10 + sib,
+        sample=s, raw_reward=reward, reward=reward - 0.5, group_key=f"{run}/{g}",
+        group_rollout_count=rollouts, group_sample_count=samples, group_mean=0.5, group_std=0.5,
+        zero_variance=False,
+        advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True, reward_key=None,
+        source_topic="rollouts", source_partition=g % 7, source_offset=g * 1000 + (rid % 100) * 10 + sib,
     )
 
 
@@ -56,8 +56,8 @@ def make_group(g: int, rng: random.Random, *, versions: Sequence[str] = ("1",), 
     rollouts = rng.randint(1, 4)
     shape = [(r, rng.randint(1, max_siblings)) for r in range(rollouts)]
     total = sum(n for _, n in shape)
-    return [train_sample(g, g * 100 + r, sib=sib, nsib=nsib, rollouts=rollouts, samples=total, versions=versions,
-                         tokens=rng.randint(4, 40), reward=float(r % 2), run=run)
+    return [train_sample(g, g * 100 + r, sib=sib, nsib=nsib, rollouts=rollouts, samples=total,
+                         versions=versions, tokens=rng.randint(4, 40), reward=float(r % 2), run=run)
             for r, nsib in shape for sib in range(nsib)]
 
 
@@ -85,7 +85,8 @@ def publish(bootstrap: str, topic: str, records: Sequence[TrainSample | tuple[by
         for rec in records:
             if isinstance(rec, TrainSample):
                 part = partition_of.get(rec.group_key) if partition_of else None
-                producer.send(topic, key=rec.group_key.encode(), value=encode_train_sample(rec), partition=part)
+                producer.send(topic, key=rec.group_key.encode(), value=encode_train_sample(rec),
+                              partition=part)
             else:
                 producer.send(topic, key=rec[0], value=rec[1])
         producer.flush()
@@ -97,7 +98,8 @@ def publish(bootstrap: str, topic: str, records: Sequence[TrainSample | tuple[by
 Records = dict[int, list[tuple[int, int, bytes]]]  # partition → [(offset, timestamp, value)]
 
 
-def simulated_topic(rng: random.Random, *, partitions: int = 3, groups: int = 10, full_copies: bool = False) -> Records:
+def simulated_topic(rng: random.Random, *, partitions: int = 3, groups: int = 10,
+                    full_copies: bool = False) -> Records:
     """Groups spread over partitions, interleaved, with at-least-once damage: partial republications,
     duplicated records, garbage; offsets with gaps (transaction markers), non-decreasing timestamps."""
     per: dict[int, list[list[bytes]]] = defaultdict(list)
@@ -105,7 +107,7 @@ def simulated_topic(rng: random.Random, *, partitions: int = 3, groups: int = 10
         values = [encode_train_sample(s) for s in make_group(g, rng)]
         copy: list[bytes] = []
         if len(values) > 1 and rng.random() < 0.2:
-            copy += values[: rng.randint(1, len(values) - 1)]  # a publication cut short by a crash, then a full one
+            copy += values[: rng.randint(1, len(values) - 1)]  # a publication cut short, then a full one
         copy += values
         if len(copy) > 1 and rng.random() < 0.2:
             i = rng.randrange(len(copy) - 1)
@@ -252,8 +254,8 @@ def assert_whole_groups(batches: Sequence[Batch]) -> None:
         assert len(set(map(sid, b.samples))) == len(b.samples)
 
 
-def test_batches_hold_whole_groups_despite_interleaving_republication_and_garbage(kafka_bootstrap, topic_factory,
-                                                                                   unique_group_id):
+def test_batches_hold_whole_groups_despite_interleaving_republication_and_garbage(
+        kafka_bootstrap, topic_factory, unique_group_id):
     rng = random.Random(1)
     topic = topic_factory(3)
     groups = [make_group(g, rng) for g in range(12)]
@@ -289,7 +291,7 @@ def test_stale_groups_are_skipped_whole_and_counted(kafka_bootstrap, topic_facto
         grp = make_group(g, rng, versions=[str(v + 1)])
         grp[-1].sample.weight_versions = [str(v + 2), str(v)]
         groups.append(grp)
-    groups.append(make_group(11, rng, versions=["v7"]))  # not an integer: cannot be judged, skipped as invalid
+    groups.append(make_group(11, rng, versions=["v7"]))  # not an integer: cannot be judged, so invalid
     groups.append(make_group(12, rng, versions=[]))  # no version: never stale
     publish(kafka_bootstrap, topic, [s for g in groups for s in g])
     fresh = [f"r/{g}" for g, v in enumerate(oldest) if v >= 10 - 2] + ["r/12"]
@@ -300,10 +302,11 @@ def test_stale_groups_are_skipped_whole_and_counted(kafka_bootstrap, topic_facto
         stats = r.stats
     assert_whole_groups(batches)
     assert [g.key for b in batches for g in b.groups] == fresh
-    assert [b.skipped_stale for b in batches] == [1, 1, 1, 1]  # 3 | 7 | 2 | 5, each before a batch's last group
+    assert [b.skipped_stale for b in batches] == [1, 1, 1, 1]  # 3 | 7 | 2 | 5, each before a batch ends
     assert sum(b.skipped_invalid for b in batches) == 1
     assert stats.skipped_stale_groups == 4 and stats.skipped_invalid_groups == 1
-    assert all(g.oldest_weight_version is None or g.oldest_weight_version >= 8 for b in batches for g in b.groups)
+    versions = [g.oldest_weight_version for b in batches for g in b.groups]
+    assert all(v is None or v >= 8 for v in versions)
 
 
 def read_ranks(bootstrap: str, topic: str, group_id: str, world: int, n: int, **kw) -> list[list[Batch]]:
@@ -327,7 +330,8 @@ def read_ranks(bootstrap: str, topic: str, group_id: str, world: int, n: int, **
 
 
 @pytest.mark.parametrize(("world", "balance"), [(2, False), (4, True)])
-def test_ranks_shard_the_same_global_sequence(kafka_bootstrap, topic_factory, unique_group_id, world, balance):
+def test_ranks_shard_the_same_global_sequence(kafka_bootstrap, topic_factory, unique_group_id, world,
+                                              balance):
     rng = random.Random(world)
     topic = topic_factory(3)
     groups = [make_group(g, rng) for g in range(16)]
@@ -393,7 +397,8 @@ def test_ranks_realign_on_the_lowest_committed_batch(kafka_bootstrap, topic_fact
     admin = make_admin(conn)
     try:
         tps = [TopicPartition(topic, p) for p in (0, 1)]
-        batch1 = admin.list_group_offsets({rank_group_id(unique_group_id, 0): tps})[rank_group_id(unique_group_id, 0)]
+        rank0 = rank_group_id(unique_group_id, 0)
+        batch1 = admin.list_group_offsets({rank0: tps})[rank0]
     finally:
         admin.close()
     assert all("batch=1 " in om.metadata for om in batch1.values())
@@ -436,7 +441,8 @@ def test_reads_whole_groups_while_the_worker_publishes_them(kafka_bootstrap, uni
     faults = FaultRates(malformed=0.1, shared_reward=0.1, duplicate=0.2, late=0.1)
     plan = SynthPlan(group_size=3, max_siblings=3, faults=faults, seed=9, run_id="e2e")
     expected = Expected()
-    with running_worker(config), reader(kafka_bootstrap, topics.output, unique_group_id, groups_per_batch=1) as r, \
+    with running_worker(config), \
+            reader(kafka_bootstrap, topics.output, unique_group_id, groups_per_batch=1) as r, \
             RolloutProducer(kafka_bootstrap, topic=topics.input) as producer:
         for records, exp in plan_groups(plan, 16):
             for rec in records:
