@@ -75,6 +75,11 @@ def validate_sample(sample: Sample, *, key: bytes | None, reward_key: str | None
         return f"response_length {sample.response_length} is negative"
     if sample.loss_mask is not None and len(sample.loss_mask) != sample.response_length:
         return f"loss_mask has {len(sample.loss_mask)} entries but response_length is {sample.response_length}"
+    if sample.tokens is not None and sample.response_length > len(sample.tokens):
+        return f"response_length {sample.response_length} exceeds the {len(sample.tokens)} tokens"
+    if sample.rollout_log_probs is not None and len(sample.rollout_log_probs) != sample.response_length:
+        return (f"rollout_log_probs has {len(sample.rollout_log_probs)} entries but response_length is "
+                f"{sample.response_length}")
     expected_key = group_key_of(sample.run_id, sample.group_index).encode()
     if key != expected_key:
         shown = key.decode("utf-8", "backslashreplace") if key is not None else None

@@ -81,6 +81,7 @@ class WorkerConfig:
     max_open_groups: int = 100_000
     max_open_bytes: int = 1 << 30
     session_timeout_s: float = 45.0
+    metrics_port: int | None = None  # Prometheus /metrics, /healthz, /readyz on this port
 
     def __post_init__(self) -> None:
         for option, name in (
@@ -125,6 +126,8 @@ class WorkerConfig:
                 f"--group-timeout ({self.group_timeout_s:g}s) to recognise late members")
         if self.instance_id is not None and not _TOPIC_RE.match(self.instance_id):
             raise ConfigError(f"--instance-id {self.instance_id!r} may use letters, digits, '.', '_', '-' only")
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port must be between 1 and 65535, got {self.metrics_port}")
         if self.bootstrap_servers is not None and not self.bootstrap_servers.strip():
             raise ConfigError("--bootstrap-servers must not be empty (omit it to use the local broker)")
 

@@ -120,6 +120,9 @@ class Worker:
         self._last_progress = 0.0
         self._last_heartbeat = 0.0
         self._progress_base = (0.0, 0)
+        self.metrics: Any = None  # stream.metrics.LoopMetrics while a metrics endpoint serves this worker
+        self.last_tick = 0.0  # monotonic time of the loop's last iteration (liveness)
+        self._published_ts: list[int] = []  # per group published since the last commit: newest member's ts
         self._overrun = False  # reading past the cap: open windows needed records behind a pause
         self._last_broker_check = 0.0
         self._broker_lost_at: float | None = None  # monotonic time the last broker connection went away
@@ -196,6 +199,7 @@ class Worker:
 
     def _step(self) -> None:
         batch = self._consumer.poll(timeout_ms=100, max_records=500)
+        self.last_tick = started = time.monotonic()
         if self._to_restore:
             skip = set(self._to_restore)  # fetched before the restore: they are read again after it
             self._restore(skip)
@@ -208,6 +212,8 @@ class Worker:
             for rec in records:
                 self._accept(rec, now_ms)
         mono = time.monotonic()
+        if self.metrics is not None and batch:
+            self.metrics.observe_batch(mono - started)
         if mono - self._last_expire >= 0.2:
             self._last_expire = mono
             # Paused, the high watermarks are stale and members may wait behind the pause: expire nothing.
@@ -261,7 +267,7 @@ class Worker:
     def _positions(self) -> dict[int, tuple[int, int]]:
         """(next offset to read, last known high watermark) of every partition that delivered records."""
         out: dict[int, tuple[int, int]] = {}
-        for p in self._assigned:
+        for p in list(self._assigned):  # a copy: the metrics endpoint calls this from its own thread
             tracker = self.ledger.partitions.get(p)
             if tracker is None or tracker.next_offset is None:
                 continue  # nothing read since assignment, so no window can be open there
@@ -305,6 +311,8 @@ class Worker:
             self._delivery.send(out)
         self.stats.groups_published += 1
         self.stats.samples_published += len(group.members)
+        if self.metrics is not None:
+            self._published_ts.append(max(m.record.timestamp_ms for m in group.members))
 
     def _dead_letter(self, failure: DeadLettered) -> None:
         reason = failure.reason.value
@@ -346,10 +354,14 @@ class Worker:
                 committed = self._delivery.commit(self._assigned, [], timeout)
         except CommitAborted as exc:
             self.stats.aborts += 1
+            self._published_ts = []  # re-processed after the restore, and observed then
             log_event(log, "commit.aborted", logging.WARNING, error=str(exc),
                       action="restoring every assigned partition from the last commit")
             self._restore_all_later()
             return
+        if self.metrics is not None:
+            self.metrics.observe_commit(time.monotonic() - started, self._published_ts, int(self.clock() * 1000))
+            self._published_ts = []
         if committed:
             self.stats.commits += 1
             log_event(log, "commit", logging.DEBUG, ms=f"{(time.monotonic() - started) * 1000:.1f}",
@@ -519,8 +531,12 @@ class Worker:
             self._broker_lost_at = None
 
     # ---- progress ------------------------------------------------------------------------------
+    def partition_lag(self) -> dict[int, int]:
+        """Records between each partition's next offset and its last known high watermark."""
+        return {p: max(0, high - pos) for p, (pos, high) in self._positions().items()}
+
     def lag(self) -> int:
-        return sum(max(0, high - pos) for pos, high in self._positions().values())
+        return sum(self.partition_lag().values())
 
     def _progress(self, mono: float) -> None:
         t0, n0 = self._progress_base

@@ -85,6 +85,10 @@ def run(
                                                        help="File touched every few seconds while the loop "
                                                        "runs (container health checks).", show_default=False)]
     = None,
+    metrics_port: Annotated[int | None, typer.Option(envvar="ROLLOUT_STREAM_METRICS_PORT",
+                                                     help="Serve Prometheus /metrics, /healthz (loop alive) and "
+                                                     "/readyz (partitions assigned and restored) on this port.",
+                                                     show_default=False)] = None,
     log_format: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_FORMAT", help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_LEVEL", help="debug, info, warning.")]
     = "info",
@@ -121,6 +125,7 @@ def run(
             commit_max_records=commit_max_records,
             max_open_groups=max_open_groups,
             max_open_bytes=max_open_mib * 1024 * 1024,
+            metrics_port=metrics_port,
         )
     except ConfigError as exc:
         fail(str(exc))
@@ -148,6 +153,15 @@ def run(
     if created:
         log_event(log, "topics.created", topics=",".join(created))
     worker = Worker(config, conn)
+    metrics_server = None
+    if config.metrics_port is not None:
+        from stream.metrics import serve_metrics
+
+        try:
+            metrics_server = serve_metrics(worker, config.metrics_port)
+        except OSError as exc:
+            fail(f"cannot serve metrics on port {config.metrics_port}: {exc}", 2)
+        log_event(log, "metrics.serving", port=config.metrics_port, paths="/metrics,/healthz,/readyz")
 
     def _stop(signum: int, _frame: object) -> None:
         log_event(log, "signal", signal=signal.Signals(signum).name)
@@ -165,6 +179,9 @@ def run(
         fail(explain_denial(exc, conn, config) or str(exc), 2)
     except KafkaError as exc:
         fail(f"Kafka error: {type(exc).__name__}: {exc}", 1)
+    finally:
+        if metrics_server is not None:
+            metrics_server.stop()
 
 
 def register(app: typer.Typer) -> None:

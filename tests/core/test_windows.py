@@ -252,3 +252,15 @@ def test_changes_journal_closed_groups_and_forgetting():
     changes = st.drain_changes()
     assert changes[(0, "0", "")] is None and changes[(0, "1", "")].reason is None
     assert st.drain_changes() == {}
+
+
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        (s(tokens=[1, 2], response_length=3, loss_mask=[1, 1, 1]), "exceeds"),
+        (s(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0]), "rollout_log_probs"),
+    ],
+)
+def test_array_lengths_must_agree_with_response_length(bad, fragment):
+    (out,) = feed(store(), rec(bad, 0))
+    assert out.reason is R.INVALID_SAMPLE and fragment in out.message
