@@ -26,8 +26,8 @@ COPY stream ./stream
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu . \
     && rollout-stream --help > /dev/null
 
-# Unprivileged at run time. The worker's liveness file /tmp/rollout-stream.alive (checked by the
-# compose health check) lives in /tmp, which this user can write.
+# Unprivileged at run time. The compose health check asks the worker's /healthz (--metrics-port);
+# a --heartbeat-file, where used instead, lives in /tmp, which this user can write.
 RUN useradd --create-home --uid 10001 rollout
 USER rollout
 

@@ -33,6 +33,7 @@ from kafka.admin import (
     ResourceType,
 )
 from kafka.errors import (
+    AuthorizationError,
     ClusterAuthorizationFailedError,
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
@@ -54,6 +55,7 @@ __all__ = [
     "Permission",
     "Role",
     "apply_permissions",
+    "authorization_cause",
     "changelog_topic",
     "check_worker_access",
     "describe_missing",
@@ -353,11 +355,26 @@ _DENIALS = {
 }
 
 
+def authorization_cause(exc: BaseException | None) -> AuthorizationError | None:
+    """The authorization error behind `exc`, also where kafka-python wraps it ("Cannot perform send because at
+    least one previous transactional or idempotent request has failed", TopicAuthorizationFailedError(...))."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, AuthorizationError):
+            return exc
+        nested = next((a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)), None)
+        exc = nested or exc.__cause__ or exc.__context__
+    return None
+
+
 def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | None = None) -> str | None:
     """One line for an authorization error the broker returned while running; None if `exc` is not one."""
-    kind = next((what for cls, what in _DENIALS.items() if isinstance(exc, cls)), None)
-    if kind is None:
+    cause = authorization_cause(exc)
+    if cause is None:
         return None
+    exc = cause
+    kind = next((what for cls, what in _DENIALS.items() if isinstance(exc, cls)), "a resource")
     who = conn.security.principal or "this client"
     if kind == "a topic":
         what = "an ACL on a topic"
@@ -378,8 +395,10 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
     elif kind == "the transactional id":
         what = (f"WRITE on transactional id {transactional_id(config.group_id, config.instance_id)!r}"
                 if config else "WRITE on the transactional id")
-    else:
+    elif kind == "the cluster":
         what = "an operation on the cluster"
+    else:
+        what = f"a permission ({exc})"
     line = f"the broker refused {who}: missing {what} ({type(exc).__name__})"
     if config is not None:
         line += "; " + acls_print_hint(conn.security.principal, config)

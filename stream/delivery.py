@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka import TopicPartition
-from kafka.errors import AuthorizationError, KafkaError, ProducerFencedError
+from kafka.errors import KafkaError, ProducerFencedError
 from kafka.structs import OffsetAndMetadata
 
 from core.offsets import OffsetLedger
+from stream.acls import authorization_cause
 from stream.logs import log_event
 from stream.outputs import OutputRecord
 
@@ -110,17 +111,32 @@ class ExactlyOnce:
 
     def send(self, out: OutputRecord) -> None:
         self._begin()
-        self._checked(self.producer.send(out.topic, value=out.value, key=out.key, headers=out.headers))
+        self._checked(lambda: self.producer.send(out.topic, value=out.value, key=out.key, headers=out.headers))
         self.pending.append(out)
 
-    def _checked(self, future: Any) -> None:
+    def _checked(self, send: Any) -> None:
         """kafka-python fails a send whose topic metadata the broker refused (TOPIC_AUTHORIZATION_FAILED, ...) at
-        once, without failing the transaction: committing would succeed without that record and lose it. Abort,
-        and refuse every later commit (the worker's shutdown commit included)."""
+        once, without failing the transaction: committing would succeed without that record and lose it. Such a
+        send, and any send refused for lack of an ACL, aborts the transaction, and every later commit (the
+        worker's shutdown commit included) is refused: an ACL does not come back by retrying."""
+        try:
+            future = send()
+        except KafkaError as exc:
+            self._fatal_if_denied(exc)
+            raise
         if future.is_done and future.failed():
-            self.abort(future.exception)
-            self.fatal = future.exception
+            self._fatal_if_denied(future.exception)
             raise future.exception
+
+    def _fatal_if_denied(self, exc: BaseException) -> None:
+        denied = authorization_cause(exc)
+        if denied is not None:
+            if self.fatal is None:
+                self.abort(denied)
+                self.fatal = denied
+            if denied is exc:
+                raise denied
+            raise denied from exc
 
     def _prepare(self, assigned: set[int], changelog: list[ChangelogWrite]) -> dict[int, int]:
         # Everything sent in this transaction is resolved if (and only if) the transaction commits.
@@ -130,7 +146,8 @@ class ExactlyOnce:
         if changelog or due:
             self._begin()
         for w in changelog:
-            self._checked(self.producer.send(self.changelog_topic, key=w.key, value=w.value, partition=w.partition))
+            self._checked(lambda w=w: self.producer.send(self.changelog_topic, key=w.key, value=w.value,
+                                                         partition=w.partition))
         if due:
             self.producer.send_offsets_to_transaction(_offsets(self.topic, due), self.consumer.group_metadata())
         return due
@@ -156,12 +173,8 @@ class ExactlyOnce:
             return due
         except ProducerFencedError:
             raise
-        except AuthorizationError as exc:  # an ACL went missing: retrying cannot help, and must not commit
-            if self.fatal is None:
-                self.abort(exc)
-                self.fatal = exc
-            raise
         except KafkaError as exc:
+            self._fatal_if_denied(exc)  # an ACL went missing: retrying cannot help, and must not commit
             self.abort(exc)
             raise CommitAborted(f"{type(exc).__name__}: {exc}") from exc
 

@@ -157,7 +157,7 @@ class _Session:
         if "CERTIFICATE_REQUIRED" in reason or "HANDSHAKE_FAILURE" in reason and not self.security.ssl_certfile:
             return TlsRefused(f"TLS: {self.server} requires a client certificate (mTLS): pass --ssl-certfile "
                               "and --ssl-keyfile")
-        if any(word in reason for word in ("BAD_CERTIFICATE", "UNKNOWN_CA", "CERTIFICATE_EXPIRED",
+        if any(word in reason for word in ("BAD_CERTIFICATE", "UNKNOWN_CA", "CERTIFICATE_EXPIRED", "CERTIFICATE_UNKNOWN",
                                            "CERTIFICATE_REVOKED", "UNSUPPORTED_CERTIFICATE", "DECRYPT_ERROR")):
             return TlsRefused(f"TLS: {self.server} refused our client certificate {str(self.security.ssl_certfile)!r} "
                               f"({exc.reason}): it must be valid and signed by a CA the broker trusts")

@@ -73,13 +73,14 @@ def test_compose_runs_topics_once_then_a_restarting_worker_with_a_liveness_check
         "condition: service_healthy",
         "condition: service_completed_successfully",
         "restart: unless-stopped",
-        "/tmp/rollout-stream.alive",
+        "ROLLOUT_STREAM_METRICS_PORT: 9100",
+        "http://127.0.0.1:9100/healthz",
         'profiles: ["synth"]',
         '"--groups", "1000", "--rate", "50"',
         "KAFKA_BOOTSTRAP_SERVERS: kafka:9092",
     ]:
         assert needle in text, needle
-    assert "rollout-stream health" not in text  # the liveness check reads the heartbeat file
+    assert "rollout-stream health" not in text  # the liveness check asks the worker's own /healthz
 
 
 def test_dockerfile_installs_the_package_on_python_311_with_cpu_torch():

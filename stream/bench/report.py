@@ -66,16 +66,15 @@ def render(report: BenchReport, console: Console | None = None) -> None:
                       f"[{'green' if mem.ok else 'red'}]{mem.ratio:.2f}[/]")
         console.print(t)
     if report.sweep:
-        rate = report.sweep[0].latency.rate if report.sweep[0].latency else 0
         w = report.sweep_workload
-        t = Table(title=f"Commit cadence ({w.label() if w else ''}, {report.results[0].delivery}); latency at "
-                        f"{rate:,.0f} samples/s", title_justify="left")
-        for name in ("interval s", "max records", "stage /s", "commits", "p50 ms", "p99 ms"):
+        t = Table(title=f"Commit cadence ({w.label() if w else ''}, {report.results[0].delivery}): each point's max "
+                        f"rate, and latency at half of it", title_justify="left", padding=(0, 1))
+        for name in ("interval s", "max records", "stage /s", "commits", "p50 ms", "p99 ms", "at /s"):
             t.add_column(name, justify="right")
         for p in report.sweep:
             t.add_row(f"{p.commit_interval_s:g}", f"{p.commit_max_records:,}", f"{p.stage.samples_per_s:,.0f}",
                       str(p.stage.commits), _ms(p.latency.p50_ms if p.latency else None),
-                      _ms(p.latency.p99_ms if p.latency else None))
+                      _ms(p.latency.p99_ms if p.latency else None), f"{p.latency.rate:,.0f}" if p.latency else "-")
         console.print(t)
     tg = report.targets()
     verdict = {True: "[green]met[/]", False: "[red]not met[/]"}

@@ -37,7 +37,8 @@ class BenchSettings:
     partitions: int = 3
     commit_interval_s: float = 1.0
     commit_max_records: int = 5000
-    latency_s: float = 6.0
+    latency_s: float = 5.0
+    sweep_latency_s: float = 3.0
     memory: bool = True
     compare_delivery: bool = True  # EOS vs ALO on (a) and (b), g8, when only one delivery is benchmarked
     sweep: bool = True
@@ -216,7 +217,7 @@ class _Bench:
                           thread_cpu_s=threads)
 
     def stage_run(self, topics: BenchTopics, delivery: str, pre: Preloaded, w: Workload, *, latency: bool,
-                  rate: float | None = None, interval: float | None = None, max_records: int | None = None,
+                  interval: float | None = None, max_records: int | None = None, latency_s: float | None = None,
                   tag: str = "") -> tuple[Throughput, LatencyResult | None]:
         """Drain the preloaded backlog (max rate), then offer paced load (half of it, or `rate`)."""
         proc = RunnerProcess(self.spec("stage", topics, delivery, pre, serve_after=latency, interval=interval,
@@ -225,9 +226,9 @@ class _Bench:
             tp = self.throughput("stage", pre, proc.wait_for("drained", timeout=240))
             lat = None
             if latency:
-                offered = rate if rate is not None else tp.samples_per_s / 2
-                lat = measure_latency(self.conn, topics.names.input, topics.names.output, w, rate=offered,
-                                      seconds=self.s.latency_s, run_id=f"lat-{uuid.uuid4().hex[:6]}")
+                lat = measure_latency(self.conn, topics.names.input, topics.names.output, w,
+                                      rate=tp.samples_per_s / 2, seconds=latency_s or self.s.latency_s,
+                                      run_id=f"lat-{uuid.uuid4().hex[:6]}")
                 proc.stop()
             else:
                 proc.wait_for("result", timeout=60)
@@ -283,16 +284,18 @@ class _Bench:
                       f"{m.base_rss / 1e6:.0f} → peak {m.peak_rss / 1e6:.0f} MB ({m.ratio:.2f} x open bytes)")
         return m
 
-    def sweep_point(self, w: Workload, delivery: str, interval: float, max_records: int, rate: float) -> SweepPoint:
+    def sweep_point(self, w: Workload, delivery: str, interval: float, max_records: int) -> SweepPoint:
+        """One cadence: its own maximum rate, then latency at half of it (as in the main table)."""
         topics = create_topics(self.conn, self.s.partitions)
         try:
             pre = preload(self.conn, topics.names.input, w)
-            tp, lat = self.stage_run(topics, delivery, pre, w, latency=True, rate=rate, interval=interval,
-                                     max_records=max_records)
+            tp, lat = self.stage_run(topics, delivery, pre, w, latency=True, interval=interval,
+                                     max_records=max_records, latency_s=self.s.sweep_latency_s)
         finally:
             delete_topics(self.conn, topics.all())
         self.progress(f"cadence {interval:g}s/{max_records}: {tp.samples_per_s:,.0f}/s, p50 "
-                      f"{lat.p50_ms if lat else '-'} p99 {lat.p99_ms if lat else '-'} ms at {rate:,.0f}/s")
+                      f"{lat.p50_ms if lat else '-'} p99 {lat.p99_ms if lat else '-'} ms at "
+                      f"{lat.rate if lat else 0:,.0f}/s")
         return SweepPoint(interval, max_records, tp, lat)
 
 
@@ -320,12 +323,11 @@ def run_bench(settings: BenchSettings, progress: Progress = lambda _: None) -> B
     if settings.sweep and not settings.quick:
         base = next((r for r in report.results if r.workload.name == "a" and r.workload.group_size == 8), None)
         if base is not None:
-            w = Workload("a", base.workload.tokens, 8, 1, 1500)
+            w = Workload("a", base.workload.tokens, 8, 1, 1000)
             report.sweep_workload = w
-            rate = base.stage.samples_per_s / 2
             for interval in SWEEP_INTERVALS:
                 for max_records in SWEEP_MAX_RECORDS:
-                    report.sweep.append(bench.sweep_point(w, base.delivery, interval, max_records, rate))
+                    report.sweep.append(bench.sweep_point(w, base.delivery, interval, max_records))
     report.machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     report.seconds = time.monotonic() - started
     return report

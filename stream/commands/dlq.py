@@ -291,8 +291,9 @@ def replay_(
 ) -> None:
     """Re-publish selected records (original key and value bytes, lineage headers) to their original topic.
 
-    Idempotent: a cursor per selection (consumer group rollout-stream-replay-<hash>) moves in the same
-    transaction as the records it replays; an identical second run publishes nothing twice. See docs/dlq.md.
+    Idempotent: a cursor per selection (consumer group rollout-stream-replay-<hash>) and a ledger topic
+    (<dead-letter topic>.replays) move in the same transaction as the records replayed, so no dead-letter
+    record is published twice, by a second identical run or an overlapping selection. See docs/dlq.md.
     """
     selection = _selection(reason, group, since, until, limit or None)
     if to is not None and to == dead_letter_topic:

@@ -7,7 +7,7 @@ import signal
 from typing import Annotated
 
 import typer
-from kafka.errors import AuthorizationError, KafkaError
+from kafka.errors import KafkaError
 
 from stream.acls import AccessDenied, check_worker_access, explain_denial
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
@@ -146,9 +146,9 @@ def run(
             dead_letter_topics=[config.topics.dead_letter],
             settings=TopicSettings(partitions=partitions),
         )
-    except AuthorizationError as exc:
-        fail(explain_denial(exc, conn, config) or str(exc), 2)
     except KafkaError as exc:
+        if denial := explain_denial(exc, conn, config):
+            fail(denial, 2)
         fail(f"cannot set up topics on {conn.bootstrap_servers}: {type(exc).__name__}: {exc}", 1)
     if created:
         log_event(log, "topics.created", topics=",".join(created))
@@ -175,9 +175,9 @@ def run(
         fail(str(exc), 2)
     except ProduceFailed as exc:
         fail(f"stopping without committing past an unpublished record: {exc}", 1)
-    except AuthorizationError as exc:
-        fail(explain_denial(exc, conn, config) or str(exc), 2)
     except KafkaError as exc:
+        if denial := explain_denial(exc, conn, config):  # an ACL missing or revoked while running
+            fail(denial, 2)
         fail(f"Kafka error: {type(exc).__name__}: {exc}", 1)
     finally:
         if metrics_server is not None:

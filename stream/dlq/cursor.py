@@ -7,6 +7,7 @@ The offset metadata says which replay run wrote it and whether that run finished
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from typing import Any, Literal
 
 from stream.dlq.selection import Selection
 
-__all__ = ["CURSOR_PREFIX", "CursorState", "cursor_name", "resume_state", "new_replay_id"]
+__all__ = ["CURSOR_PREFIX", "CursorState", "cursor_name", "transactional_id", "resume_state", "new_replay_id"]
 
 CURSOR_PREFIX = "rollout-stream-replay-"
 _MAX_METADATA = 1024  # brokers refuse offset metadata above offset.metadata.max.bytes (4096 by default)
@@ -28,6 +29,12 @@ def cursor_name(selection: Selection, dead_letter_topic: str, to: str | None) ->
     next hundred, not the same hundred again.
     """
     return CURSOR_PREFIX + selection.fingerprint(dead_letter_topic, to)
+
+
+def transactional_id(dead_letter_topic: str) -> str:
+    """One transactional id per dead-letter topic, whatever the selection: a replay fences any other replay of
+    the same topic still running, so the ledger it reads after `init_transactions()` is complete."""
+    return CURSOR_PREFIX + "txn-" + hashlib.sha256(dead_letter_topic.encode()).hexdigest()[:16]
 
 
 def new_replay_id() -> str:

@@ -14,12 +14,17 @@ _DROPPED = frozenset(H.FAILURE_HEADERS) | frozenset(H.REPLAY_HEADERS)
 
 @dataclass(frozen=True, slots=True)
 class ReplayAction:
-    """A record to publish to `topic` with `headers`, or a refusal (`refused` says why, `topic` is None)."""
+    """A record to publish to `topic` with `headers`; or, `topic` None, a refusal or a skip saying why."""
 
     record: DeadLetterRecord
     topic: str | None
     headers: tuple[tuple[str, bytes], ...] = ()
-    refused: str | None = None
+    refused: str | None = None  # not replayable as it is (--max-replays reached, no original topic)
+    skipped: str | None = None  # replayed already, by this or another selection (the replay ledger)
+
+    @property
+    def kind(self) -> str:
+        return "refused" if self.refused else "already_replayed" if self.skipped else "replay"
 
     @property
     def replay_count(self) -> int:
@@ -41,8 +46,18 @@ def replay_headers(record: DeadLetterRecord, replay_id: str) -> tuple[tuple[str,
     )
 
 
-def decide(record: DeadLetterRecord, *, to: str | None, max_replays: int, replay_id: str) -> ReplayAction:
-    """Replay to `to` (or the original topic) unless the record was replayed `max_replays` times already."""
+def decide(
+    record: DeadLetterRecord,
+    *,
+    to: str | None,
+    max_replays: int,
+    replay_id: str,
+    replayed_by: str | None = None,
+) -> ReplayAction:
+    """Replay to `to` (or the original topic) unless replayed before (`replayed_by`, from the ledger) or
+    its bytes were replayed `max_replays` times already (x-replay-count)."""
+    if replayed_by is not None:
+        return ReplayAction(record, None, skipped=f"already replayed by replay {replayed_by}")
     if record.replay_count >= max_replays:
         return ReplayAction(
             record,

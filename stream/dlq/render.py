@@ -262,6 +262,10 @@ def show_view(doc: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
+def _action(kind: str, dry_run: bool) -> str:
+    return ("would_replay" if dry_run else "replayed") if kind == "replay" else kind
+
+
 def replay_document(report: ReplayReport) -> dict[str, Any]:
     return {
         "dry_run": report.dry_run,
@@ -272,6 +276,7 @@ def replay_document(report: ReplayReport) -> dict[str, Any]:
         "matched": report.matched,
         "replayed": report.replayed,
         "refused": report.refused,
+        "already_replayed": report.already_replayed,
         "to_topics": dict(report.by_topic),
         "transactions": report.transactions,
         "elapsed_s": round(report.elapsed_s, 3),
@@ -282,10 +287,10 @@ def replay_document(report: ReplayReport) -> dict[str, Any]:
                 "offset": a.record.offset,
                 "reason": a.record.reason,
                 "group_key": a.record.group,
-                "action": "refused" if a.refused else ("would_replay" if report.dry_run else "replayed"),
+                "action": _action(a.kind, report.dry_run),
                 "to": a.topic,
-                "replay_count": a.record.replay_count if a.refused else a.replay_count,
-                "refused": a.refused,
+                "replay_count": a.replay_count if a.kind == "replay" else a.record.replay_count,
+                "why": a.refused or a.skipped,
             }
             for a in report.actions
         ],
@@ -293,28 +298,30 @@ def replay_document(report: ReplayReport) -> dict[str, Any]:
     }
 
 
+_ACTION_STYLE = {"refused": "red", "already_replayed": "dim", "would_replay": "yellow", "replayed": "green"}
+
+
 def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
     parts: list[RenderableType] = []
     shown = doc["records"][:rows]
     if shown:
         table = Table()
-        for name in ("p:offset", "reason", "group", "action", "to", "replay count", "why refused"):
+        for name in ("p:offset", "reason", "group", "action", "to", "replay count", "why not"):
             table.add_column(
                 name,
-                no_wrap=name != "why refused",
+                no_wrap=name != "why not",
                 overflow="fold",
                 justify="right" if name in ("p:offset", "replay count") else "left",
             )
         for r in shown:
-            style = "red" if r["action"] == "refused" else ("yellow" if doc["dry_run"] else "green")
             table.add_row(
                 f"{r['partition']}:{r['offset']}",
                 r["reason"],
                 escape(_cell(r["group_key"])),
-                Text(r["action"].replace("_", " "), style=style),
+                Text(r["action"].replace("_", " "), style=_ACTION_STYLE[r["action"]]),
                 escape(_cell(r["to"])),
                 str(r["replay_count"]),
-                escape(r["refused"] or ""),
+                escape(r["why"] or ""),
             )
         parts.append(table)
         if len(doc["records"]) > len(shown) or doc["records_truncated"]:
@@ -323,15 +330,14 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
             )
     verb = "would replay" if doc["dry_run"] else "replayed"
     where = ", ".join(f"{n} to {t}" for t, n in doc["to_topics"].items()) or "nothing"
+    already = f"; {doc['already_replayed']} replayed before" if doc["already_replayed"] else ""
+    run = ""
+    if doc["replayed"] and (doc["resumed"] or not doc["dry_run"]):
+        run = f"; replay id {doc['replay_id']}" + (" (resumed)" if doc["resumed"] else "")
     parts.append(
         Text(
-            f"{verb} {doc['replayed']} record(s) ({where}); refused {doc['refused']}; "
-            f"{doc['scanned']} scanned past the cursor {doc['cursor']}"
-            + (
-                f"; replay id {doc['replay_id']}" + (" (resumed)" if doc["resumed"] else "")
-                if doc["replayed"] and (doc["resumed"] or not doc["dry_run"])
-                else ""
-            )
+            f"{verb} {doc['replayed']} record(s) ({where}); refused {doc['refused']}{already}; "
+            f"{doc['scanned']} scanned past the cursor {doc['cursor']}{run}"
             + ("; dry run: nothing written" if doc["dry_run"] else "")
         )
     )

@@ -1,4 +1,4 @@
-"""`dlq replay`: re-publish selected dead-letter records in transactions that also move the replay cursor."""
+"""`dlq replay`: re-publish dead-letter records in transactions that also move the cursor and the ledger."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from stream.clients import Connection, make_consumer, make_producer
-from stream.dlq.cursor import CursorState, cursor_name, new_replay_id, resume_state
+from stream.dlq.cursor import CursorState, cursor_name, new_replay_id, resume_state, transactional_id
+from stream.dlq.ledger import ReplayLedger, ensure_ledger_topic, load_ledger
 from stream.dlq.lineage import ReplayAction, decide
 from stream.dlq.scan import DeadLetterScanner, ScanPlan
 from stream.dlq.selection import Selection
@@ -50,6 +51,7 @@ class ReplayReport:
     matched: int = 0
     replayed: int = 0
     refused: int = 0
+    already_replayed: int = 0  # matched, but the ledger says some replay published them already
     transactions: int = 0
     by_topic: Counter[str] = field(default_factory=Counter)
     actions: list[ReplayAction] = field(default_factory=list)
@@ -60,6 +62,8 @@ class ReplayReport:
         self.matched += 1
         if action.refused is not None:
             self.refused += 1
+        elif action.skipped is not None:
+            self.already_replayed += 1
         else:
             self.replayed += 1
             self.by_topic[action.topic or ""] += 1
@@ -77,15 +81,16 @@ class _Transaction:
     open: bool = False
     began: float = 0.0
     futures: list[tuple[Any, ReplayAction]] = field(default_factory=list)
+    records: int = 0  # replayed records in the open transaction (each also has a ledger entry)
 
     def begin(self) -> None:
         if not self.open:
             self.producer.begin_transaction()
-            self.open, self.began, self.futures = True, time.monotonic(), []
+            self.open, self.began, self.futures, self.records = True, time.monotonic(), [], 0
 
     def due(self, opts: ReplayOptions) -> bool:
         return self.open and (
-            len(self.futures) >= opts.batch_records or time.monotonic() - self.began >= opts.batch_seconds
+            self.records >= opts.batch_records or time.monotonic() - self.began >= opts.batch_seconds
         )
 
     def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata], group_id: str) -> None:
@@ -106,6 +111,19 @@ class _Transaction:
         if self.open:
             self.open = False
             self.producer.abort_transaction()
+
+
+def _send(txn: _Transaction, ledger: ReplayLedger, action: ReplayAction, replay_id: str, cursor: str) -> None:
+    """The replayed record and its ledger entry, in the open transaction."""
+    assert action.topic is not None
+    record = action.record
+    txn.begin()
+    future = txn.producer.send(action.topic, key=record.key, value=record.value, headers=list(action.headers))
+    txn.futures.append((future, action))
+    txn.records += 1
+    key, value = ledger.entry(record, replay_id, action.topic, cursor)
+    txn.futures.append((txn.producer.send(ledger.topic, key=key, value=value), action))
+    ledger.add(record.partition, record.offset, replay_id)
 
 
 def _offsets(
@@ -131,11 +149,13 @@ def run_replay(
     txn: _Transaction | None = None
     try:
         if not opts.dry_run:
-            # Fences any earlier run of this cursor still alive and aborts its open transaction, so the
-            # committed offsets read below are final.
-            producer = make_producer(conn, transactional_id=cursor)
+            ensure_ledger_topic(conn, opts.dead_letter_topic)
+            # Fences any other replay of this dead-letter topic still alive and aborts its open transaction,
+            # so the committed offsets and the ledger read below are final.
+            producer = make_producer(conn, transactional_id=transactional_id(opts.dead_letter_topic))
             producer.init_transactions()
             txn = _Transaction(producer)
+        ledger = load_ledger(consumer, opts.dead_letter_topic)
         kwargs: dict[str, Any] = {"progress": progress}
         if console is not None:
             kwargs["console"] = console
@@ -155,16 +175,18 @@ def run_replay(
         limit = opts.selection.limit
         for record in scanner.records(plan):
             if opts.selection.matches(record):
-                action = decide(record, to=opts.to, max_replays=opts.max_replays, replay_id=replay_id)
+                action = decide(
+                    record,
+                    to=opts.to,
+                    max_replays=opts.max_replays,
+                    replay_id=replay_id,
+                    replayed_by=ledger.replayed_by(record),
+                )
                 report.add(action, opts.listed)
                 if txn is not None and action.topic is not None:
                     limiter.wait()
-                    txn.begin()
-                    future = txn.producer.send(
-                        action.topic, key=record.key, value=record.value, headers=list(action.headers)
-                    )
-                    txn.futures.append((future, action))
-                if limit is not None and report.matched >= limit:
+                    _send(txn, ledger, action, replay_id, cursor)
+                if limit is not None and report.replayed + report.refused >= limit:
                     break
             # Move the cursor now and then even when nothing matches, so a long scan is not repeated.
             if txn is not None and (

@@ -527,18 +527,27 @@ def test_replay_group_with_lineage_and_a_second_identical_replay_publishes_nothi
     third = cli_json("replay", *args)
     assert third["replayed"] == 1 and third["replay_id"] != first["replay_id"]
     assert len(read_topic(kafka_bootstrap, input_topic, min_count=3)) == 3
-    # A different selection is a different cursor: r/2 is still there to replay.
-    other = cli_json(
-        "replay",
+    # An overlapping selection is a different cursor, but the replay ledger knows r/1 went already.
+    wider = (
         "--bootstrap-servers",
         kafka_bootstrap,
         "--dead-letter-topic",
         dlq,
-        "--group",
-        "r/2",
-        "--dry-run",
+        "--reason",
+        "incomplete_group",
     )
-    assert other["replayed"] == 1
+    preview = cli_json("replay", *wider, "--dry-run")
+    assert (preview["replayed"], preview["already_replayed"]) == (1, 3)
+    assert {r["group_key"] for r in preview["records"] if r["action"] == "would_replay"} == {"r/2"}
+    assert all(
+        r["why"].startswith("already replayed by replay ")
+        for r in preview["records"]
+        if r["action"] == "already_replayed"
+    )
+    assert "3 replayed before" in cli("replay", *wider, "--dry-run").stdout
+    assert cli_json("replay", *wider, "--rate", "0")["replayed"] == 1
+    published = read_topic(kafka_bootstrap, input_topic, min_count=4)
+    assert Counter(r.key for r in published) == {b"r/1": 3, b"r/2": 1}  # each dead-letter record once
 
 
 def test_max_replays_refuses_with_a_message_and_publishes_nothing(kafka_bootstrap):
@@ -551,7 +560,7 @@ def test_max_replays_refuses_with_a_message_and_publishes_nothing(kafka_bootstra
     refused = [r for r in doc["records"] if r["action"] == "refused"]
     assert (
         refused[0]["group_key"] == "r/1"
-        and "replayed 3 time(s) already (--max-replays 3)" in refused[0]["refused"]
+        and "replayed 3 time(s) already (--max-replays 3)" in refused[0]["why"]
     )
     published = read_topic(kafka_bootstrap, input_topic, min_count=1)
     assert [(r.key, r.headers[H.REPLAY_COUNT]) for r in published] == [(b"r/2", "3")]
@@ -662,7 +671,7 @@ def test_a_replayed_group_that_fails_again_keeps_its_lineage_and_is_bounded(kafk
         "--max-replays",
         "1",
     )
-    with running_worker(worker_config(kafka_bootstrap, topics)) as worker:
+    with running_worker(worker_config(kafka_bootstrap, topics)):
         # Siblings of rollout 0 disagree: whatever the number of replays, the group is refused again.
         send(
             kafka_bootstrap,
@@ -714,7 +723,7 @@ def test_a_replayed_group_that_fails_again_keeps_its_lineage_and_is_bounded(kafk
     # The same selection's next run sees only the new dead-letters, and refuses them: --max-replays 1.
     bounded = cli_json("replay", *args)
     assert (bounded["replayed"], bounded["refused"]) == (0, 2)
-    assert all("--max-replays 1" in r["refused"] for r in bounded["records"])
+    assert all("--max-replays 1" in r["why"] for r in bounded["records"])
     assert len(read_topic(kafka_bootstrap, topics.input, min_count=4)) == 4  # 2 sent + 2 replayed, no more
 
 

@@ -224,6 +224,15 @@ def _resolved(worker) -> int:
             + st_.duplicates)
 
 
+def _wait(worker, predicate, timeout: float, what: str) -> None:
+    """wait_until, with the worker's counters in the failure message."""
+    try:
+        wait_until(predicate, timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; stats {worker.stats}; open windows {worker.store.open_count()} holding "
+                             f"{_open_records(worker)} records") from None
+
+
 def _canaries(ns: str) -> list[tuple[bytes, bytes]]:
     """A valid one-rollout group in every partition, sent last: proof that each partition still flows."""
     out, seen = [], set()
@@ -258,13 +267,13 @@ def test_hostile_input_never_stops_the_worker_and_every_record_is_accounted_for(
 
     coords = _produce(stage.bootstrap, stage.topics.input, records)
     inputs = dict(zip(coords, records, strict=True))
-    wait_until(lambda: worker.stats.records_in - in_before == len(records), 30, "every record consumed")
+    _wait(worker, lambda: worker.stats.records_in - in_before >= len(records), 60, "every record consumed")
     assert worker.stats.records_in - in_before == len(records)
     # Every record consumed is resolved or held in an open window.
-    wait_until(lambda: _resolved(worker) - resolved_before + _open_records(worker) == len(records), 10,
-               "records_in == published + dead-lettered + duplicates + open")
+    _wait(worker, lambda: _resolved(worker) - resolved_before + _open_records(worker) == len(records), 20,
+          "records_in == published + dead-lettered + duplicates + open")
     # Open windows time out (incomplete_group), whatever they hold.
-    wait_until(lambda: worker.store.open_count() == 0, GROUP_TIMEOUT_S + 20, "open windows expired")
+    _wait(worker, lambda: worker.store.open_count() == 0, GROUP_TIMEOUT_S + 30, "open windows expired")
     assert _resolved(worker) - resolved_before == len(records)
     assert stage.thread.is_alive() and not worker.stopping
 
@@ -277,7 +286,7 @@ def test_hostile_input_never_stops_the_worker_and_every_record_is_accounted_for(
         train.extend(r for recs in stage.train.poll(timeout_ms=200).values() for r in recs)
         dlq.extend(r for recs in stage.dlq.poll(timeout_ms=200).values() for r in recs)
         return len(train) >= published and len(dlq) >= dead
-    wait_until(read_all, 30, f"{published} train samples and {dead} dead-letters")
+    _wait(worker, read_all, 60, f"{published} train samples and {dead} dead-letters")
     assert (len(train), len(dlq)) == (published, dead)
     covered = set()
     for r in dlq:

@@ -26,7 +26,14 @@ import pytest
 from kafka import TopicPartition
 from kafka.admin import UserScramCredentialUpsertion
 
-from stream.acls import Permission, apply_permissions, changelog_topic, worker_permissions
+from stream.acls import (
+    Permission,
+    apply_permissions,
+    changelog_topic,
+    producer_permissions,
+    reader_permissions,
+    worker_permissions,
+)
 from stream.broker.errors import BrokerError, PortInUse
 from stream.broker.local import LocalBroker
 from stream.broker.pki import issue, new_ca
@@ -232,6 +239,7 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
     (reader ACLs): every record accounted for, and no password in anything any of them printed."""
     from stream.reader import TrainDataReader  # torch
 
+    t0 = time.monotonic()
     group_id = f"sec-g-{uuid.uuid4().hex[:6]}"
     tag = uuid.uuid4().hex[:8]
     topics = TopicNames(f"sec-{tag}-rollouts", f"sec-{tag}-train", f"sec-{tag}-dlq")
@@ -246,13 +254,15 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
     assert f"{changelog_topic(group_id, topics.input)}: created" in created.stdout
 
     worker, producer, trainer = (new_user(cluster, tmp_path, p) for p in ("worker", "producer", "trainer"))
-    for user, role in ((worker, "worker"), (producer, "producer"), (trainer, "reader")):
-        granted = cli("acls", "apply", "--kafka-config", str(cluster.admin_config), "--principal", user.principal,
-                      "--role", role, "--group-id", group_id if role != "reader" else f"{group_id}-trainer",
-                      "--input-topic", topics.input, "--output-topic", topics.output,
-                      "--dead-letter-topic", topics.dead_letter)
-        outputs += [granted.stdout, granted.stderr]
-        assert granted.returncode == 0, granted.stderr
+    granted = cli("acls", "apply", "--kafka-config", str(cluster.admin_config), "--principal", worker.principal,
+                  "--group-id", group_id, "--input-topic", topics.input, "--output-topic", topics.output,
+                  "--dead-letter-topic", topics.dead_letter)
+    outputs += [granted.stdout, granted.stderr]
+    assert granted.returncode == 0, granted.stderr
+    apply_permissions(cluster.admin, producer.principal, producer_permissions(input_topic=topics.input))
+    apply_permissions(cluster.admin, trainer.principal,
+                      reader_permissions(output_topic=topics.output, group_id=f"{group_id}-trainer"))
+    print(f"T setup done {time.monotonic() - t0:.1f}")
 
     # the producer: everything from environment variables, SCRAM-SHA-256
     synth = cli("synth", "--input-topic", topics.input, "--groups", "40", "--max-siblings", "3", "--fault-rate",
@@ -265,6 +275,7 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
     import json
 
     expected = json.loads(synth.stdout.strip().splitlines()[-1])
+    print(f"T synth done {time.monotonic() - t0:.1f}")
 
     # the worker: flags and a password file; debug logging, to give a leak every chance
     log = tmp_path / "worker.log"
@@ -286,6 +297,7 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
                 assert proc.poll() is None, log.read_text()[-3000:]
         finally:
             reader.close()
+        print(f"T reader done {time.monotonic() - t0:.1f}")
         assert (groups, samples) == (expected["expected_published_groups"], expected["expected_published_samples"])
         dead = committed_values(cluster.admin, topics.dead_letter, want=sum(expected["expected_dead_letters"].values()))
         assert len(dead) == sum(expected["expected_dead_letters"].values())

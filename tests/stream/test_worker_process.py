@@ -117,6 +117,10 @@ class TopicTail:
         self.records += got
         return got
 
+    def count(self) -> int:
+        self.poll()
+        return len(self.records)
+
     def close(self) -> None:
         self.consumer.close()
 
@@ -513,7 +517,12 @@ def test_environment_variables_fill_the_options(kafka_bootstrap, tmp_path):
     try:
         send_samples(kafka_bootstrap, topics.input, [sample(5, r, float(r * r), size=None, run=run)
                                                      for r in range(3)])
-        train = train_samples(read_topic(kafka_bootstrap, topics.output, min_count=3, timeout=60))
+        tail = TopicTail(kafka_bootstrap, topics.output)
+        try:
+            worker.wait_for(lambda: tail.count() >= 3, 90, "3 published samples")
+        finally:
+            tail.close()
+        train = [decode_train_sample(r.value) for r in tail.records]
         rc, _ = worker.stop(signal.SIGTERM)
     finally:
         worker.kill()
