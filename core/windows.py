@@ -10,7 +10,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from codec import DeadLetterReason, DecodeError, Sample, group_key_of
-
 from core.config import RewardConfig
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
 from core.rewards import SharedRewardViolation, normalize_group
@@ -78,6 +77,19 @@ class ClosedGroup:
 
 def _digest(value: bytes | None) -> bytes:
     return hashlib.blake2b(value or b"", digest_size=16).digest()
+
+
+def _held(sample: Sample) -> Sample:
+    """What a window keeps of a validated member: the fields normalization reads.
+
+    Everything else stays in the record's bytes, which outputs embed verbatim; the decoded arrays, prompt,
+    response and metadata (about 2 KB of Python objects per sample) would otherwise double the memory of
+    a window of short samples.
+    """
+    return Sample(group_index=sample.group_index, index=sample.index, rollout_id=sample.rollout_id,
+                  reward=sample.reward, group_size=sample.group_size, sibling_count=sample.sibling_count,
+                  sibling_index=sample.sibling_index, run_id=sample.run_id,
+                  schema_version=sample.schema_version)
 
 
 class WindowStore:
@@ -207,7 +219,7 @@ class WindowStore:
                 )
             siblings = window.rollouts[rkey] = {}
             window.sibling_counts[rkey] = sample.sibling_count
-        siblings[sample.sibling_index] = Member(record, sample, rkey, digest)
+        siblings[sample.sibling_index] = Member(record, _held(sample), rkey, digest)
         window.digests.add(digest)
         window.nbytes += record.size
         self.open_bytes += record.size

@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from kafka.admin import (
     ACL,
@@ -73,10 +73,19 @@ Resource = Literal["topic", "group", "transactional-id", "cluster"]
 Operation = Literal["Read", "Write", "Describe", "Create", "IdempotentWrite"]
 Role = Literal["worker", "producer", "reader"]
 
-_RESOURCE_TYPES = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
-                   "transactional-id": ResourceType.TRANSACTIONAL_ID, "cluster": ResourceType.CLUSTER}
-_OPERATIONS = {"Read": ACLOperation.READ, "Write": ACLOperation.WRITE, "Describe": ACLOperation.DESCRIBE,
-               "Create": ACLOperation.CREATE, "IdempotentWrite": ACLOperation.IDEMPOTENT_WRITE}
+_RESOURCE_TYPES = {
+    "topic": ResourceType.TOPIC,
+    "group": ResourceType.GROUP,
+    "transactional-id": ResourceType.TRANSACTIONAL_ID,
+    "cluster": ResourceType.CLUSTER,
+}
+_OPERATIONS = {
+    "Read": ACLOperation.READ,
+    "Write": ACLOperation.WRITE,
+    "Describe": ACLOperation.DESCRIBE,
+    "Create": ACLOperation.CREATE,
+    "IdempotentWrite": ACLOperation.IDEMPOTENT_WRITE,
+}
 _IMPLIES_DESCRIBE = {"READ", "WRITE", "DELETE", "ALTER", "DESCRIBE"}
 
 
@@ -92,13 +101,22 @@ class Permission:
 
     def __str__(self) -> str:
         kind = "cluster" if self.resource == "cluster" else f"{self.resource} {self.name!r}"
-        return f"{self.operation.upper()} on {kind}{' (prefixed)' if self.prefixed else ''}"
+        return f"{self.op_name} on {kind}{' (prefixed)' if self.prefixed else ''}"
+
+    @property
+    def op_name(self) -> str:
+        """As the broker names it in authorized operations: READ, WRITE, IDEMPOTENT_WRITE, ..."""
+        return _OPERATIONS[self.operation].name
 
     def acl(self, principal: str, host: str = "*") -> ACL:
         pattern = ACLResourcePatternType.PREFIXED if self.prefixed else ACLResourcePatternType.LITERAL
-        return ACL(principal=principal, host=host, operation=_OPERATIONS[self.operation],
-                   permission_type=ACLPermissionType.ALLOW,
-                   resource_pattern=ResourcePattern(_RESOURCE_TYPES[self.resource], self.name, pattern))
+        return ACL(
+            principal=principal,
+            host=host,
+            operation=_OPERATIONS[self.operation],
+            permission_type=ACLPermissionType.ALLOW,
+            resource_pattern=ResourcePattern(_RESOURCE_TYPES[self.resource], self.name, pattern),
+        )
 
 
 # -- names the worker derives (stream/worker.py builds the same ones) ---------------------------------------
@@ -120,9 +138,17 @@ def transactional_id(group_id: str, instance_id: str | None) -> str:
 
 
 # -- the lists -----------------------------------------------------------------------------------------------
-def worker_permissions(*, input_topic: str, output_topic: str, dead_letter_topic: str, group_id: str,
-                       delivery: str = "exactly-once", route_topic: str | None = None,
-                       create_topics: bool = False, idempotent_write: bool = False) -> list[Permission]:
+def worker_permissions(
+    *,
+    input_topic: str,
+    output_topic: str,
+    dead_letter_topic: str,
+    group_id: str,
+    delivery: str = "exactly-once",
+    route_topic: str | None = None,
+    create_topics: bool = False,
+    idempotent_write: bool = False,
+) -> list[Permission]:
     """What `rollout-stream run` needs, nothing more."""
     out = [
         Permission("topic", input_topic, "Read", "consume rollout samples"),
@@ -138,14 +164,21 @@ def worker_permissions(*, input_topic: str, output_topic: str, dead_letter_topic
         out += [
             Permission("topic", changelog, "Read", "restore window state after an assignment"),
             Permission("topic", changelog, "Write", "record window state in the same transaction"),
-            Permission("transactional-id", transactional_id_prefix(group_id), "Write",
-                       "transactions (one id per worker instance)", prefixed=True),
+            Permission(
+                "transactional-id",
+                transactional_id_prefix(group_id),
+                "Write",
+                "transactions (one id per worker instance)",
+                prefixed=True,
+            ),
         ]
         data_topics.append(changelog)
     if create_topics:
         out += [Permission("topic", t, "Create", "create the topic if it is missing") for t in data_topics]
     if idempotent_write:
-        out.append(Permission("cluster", "kafka-cluster", "IdempotentWrite", "idempotent producer (brokers < 2.8)"))
+        out.append(
+            Permission("cluster", "kafka-cluster", "IdempotentWrite", "idempotent producer (brokers < 2.8)")
+        )
     return out
 
 
@@ -153,12 +186,14 @@ def producer_permissions(*, input_topic: str, idempotent_write: bool = False) ->
     """What a rollout producer (stream.producer.RolloutProducer, `rollout-stream synth`) needs."""
     out = [Permission("topic", input_topic, "Write", "publish rollout samples")]
     if idempotent_write:
-        out.append(Permission("cluster", "kafka-cluster", "IdempotentWrite", "idempotent producer (brokers < 2.8)"))
+        out.append(
+            Permission("cluster", "kafka-cluster", "IdempotentWrite", "idempotent producer (brokers < 2.8)")
+        )
     return out
 
 
 def reader_permissions(*, output_topic: str, group_id: str) -> list[Permission]:
-    """What a trainer's TrainDataReader needs: the train-data topic and its per-rank groups `<group>-rank<r>`."""
+    """What a trainer's TrainDataReader needs: train-data and its per-rank groups `<group>-rank<r>`."""
     return [
         Permission("topic", output_topic, "Read", "read train samples"),
         Permission("group", f"{group_id}-rank", "Read", "commit each rank's position", prefixed=True),
@@ -166,8 +201,14 @@ def reader_permissions(*, output_topic: str, group_id: str) -> list[Permission]:
 
 
 # -- kafka-acls commands -------------------------------------------------------------------------------------
-def render_kafka_acls(principal: str, permissions: Iterable[Permission], *, bootstrap: str = "$KAFKA_BOOTSTRAP_SERVERS",
-                      command_config: str = "admin.properties", tool: str = "kafka-acls.sh") -> list[str]:
+def render_kafka_acls(
+    principal: str,
+    permissions: Iterable[Permission],
+    *,
+    bootstrap: str = "$KAFKA_BOOTSTRAP_SERVERS",
+    command_config: str = "admin.properties",
+    tool: str = "kafka-acls.sh",
+) -> list[str]:
     """One `kafka-acls.sh --add` command per resource, each preceded by a comment saying why."""
     grouped: dict[tuple[str, str, bool], list[Permission]] = {}
     for p in permissions:
@@ -178,9 +219,12 @@ def render_kafka_acls(principal: str, permissions: Iterable[Permission], *, boot
         target = "--cluster" if resource == "cluster" else f"--{resource} {_shell(name)}"
         pattern = " --resource-pattern-type prefixed" if prefixed else ""
         lines.append(f"# {'; '.join(dict.fromkeys(p.why for p in perms if p.why))}")
-        lines.append(f"{tool} --bootstrap-server {bootstrap} --command-config {_shell(command_config)} --add "
-                     f"--allow-principal {_shell(principal)} "
-                     + " ".join(f"--operation {op}" for op in ops) + f" {target}{pattern}")
+        lines.append(
+            f"{tool} --bootstrap-server {bootstrap} --command-config {_shell(command_config)} --add "
+            f"--allow-principal {_shell(principal)} "
+            + " ".join(f"--operation {op}" for op in ops)
+            + f" {target}{pattern}"
+        )
     return lines
 
 
@@ -205,13 +249,16 @@ def apply_permissions(conn: Connection, principal: str, permissions: Iterable[Pe
         admin.close()
     failed = result.get("failed", [])
     if failed:
-        raise AclsNotApplied(f"the broker refused {len(failed)} of {len(acls)} ACLs: "
-                             + "; ".join(f"{type(e).__name__ if isinstance(e, BaseException) else e}" for e in failed))
+        raise AclsNotApplied(
+            f"the broker refused {len(failed)} of {len(acls)} ACLs: "
+            + "; ".join(f"{type(e).__name__ if isinstance(e, BaseException) else e}" for e in failed)
+        )
     return len(acls)
 
 
-def missing_permissions(conn: Connection, permissions: list[Permission], *,
-                        transactional_ids: dict[str, str] | None = None) -> list[Permission]:
+def missing_permissions(
+    conn: Connection, permissions: list[Permission], *, transactional_ids: dict[str, str] | None = None
+) -> list[Permission]:
     """The permissions this connection's principal lacks, asked of the broker (KIP-430 authorized operations).
 
     A topic that does not exist counts as missing unless the principal may create it. A transactional id
@@ -226,28 +273,29 @@ def missing_permissions(conn: Connection, permissions: list[Permission], *,
         if topics:
             missing += _missing_on_topics(admin, topics, permissions)
         for group in dict.fromkeys(p.name for p in permissions if p.resource == "group" and not p.prefixed):
-            missing += _missing_on_group(admin, group, [p for p in permissions if p.name == group
-                                                        and p.resource == "group"])
+            missing += _missing_on_group(
+                admin, group, [p for p in permissions if p.name == group and p.resource == "group"]
+            )
         for p in permissions:
             if p.resource == "transactional-id" and not _may_describe_transaction(
-                    admin, (transactional_ids or {}).get(p.name, p.name)):
+                admin, (transactional_ids or {}).get(p.name, p.name)
+            ):
                 missing.append(p)
         cluster_ops = [p for p in permissions if p.resource == "cluster"]
         if cluster_ops:
             ops = admin.describe_cluster().get("authorized_operations")
             if isinstance(ops, list):
-                missing += [p for p in cluster_ops if p.operation.upper().replace("IDEMPOTENTWRITE", "IDEMPOTENT_WRITE")
-                            not in ops]
+                missing += [p for p in cluster_ops if p.op_name not in ops]
     finally:
         admin.close()
     return missing
 
 
-def _may_describe_transaction(admin: object, tid: str, budget_s: float = 10.0) -> bool:
+def _may_describe_transaction(admin: Any, tid: str, budget_s: float = 10.0) -> bool:
     deadline = time.monotonic() + budget_s
     while True:
         try:
-            admin.describe_transactions([tid])  # type: ignore[attr-defined]
+            admin.describe_transactions([tid])
             return True
         except TransactionalIdAuthorizationFailedError:
             return False
@@ -259,8 +307,8 @@ def _may_describe_transaction(admin: object, tid: str, budget_s: float = 10.0) -
             time.sleep(0.25)
 
 
-def _missing_on_topics(admin: object, topics: list[str], permissions: list[Permission]) -> list[Permission]:
-    described = {t["name"]: t for t in admin.describe_topics(topics)}  # type: ignore[attr-defined]
+def _missing_on_topics(admin: Any, topics: list[str], permissions: list[Permission]) -> list[Permission]:
+    described = {t["name"]: t for t in admin.describe_topics(topics)}
     missing: list[Permission] = []
     for name in topics:
         wanted = [p for p in permissions if p.resource == "topic" and p.name == name]
@@ -273,7 +321,7 @@ def _missing_on_topics(admin: object, topics: list[str], permissions: list[Permi
         if error == 3:  # UNKNOWN_TOPIC_OR_PARTITION: describable, absent
             create = next((p for p in wanted if p.operation == "Create"), None)
             if create is None or _may_create(admin, name):
-                continue  # created at start (or by whoever creates topics); ensure_topics reports its own errors
+                continue  # created at start; ensure_topics reports its own errors
             missing.append(create)
             continue
         if not isinstance(ops, list):
@@ -281,22 +329,25 @@ def _missing_on_topics(admin: object, topics: list[str], permissions: list[Permi
         for p in wanted:
             if p.operation == "Create":
                 continue  # the topic exists
-            need = p.operation.upper()
+            need = p.op_name
             if need not in ops and not (need == "DESCRIBE" and _IMPLIES_DESCRIBE & set(ops)):
                 missing.append(p)
     return missing
 
 
-def _may_create(admin: object, topic: str) -> bool:
-    result = admin.create_topics({topic: {"num_partitions": 1, "replication_factor": -1}},  # type: ignore[attr-defined]
-                                 validate_only=True, raise_errors=False)
+def _may_create(admin: Any, topic: str) -> bool:
+    result = admin.create_topics(
+        {topic: {"num_partitions": 1, "replication_factor": -1}},
+        validate_only=True,
+        raise_errors=False,
+    )
     codes = [t.get("error_code", 0) for t in result.get("topics", [])]
     return 29 not in codes and 31 not in codes
 
 
-def _missing_on_group(admin: object, group: str, wanted: list[Permission]) -> list[Permission]:
+def _missing_on_group(admin: Any, group: str, wanted: list[Permission]) -> list[Permission]:
     try:
-        described = admin.describe_groups([group]).get(group, {})  # type: ignore[attr-defined]
+        described = admin.describe_groups([group]).get(group, {})
     except GroupAuthorizationFailedError:
         return wanted
     except KafkaError:
@@ -306,14 +357,16 @@ def _missing_on_group(admin: object, group: str, wanted: list[Permission]) -> li
     ops = described.get("authorized_operations")
     if not isinstance(ops, list):
         return []
-    return [p for p in wanted if p.operation.upper() not in ops]
+    return [p for p in wanted if p.op_name not in ops]
 
 
 def describe_missing(principal: str | None, missing: list[Permission], *, hint: str = "") -> str:
     """One line: who lacks what, and how to grant it."""
     who = principal or "this client"
     what = ", ".join(str(p) for p in missing)
-    return f"{who} is not allowed to use {len(missing)} resource(s) it needs: missing {what}" + (f"; {hint}" if hint else "")
+    return f"{who} is not allowed to use {len(missing)} resource(s) it needs: missing {what}" + (
+        f"; {hint}" if hint else ""
+    )
 
 
 # -- the worker's start-up check and its runtime errors ------------------------------------------------------
@@ -323,9 +376,13 @@ class AccessDenied(RuntimeError):
 
 def acls_print_hint(principal: str | None, config: WorkerConfig) -> str:
     topics = config.topics
-    parts = [f"rollout-stream acls print --principal {principal or 'User:NAME'}", f"--group-id {config.group_id}",
-             f"--input-topic {topics.input}", f"--output-topic {topics.output}",
-             f"--dead-letter-topic {topics.dead_letter}"]
+    parts = [
+        f"rollout-stream acls print --principal {principal or 'User:NAME'}",
+        f"--group-id {config.group_id}",
+        f"--input-topic {topics.input}",
+        f"--output-topic {topics.output}",
+        f"--dead-letter-topic {topics.dead_letter}",
+    ]
     if config.delivery != "exactly-once":
         parts.append(f"--delivery {config.delivery}")
     if config.zero_variance.topic:
@@ -336,12 +393,18 @@ def acls_print_hint(principal: str | None, config: WorkerConfig) -> str:
 def check_worker_access(conn: Connection, config: WorkerConfig) -> None:
     """Raise AccessDenied, naming every missing permission, before the worker reads or writes anything."""
     permissions = worker_permissions(
-        input_topic=config.topics.input, output_topic=config.topics.output,
-        dead_letter_topic=config.topics.dead_letter, group_id=config.group_id, delivery=config.delivery,
-        route_topic=config.zero_variance.topic, create_topics=True)
+        input_topic=config.topics.input,
+        output_topic=config.topics.output,
+        dead_letter_topic=config.topics.dead_letter,
+        group_id=config.group_id,
+        delivery=config.delivery,
+        route_topic=config.zero_variance.topic,
+        create_topics=True,
+    )
     prefix = transactional_id_prefix(config.group_id)
-    missing = missing_permissions(conn, permissions,
-                                  transactional_ids={prefix: transactional_id(config.group_id, config.instance_id)})
+    missing = missing_permissions(
+        conn, permissions, transactional_ids={prefix: transactional_id(config.group_id, config.instance_id)}
+    )
     if missing:
         principal = conn.security.principal
         raise AccessDenied(describe_missing(principal, missing, hint=acls_print_hint(principal, config)))
@@ -356,8 +419,8 @@ _DENIALS = {
 
 
 def authorization_cause(exc: BaseException | None) -> AuthorizationError | None:
-    """The authorization error behind `exc`, also where kafka-python wraps it ("Cannot perform send because at
-    least one previous transactional or idempotent request has failed", TopicAuthorizationFailedError(...))."""
+    """The authorization error behind `exc`, also where kafka-python wraps it ("Cannot perform send
+    because at least one previous transactional or idempotent request has failed", TopicAuthorization…)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -381,20 +444,30 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
         if config is not None:
             needs: dict[str, list[str]] = {}
             for p in worker_permissions(
-                    input_topic=config.topics.input, output_topic=config.topics.output,
-                    dead_letter_topic=config.topics.dead_letter, group_id=config.group_id, delivery=config.delivery,
-                    route_topic=config.zero_variance.topic):
+                input_topic=config.topics.input,
+                output_topic=config.topics.output,
+                dead_letter_topic=config.topics.dead_letter,
+                group_id=config.group_id,
+                delivery=config.delivery,
+                route_topic=config.zero_variance.topic,
+            ):
                 if p.resource == "topic":
-                    needs.setdefault(p.name, []).append(p.operation.upper())
-            named = [(name, ops) for name, ops in needs.items()
-                     if re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", str(exc))]
+                    needs.setdefault(p.name, []).append(p.op_name)
+            named = [
+                (name, ops)
+                for name, ops in needs.items()
+                if re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", str(exc))
+            ]
             if named:
                 what = ", ".join(f"{'/'.join(ops)} on topic {name!r}" for name, ops in named)
     elif kind == "the consumer group":
         what = f"READ on group {config.group_id!r}" if config else "READ on the consumer group"
     elif kind == "the transactional id":
-        what = (f"WRITE on transactional id {transactional_id(config.group_id, config.instance_id)!r}"
-                if config else "WRITE on the transactional id")
+        what = (
+            f"WRITE on transactional id {transactional_id(config.group_id, config.instance_id)!r}"
+            if config
+            else "WRITE on the transactional id"
+        )
     elif kind == "the cluster":
         what = "an operation on the cluster"
     else:

@@ -40,16 +40,24 @@ class LoopMetrics:
         self.batch_seconds = Histogram(
             f"{PREFIX}_batch_processing_seconds",
             "Time to process one polled batch: decode, window, normalize, hand outputs to the producer.",
-            buckets=_BATCH_BUCKETS, registry=registry)
+            buckets=_BATCH_BUCKETS,
+            registry=registry,
+        )
         self.end_to_end_seconds = Histogram(
             f"{PREFIX}_end_to_end_latency_seconds",
             "From the Kafka timestamp of a group's last member to the commit that published the group "
             "(exactly-once: when read_committed consumers see it).",
-            buckets=_LATENCY_BUCKETS, registry=registry)
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
         commit = Histogram(
             f"{PREFIX}_commit_duration_seconds",
             "Duration of one commit: the transaction commit (exactly-once) or flush + offset commit "
-            "(at-least-once).", ["delivery"], buckets=_COMMIT_BUCKETS, registry=registry)
+            "(at-least-once).",
+            ["delivery"],
+            buckets=_COMMIT_BUCKETS,
+            registry=registry,
+        )
         self.commit_seconds = commit.labels(delivery=delivery)
 
     def observe_batch(self, seconds: float) -> None:
@@ -87,17 +95,24 @@ class WorkerCollector(Collector):
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
-        info = GaugeMetricFamily(f"{PREFIX}_info", "Stage version and settings.",
-                                 labels=["version", "delivery", "group_id", "input_topic"])
+        info = GaugeMetricFamily(
+            f"{PREFIX}_info",
+            "Stage version and settings.",
+            labels=["version", "delivery", "group_id", "input_topic"],
+        )
         info.add_metric([STAGE_VERSION, w.config.delivery, w.config.group_id, w.config.topics.input], 1)
         yield info
         yield counter("samples_in", "Input records consumed.", s.records_in)
         yield counter("samples_published", "Train samples published (samples out).", s.samples_published)
         yield counter("groups_published", "Prompt groups published.", s.groups_published)
-        by_reason = CounterMetricFamily(f"{PREFIX}_dead_letters", "Records dead-lettered, by reason.",
-                                        labels=["reason"])
-        groups_by_reason = CounterMetricFamily(f"{PREFIX}_dead_letter_groups",
-                                               "Groups (or lone records) dead-lettered, by reason.", labels=["reason"])
+        by_reason = CounterMetricFamily(
+            f"{PREFIX}_dead_letters", "Records dead-lettered, by reason.", labels=["reason"]
+        )
+        groups_by_reason = CounterMetricFamily(
+            f"{PREFIX}_dead_letter_groups",
+            "Groups (or lone records) dead-lettered, by reason.",
+            labels=["reason"],
+        )
         for reason, n in sorted(_copy(s.dead_lettered).items()):
             by_reason.add_metric([reason], n)
         for reason, n in sorted(_copy(s.dead_letter_groups).items()):
@@ -105,23 +120,38 @@ class WorkerCollector(Collector):
         yield by_reason
         yield groups_by_reason
         yield counter("duplicates", "Identical duplicate records dropped.", s.duplicates)
-        yield counter("zero_variance_groups", "Groups whose rollouts all share one reward.", s.zero_variance_groups)
-        yield counter("zero_variance_dropped_samples", "Samples of zero-variance groups dropped by policy.",
-                      s.zero_variance_dropped)
+        yield counter(
+            "zero_variance_groups", "Groups whose rollouts all share one reward.", s.zero_variance_groups
+        )
+        yield counter(
+            "zero_variance_dropped_samples",
+            "Samples of zero-variance groups dropped by policy.",
+            s.zero_variance_dropped,
+        )
         yield counter("commits", "Successful commits (transactions or offset commits).", s.commits)
-        yield counter("transaction_aborts", "Aborted transactions (state restored from the last commit).",
-                      s.aborts)
+        yield counter(
+            "transaction_aborts", "Aborted transactions (state restored from the last commit).", s.aborts
+        )
         yield counter("restores", "Partition state restores.", s.restores)
         yield gauge("open_windows", "Prompt groups currently open.", w.store.open_count())
         yield gauge("open_window_bytes", "Bytes of input records held in open windows.", w.store.open_bytes)
-        yield gauge("closed_groups_remembered", "Resolved groups remembered to recognise late members.",
-                    len(w.store.closed))
+        yield gauge(
+            "closed_groups_remembered",
+            "Resolved groups remembered to recognise late members.",
+            len(w.store.closed),
+        )
         yield gauge("paused", "1 while fetching is paused by back-pressure.", 1 if s.paused else 0)
         yield gauge("ready", "1 once partitions are assigned and restored.", 1 if w.ready else 0)
-        yield gauge("loop_last_tick_age_seconds", "Seconds since the processing loop last ticked.",
-                    max(0.0, time.monotonic() - w.last_tick) if w.last_tick else float("nan"))
-        lag = GaugeMetricFamily(f"{PREFIX}_consumer_lag", "Records behind the high watermark, per input partition.",
-                                labels=["topic", "partition"])
+        yield gauge(
+            "loop_last_tick_age_seconds",
+            "Seconds since the processing loop last ticked.",
+            max(0.0, time.monotonic() - w.last_tick) if w.last_tick else float("nan"),
+        )
+        lag = GaugeMetricFamily(
+            f"{PREFIX}_consumer_lag",
+            "Records behind the high watermark, per input partition.",
+            labels=["topic", "partition"],
+        )
         try:
             per_partition = w.partition_lag()
         except Exception:  # noqa: BLE001 - a scrape must not fail because the consumer is mid-rebalance

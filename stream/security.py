@@ -60,7 +60,7 @@ class SecurityConfigError(ValueError):
 
 
 class SecretStr:
-    """A string that shows as ********** in repr, str, logs and tracebacks; `get_secret_value()` reveals it."""
+    """A string shown as ********** in repr, str, logs and tracebacks; `get_secret_value()` reveals it."""
 
     __slots__ = ("_value",)
 
@@ -150,7 +150,8 @@ class SecuritySettings:
     def __post_init__(self) -> None:
         if self.protocol not in SECURITY_PROTOCOLS:
             raise SecurityConfigError(
-                f"security protocol must be one of {', '.join(SECURITY_PROTOCOLS)}, got {self.protocol!r}")
+                f"security protocol must be one of {', '.join(SECURITY_PROTOCOLS)}, got {self.protocol!r}"
+            )
         if self.sasl_password is not None and not isinstance(self.sasl_password, SecretStr):
             raise TypeError("sasl_password must be a SecretStr")  # a plain str would print in clear
         if self.ssl_key_password is not None and not isinstance(self.ssl_key_password, SecretStr):
@@ -165,7 +166,8 @@ class SecuritySettings:
             if given:
                 raise SecurityConfigError(
                     f"{' and '.join(given)} given, but security protocol {self.protocol} does not use SASL: "
-                    "use SASL_SSL (or SASL_PLAINTEXT)")
+                    "use SASL_SSL (or SASL_PLAINTEXT)"
+                )
         if not self.uses_tls:
             given = [name for name, value in (
                 ("CA file", self.ssl_cafile), ("client certificate", self.ssl_certfile),
@@ -173,8 +175,10 @@ class SecuritySettings:
             ) if value]  # fmt: skip
             if given:
                 raise SecurityConfigError(
-                    f"TLS {' and '.join(given)} given, but security protocol {self.protocol} does not use TLS: "
-                    "use SSL or SASL_SSL")
+                    f"TLS {' and '.join(given)} given, but security protocol {self.protocol} "
+                    "does not use TLS: "
+                    "use SSL or SASL_SSL"
+                )
         if self.ssl_keyfile is not None and self.ssl_certfile is None:
             raise SecurityConfigError("a TLS client key needs its certificate: add --ssl-certfile")
 
@@ -183,20 +187,27 @@ class SecuritySettings:
         if mech is None:
             raise SecurityConfigError(
                 f"security protocol {self.protocol} needs a SASL mechanism: {', '.join(SASL_MECHANISMS)} "
-                "(--sasl-mechanism or KAFKA_SASL_MECHANISM)")
+                "(--sasl-mechanism or KAFKA_SASL_MECHANISM)"
+            )
         if mech not in SASL_MECHANISMS:
-            raise SecurityConfigError(f"SASL mechanism must be one of {', '.join(SASL_MECHANISMS)}, got {mech!r}")
+            raise SecurityConfigError(
+                f"SASL mechanism must be one of {', '.join(SASL_MECHANISMS)}, got {mech!r}"
+            )
         if mech == "OAUTHBEARER":
             if self.sasl_oauth_token_file is None:
-                raise SecurityConfigError("OAUTHBEARER needs a token file (--sasl-oauth-token-file or "
-                                          "KAFKA_SASL_OAUTH_TOKEN_FILE)")
+                raise SecurityConfigError(
+                    "OAUTHBEARER needs a token file (--sasl-oauth-token-file or KAFKA_SASL_OAUTH_TOKEN_FILE)"
+                )
             return
         if not self.sasl_username:
-            raise SecurityConfigError(f"SASL {mech} needs a user name (--sasl-username or KAFKA_SASL_USERNAME)")
+            raise SecurityConfigError(
+                f"SASL {mech} needs a user name (--sasl-username or KAFKA_SASL_USERNAME)"
+            )
         if not self.sasl_password:
             raise SecurityConfigError(
                 f"SASL {mech} needs a password for user {self.sasl_username!r}: --sasl-password-file FILE, "
-                "KAFKA_SASL_PASSWORD or KAFKA_SASL_PASSWORD_FILE")
+                "KAFKA_SASL_PASSWORD or KAFKA_SASL_PASSWORD_FILE"
+            )
 
     # -- queries ------------------------------------------------------------------------------------
     @property
@@ -259,12 +270,17 @@ class SecuritySettings:
             else:
                 ctx.load_default_certs()
         except (OSError, ssl.SSLError) as exc:
-            raise SecurityConfigError(f"cannot load the TLS CA file {str(self.ssl_cafile)!r}: {_why(exc)}") from None
+            raise SecurityConfigError(
+                f"cannot load the TLS CA file {str(self.ssl_cafile)!r}: {_why(exc)}"
+            ) from None
         if self.ssl_certfile is not None:
             password = self.ssl_key_password.get_secret_value() if self.ssl_key_password else None
             try:
-                ctx.load_cert_chain(str(self.ssl_certfile), str(self.ssl_keyfile) if self.ssl_keyfile else None,
-                                    password=password)
+                ctx.load_cert_chain(
+                    str(self.ssl_certfile),
+                    str(self.ssl_keyfile) if self.ssl_keyfile else None,
+                    password=password,
+                )
             except (OSError, ssl.SSLError) as exc:
                 raise SecurityConfigError(
                     f"cannot load the TLS client certificate {str(self.ssl_certfile)!r}"
@@ -333,8 +349,13 @@ class SecuritySettings:
             ssl_certfile=path("ssl_certfile"),
             ssl_keyfile=path("ssl_keyfile"),
             ssl_key_password=secret("ssl_key_password", "ssl_key_password_file", "TLS key password file"),
-            ssl_check_hostname=(check if isinstance(check, bool) else
-                                _parse_bool(str(check), "ssl check hostname") if check not in (None, "") else True),
+            ssl_check_hostname=(
+                check
+                if isinstance(check, bool)
+                else _parse_bool(str(check), "ssl check hostname")
+                if check not in (None, "")
+                else True
+            ),
         )
 
     @classmethod
@@ -353,7 +374,7 @@ def _why(exc: BaseException) -> str:
 
 
 def _quiet_wire_logs() -> None:
-    """kafka-python logs raw request bytes at DEBUG (a SASL PLAIN token holds the password): never below INFO."""
+    """kafka-python logs raw request bytes at DEBUG (a SASL PLAIN token holds the password): keep INFO."""
     for name in ("kafka.protocol.parser", "kafka.net.connection"):
         logger = logging.getLogger(name)
         if logger.getEffectiveLevel() < logging.INFO:
@@ -384,7 +405,7 @@ _PROPERTY_KEYS: dict[str, str] = {
 
 
 def _parse_properties(text: str) -> dict[str, str]:
-    """Java .properties, the subset clients use: KEY=VALUE or KEY: VALUE, # and ! comments, \\ continuations."""
+    """Java .properties as clients use them: KEY=VALUE or KEY: VALUE, # and ! comments, continuations."""
     props: dict[str, str] = {}
     logical = ""
     for raw in text.splitlines():
@@ -413,7 +434,9 @@ def load_properties(path: Path) -> tuple[dict[str, Any], str | None]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise SecurityConfigError(f"cannot read the Kafka client config {str(path)!r}: {exc.strerror or exc}") from None
+        raise SecurityConfigError(
+            f"cannot read the Kafka client config {str(path)!r}: {exc.strerror or exc}"
+        ) from None
     props = _parse_properties(text)
     values: dict[str, Any] = {}
     for key, value in props.items():
@@ -427,7 +450,9 @@ def load_properties(path: Path) -> tuple[dict[str, Any], str | None]:
         if "password" in options:
             values.setdefault("sasl_password", SecretStr(options["password"]))
     if "ssl.endpoint.identification.algorithm" in props:
-        values.setdefault("ssl_check_hostname", props["ssl.endpoint.identification.algorithm"].lower() == "https")
+        values.setdefault(
+            "ssl_check_hostname", props["ssl.endpoint.identification.algorithm"].lower() == "https"
+        )
     for store in ("truststore", "keystore"):
         location = props.get(f"ssl.{store}.location")
         if not location:
@@ -435,9 +460,11 @@ def load_properties(path: Path) -> tuple[dict[str, Any], str | None]:
         kind = props.get(f"ssl.{store}.type", "JKS").upper()
         if kind != "PEM":
             raise SecurityConfigError(
-                f"{str(path)!r}: ssl.{store}.location is a {kind} {store}, which only Java reads: export it as PEM "
+                f"{str(path)!r}: ssl.{store}.location is a {kind} {store}, which only Java reads: "
+                "export it as PEM "
                 f"(`keytool -exportcert -rfc` / `openssl pkcs12 -nodes`) and use "
-                f"{'ssl.cafile' if store == 'truststore' else 'ssl.certfile and ssl.keyfile'}")
+                f"{'ssl.cafile' if store == 'truststore' else 'ssl.certfile and ssl.keyfile'}"
+            )
         if store == "truststore":
             values.setdefault("ssl_cafile", location)
         else:  # a PEM key store: key and certificate chain in one file

@@ -33,8 +33,15 @@ class LatencyResult:
     seconds: float
 
     def to_json(self) -> dict[str, float | int | None]:
-        return {"rate": round(self.rate, 1), "groups": self.groups, "seen": self.seen, "p50_ms": self.p50_ms,
-                "p99_ms": self.p99_ms, "max_ms": self.max_ms, "seconds": round(self.seconds, 2)}
+        return {
+            "rate": round(self.rate, 1),
+            "groups": self.groups,
+            "seen": self.seen,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "max_ms": self.max_ms,
+            "seconds": round(self.seconds, 2),
+        }
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -74,9 +81,19 @@ class _Observer(threading.Thread):
             self.consumer.close(autocommit=False)
 
 
-def measure_latency(conn: Connection, input_topic: str, output_topic: str, w: Workload, *, rate: float,
-                    seconds: float, run_id: str, start_index: int = 1_000_000, drain_s: float = 5.0,
-                    seed: int = 7) -> LatencyResult:
+def measure_latency(
+    conn: Connection,
+    input_topic: str,
+    output_topic: str,
+    w: Workload,
+    *,
+    rate: float,
+    seconds: float,
+    run_id: str,
+    start_index: int = 1_000_000,
+    drain_s: float = 5.0,
+    seed: int = 7,
+) -> LatencyResult:
     """Offer `rate` samples/s of workload `w` for `seconds`, then report p50/p99 of group latency."""
     spg = w.samples_per_group
     groups = max(4, int(rate * seconds / spg))
@@ -107,9 +124,15 @@ def measure_latency(conn: Connection, input_topic: str, output_topic: str, w: Wo
         observer.join(timeout=10)
         producer.close(timeout=10)
     lat = [(observer.seen[k] - t) * 1000 for k, t in sent.items() if k in observer.seen]
-    return LatencyResult(rate=rate, groups=len(sent), seen=len(lat), p50_ms=_r(percentile(lat, 50)),
-                         p99_ms=_r(percentile(lat, 99)), max_ms=_r(max(lat) if lat else None),
-                         seconds=time.monotonic() - started)
+    return LatencyResult(
+        rate=rate,
+        groups=len(sent),
+        seen=len(lat),
+        p50_ms=_r(percentile(lat, 50)),
+        p99_ms=_r(percentile(lat, 99)),
+        max_ms=_r(max(lat) if lat else None),
+        seconds=time.monotonic() - started,
+    )
 
 
 def _r(x: float | None) -> float | None:

@@ -1,4 +1,4 @@
-"""The client's ceiling: consume raw bytes → produce raw bytes → commit, with the worker's clients and cadence.
+"""The client's ceiling: consume raw bytes → produce raw bytes → commit, with the worker's clients.
 
 No decode, no windows, no normalization: what is left is what kafka-python costs for the same records
 under the same delivery guarantee (exactly-once: one transaction per commit carrying the outputs and
@@ -22,10 +22,21 @@ __all__ = ["Passthrough"]
 class Passthrough:
     """Copies every record of the input topic to the output topic; counters readable from other threads."""
 
-    def __init__(self, conn: Connection, *, group_id: str, input_topic: str, output_topic: str,
-                 delivery: Literal["exactly-once", "at-least-once"], commit_interval_s: float,
-                 commit_max_records: int, max_record_bytes: int, session_timeout_s: float = 45.0,
-                 transactional_id: str | None = None, transaction_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        group_id: str,
+        input_topic: str,
+        output_topic: str,
+        delivery: Literal["exactly-once", "at-least-once"],
+        commit_interval_s: float,
+        commit_max_records: int,
+        max_record_bytes: int,
+        session_timeout_s: float = 45.0,
+        transactional_id: str | None = None,
+        transaction_timeout_s: float = 60.0,
+    ) -> None:
         self.conn, self.group_id = conn, group_id
         self.input_topic, self.output_topic = input_topic, output_topic
         self.eos = delivery == "exactly-once"
@@ -47,13 +58,20 @@ class Passthrough:
         self._commit_soon = True
 
     def run(self) -> None:
-        consumer = make_consumer(self.conn, group_id=self.group_id, max_record_bytes=self.max_record_bytes,
-                                 session_timeout_ms=int(self.session_timeout_s * 1000),
-                                 heartbeat_interval_ms=max(100, int(self.session_timeout_s * 1000 / 3)))
+        consumer = make_consumer(
+            self.conn,
+            group_id=self.group_id,
+            max_record_bytes=self.max_record_bytes,
+            session_timeout_ms=int(self.session_timeout_s * 1000),
+            heartbeat_interval_ms=max(100, int(self.session_timeout_s * 1000 / 3)),
+        )
         if self.eos:
-            producer = make_producer(self.conn, max_record_bytes=self.max_record_bytes,
-                                     transactional_id=self.transactional_id,
-                                     transaction_timeout_ms=int(self.transaction_timeout_s * 1000))
+            producer = make_producer(
+                self.conn,
+                max_record_bytes=self.max_record_bytes,
+                transactional_id=self.transactional_id,
+                transaction_timeout_ms=int(self.transaction_timeout_s * 1000),
+            )
             producer.init_transactions()
         else:
             producer = make_producer(self.conn, max_record_bytes=self.max_record_bytes)
@@ -76,8 +94,11 @@ class Passthrough:
                         self.bytes_in += len(rec.value or b"") + len(rec.key or b"")
                         uncommitted += 1
                 now = time.monotonic()
-                if self._commit_soon or now - last_commit >= self.commit_interval_s \
-                        or uncommitted >= self.commit_max_records:
+                if (
+                    self._commit_soon
+                    or now - last_commit >= self.commit_interval_s
+                    or uncommitted >= self.commit_max_records
+                ):
                     self._commit_soon = False
                     last_commit = now
                     uncommitted = 0

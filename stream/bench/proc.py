@@ -26,8 +26,13 @@ class RunnerProcess:
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "stream.bench.runner"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stream.bench.runner"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
         assert self.proc.stdin is not None
         self.proc.stdin.write(spec.to_json() + "\n")
         self.proc.stdin.flush()
@@ -55,7 +60,9 @@ class RunnerProcess:
             except queue.Empty:
                 continue
             if event is None:
-                raise RunnerFailed(f"{self.spec.mode} exited ({self.proc.wait()}) before {kind!r}{self._tail()}")
+                raise RunnerFailed(
+                    f"{self.spec.mode} exited ({self.proc.wait()}) before {kind!r}{self._tail()}"
+                )
             if event["event"] == "status":
                 self.last_status = event
             if event["event"] == kind:

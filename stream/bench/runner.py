@@ -22,7 +22,6 @@ from typing import Any
 from stream.bench.passthrough import Passthrough
 from stream.bench.procstat import cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes, thread_cpu_seconds
 from stream.clients import MAX_RECORD_BYTES, Connection
-from stream.config import TopicNames, WorkerConfig
 
 __all__ = ["RunSpec", "main"]
 
@@ -62,23 +61,33 @@ class _Target:
     def __init__(self, spec: RunSpec) -> None:
         conn = Connection(spec.bootstrap, client_id=f"bench-{spec.mode}")
         self.stage = spec.mode == "stage"
-        if self.stage:
+        if self.stage:  # imported here: the passthrough process needs neither the worker nor torch
+            from stream.config import TopicNames, WorkerConfig
             from stream.worker import Worker
 
             config = WorkerConfig(
                 bootstrap_servers=spec.bootstrap,
                 topics=TopicNames(spec.input_topic, spec.output_topic, spec.dead_letter_topic),
-                group_id=spec.group_id, group_timeout_s=spec.group_timeout_s,
+                group_id=spec.group_id,
+                group_timeout_s=spec.group_timeout_s,
                 delivery=spec.delivery,  # type: ignore[arg-type]
-                commit_interval_s=spec.commit_interval_s, commit_max_records=spec.commit_max_records,
-                instance_id=spec.group_id, progress_interval_s=3600.0,
+                commit_interval_s=spec.commit_interval_s,
+                commit_max_records=spec.commit_max_records,
+                instance_id=spec.group_id,
+                progress_interval_s=3600.0,
             )
             self.obj: Any = Worker(config, conn)
         else:
-            self.obj = Passthrough(conn, group_id=spec.group_id, input_topic=spec.input_topic,
-                                   output_topic=spec.output_topic, delivery=spec.delivery,  # type: ignore[arg-type]
-                                   commit_interval_s=spec.commit_interval_s,
-                                   commit_max_records=spec.commit_max_records, max_record_bytes=MAX_RECORD_BYTES)
+            self.obj = Passthrough(
+                conn,
+                group_id=spec.group_id,
+                input_topic=spec.input_topic,
+                output_topic=spec.output_topic,
+                delivery=spec.delivery,  # type: ignore[arg-type]
+                commit_interval_s=spec.commit_interval_s,
+                commit_max_records=spec.commit_max_records,
+                max_record_bytes=MAX_RECORD_BYTES,
+            )
 
     def records_in(self) -> int:
         return self.obj.stats.records_in if self.stage else self.obj.records_in
@@ -151,24 +160,41 @@ class _Watch(threading.Thread):
                 return
             if now - last_status >= spec.status_interval_s:
                 last_status = now
-                _emit({"event": "status", "t": round(now - self.started, 3), "records_in": n, "open_windows": count,
-                       "open_bytes": nbytes, "rss": rss_bytes(), "peak_rss": peak_rss_bytes(),
-                       "commits": target.commits()})
+                _emit(
+                    {
+                        "event": "status",
+                        "t": round(now - self.started, 3),
+                        "records_in": n,
+                        "open_windows": count,
+                        "open_bytes": nbytes,
+                        "rss": rss_bytes(),
+                        "peak_rss": peak_rss_bytes(),
+                        "commits": target.commits(),
+                    }
+                )
             time.sleep(0.02)
 
     def _phase_done(self, now: float, n: int) -> None:
         assert self.first is not None
         threads = thread_cpu_seconds()
-        _emit({
-            "event": "drained", "mode": self.spec.mode, "delivery": self.spec.delivery, "records": n,
-            "seconds": now - self.first,
-            "final_commit_s": (now - self.drained_at) if self.drained_at is not None else None,
-            "cpu_s": cpu_seconds() - self.cpu0,
-            # CPU seconds of each thread during the phase: the loop vs kafka-python's IO/sender threads.
-            "thread_cpu_s": {k: round(v - self.threads0.get(k, 0.0), 3) for k, v in threads.items()},
-            "commits": self.target.commits(), "rss": rss_bytes(), "peak_rss": peak_rss_bytes(),
-            "peak_open_windows": self.peak_open[0], "peak_open_bytes": self.peak_open[1],
-        })
+        _emit(
+            {
+                "event": "drained",
+                "mode": self.spec.mode,
+                "delivery": self.spec.delivery,
+                "records": n,
+                "seconds": now - self.first,
+                "final_commit_s": (now - self.drained_at) if self.drained_at is not None else None,
+                "cpu_s": cpu_seconds() - self.cpu0,
+                # CPU seconds of each thread during the phase: the loop vs kafka-python's IO/sender threads.
+                "thread_cpu_s": {k: round(v - self.threads0.get(k, 0.0), 3) for k, v in threads.items()},
+                "commits": self.target.commits(),
+                "rss": rss_bytes(),
+                "peak_rss": peak_rss_bytes(),
+                "peak_open_windows": self.peak_open[0],
+                "peak_open_bytes": self.peak_open[1],
+            }
+        )
         self.spec.end_offsets = None
         reset_peak_rss()
         self.peak_open = [0, 0]
@@ -198,9 +224,19 @@ def main() -> None:
             profiler.dump_stats(spec.profile)
     watch.stopped.set()
     watch.join(timeout=5)
-    _emit({"event": "result", "mode": spec.mode, "stop": watch.stop_reason, "records": target.records_in(),
-           "rss": rss_bytes(), "peak_rss": peak_rss_bytes(), "peak_open_windows": watch.peak_open[0],
-           "peak_open_bytes": watch.peak_open[1], "stats": target.summary()})
+    _emit(
+        {
+            "event": "result",
+            "mode": spec.mode,
+            "stop": watch.stop_reason,
+            "records": target.records_in(),
+            "rss": rss_bytes(),
+            "peak_rss": peak_rss_bytes(),
+            "peak_open_windows": watch.peak_open[0],
+            "peak_open_bytes": watch.peak_open[1],
+            "stats": target.summary(),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -14,12 +14,29 @@ from typing import Any
 from stream.bench.latency import LatencyResult, measure_latency
 from stream.bench.proc import RunnerProcess
 from stream.bench.runner import RunSpec
-from stream.bench.workloads import BenchTopics, Preloaded, Workload, create_topics, delete_topics, preload, \
-    standard_workloads
+from stream.bench.workloads import (
+    BenchTopics,
+    Preloaded,
+    Workload,
+    create_topics,
+    delete_topics,
+    preload,
+    standard_workloads,
+)
 from stream.clients import Connection
 
-__all__ = ["BenchSettings", "Throughput", "WorkloadResult", "MemoryResult", "SweepPoint", "BenchReport",
-           "run_bench", "THROUGHPUT_TARGET", "P99_TARGET_MS", "MEMORY_TARGET"]
+__all__ = [
+    "BenchSettings",
+    "Throughput",
+    "WorkloadResult",
+    "MemoryResult",
+    "SweepPoint",
+    "BenchReport",
+    "run_bench",
+    "THROUGHPUT_TARGET",
+    "P99_TARGET_MS",
+    "MEMORY_TARGET",
+]
 
 THROUGHPUT_TARGET = 0.85  # stage ≥ 0.85 × passthrough on workloads (a) and (b)
 P99_TARGET_MS = 250.0  # at half of the measured maximum rate
@@ -37,7 +54,7 @@ class BenchSettings:
     partitions: int = 3
     commit_interval_s: float = 1.0
     commit_max_records: int = 5000
-    latency_s: float = 5.0
+    latency_s: float = 4.0
     sweep_latency_s: float = 3.0
     memory: bool = True
     compare_delivery: bool = True  # EOS vs ALO on (a) and (b), g8, when only one delivery is benchmarked
@@ -70,10 +87,20 @@ class Throughput:
         return self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "samples": self.samples, "bytes": self.bytes, "seconds": round(self.seconds, 3),
-                "samples_per_s": round(self.samples_per_s, 1), "mb_per_s": round(self.mb_per_s, 2),
-                "cpu_s": round(self.cpu_s, 2), "loop_cpu_us_per_sample": round(self.loop_cpu_s / self.samples * 1e6, 1)
-                if self.samples else None, "commits": self.commits, "thread_cpu_s": self.thread_cpu_s}
+        return {
+            "mode": self.mode,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "samples_per_s": round(self.samples_per_s, 1),
+            "mb_per_s": round(self.mb_per_s, 2),
+            "cpu_s": round(self.cpu_s, 2),
+            "loop_cpu_us_per_sample": round(self.loop_cpu_s / self.samples * 1e6, 1)
+            if self.samples
+            else None,
+            "commits": self.commits,
+            "thread_cpu_s": self.thread_cpu_s,
+        }
 
 
 @dataclass
@@ -86,14 +113,26 @@ class WorkloadResult:
 
     @property
     def ratio(self) -> float:
-        return self.stage.samples_per_s / self.passthrough.samples_per_s if self.passthrough.samples_per_s else 0.0
+        return (
+            self.stage.samples_per_s / self.passthrough.samples_per_s
+            if self.passthrough.samples_per_s
+            else 0.0
+        )
 
     def to_json(self) -> dict[str, Any]:
         w = self.workload
-        return {"workload": w.name, "label": w.label(), "tokens": w.tokens, "group_size": w.group_size,
-                "siblings": w.siblings, "delivery": self.delivery, "stage": self.stage.to_json(),
-                "passthrough": self.passthrough.to_json(), "ratio": round(self.ratio, 3),
-                "latency": self.latency.to_json() if self.latency else None}
+        return {
+            "workload": w.name,
+            "label": w.label(),
+            "tokens": w.tokens,
+            "group_size": w.group_size,
+            "siblings": w.siblings,
+            "delivery": self.delivery,
+            "stage": self.stage.to_json(),
+            "passthrough": self.passthrough.to_json(),
+            "ratio": round(self.ratio, 3),
+            "latency": self.latency.to_json() if self.latency else None,
+        }
 
 
 @dataclass
@@ -114,9 +153,15 @@ class MemoryResult:
         return self.peak_rss <= MEMORY_TARGET * self.open_bytes + self.base_rss
 
     def to_json(self) -> dict[str, Any]:
-        return {"workload": self.workload.label(), "base_rss": self.base_rss, "peak_rss": self.peak_rss,
-                "open_bytes": self.open_bytes, "open_windows": self.open_windows, "ratio": round(self.ratio, 3),
-                "ok": self.ok}
+        return {
+            "workload": self.workload.label(),
+            "base_rss": self.base_rss,
+            "peak_rss": self.peak_rss,
+            "open_bytes": self.open_bytes,
+            "open_windows": self.open_windows,
+            "ratio": round(self.ratio, 3),
+            "ok": self.ok,
+        }
 
 
 @dataclass
@@ -127,9 +172,13 @@ class SweepPoint:
     latency: LatencyResult | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"commit_interval_s": self.commit_interval_s, "commit_max_records": self.commit_max_records,
-                "samples_per_s": round(self.stage.samples_per_s, 1), "commits": self.stage.commits,
-                "latency": self.latency.to_json() if self.latency else None}
+        return {
+            "commit_interval_s": self.commit_interval_s,
+            "commit_max_records": self.commit_max_records,
+            "samples_per_s": round(self.stage.samples_per_s, 1),
+            "commits": self.stage.commits,
+            "latency": self.latency.to_json() if self.latency else None,
+        }
 
 
 @dataclass
@@ -159,14 +208,21 @@ class BenchReport:
         s = self.settings
         return {
             "machine": self.machine,
-            "settings": {"deliveries": list(s.deliveries), "quick": s.quick, "partitions": s.partitions,
-                         "commit_interval_s": s.commit_interval_s, "commit_max_records": s.commit_max_records,
-                         "latency_s": s.latency_s},
+            "settings": {
+                "deliveries": list(s.deliveries),
+                "quick": s.quick,
+                "partitions": s.partitions,
+                "commit_interval_s": s.commit_interval_s,
+                "commit_max_records": s.commit_max_records,
+                "latency_s": s.latency_s,
+            },
             "results": [r.to_json() for r in self.results],
             "delivery_compare": [r.to_json() for r in self.delivery_compare],
             "memory": [m.to_json() for m in self.memory],
-            "sweep": {"workload": self.sweep_workload.label() if self.sweep_workload else None,
-                      "points": [p.to_json() for p in self.sweep]},
+            "sweep": {
+                "workload": self.sweep_workload.label() if self.sweep_workload else None,
+                "points": [p.to_json() for p in self.sweep],
+            },
             "targets": self.targets(),
             "seconds": round(self.seconds, 1),
         }
@@ -183,9 +239,15 @@ def machine_info() -> dict[str, Any]:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         mem = 0
-    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_bytes": mem, "python": platform.python_version(),
-            "kafka_python": version("kafka-python"), "platform": platform.platform(),
-            "load_average_start": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_bytes": mem,
+        "python": platform.python_version(),
+        "kafka_python": version("kafka-python"),
+        "platform": platform.platform(),
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 Progress = Callable[[str], None]
@@ -197,38 +259,93 @@ class _Bench:
         self.conn = Connection(settings.bootstrap, client_id="rollout-stream-bench")
         self.progress = progress
 
-    def spec(self, mode: str, topics: BenchTopics, delivery: str, pre: Preloaded, *, serve_after: bool = False,
-             interval: float | None = None, max_records: int | None = None, tag: str = "") -> RunSpec:
+    def spec(
+        self,
+        mode: str,
+        topics: BenchTopics,
+        delivery: str,
+        pre: Preloaded,
+        *,
+        serve_after: bool = False,
+        interval: float | None = None,
+        max_records: int | None = None,
+        tag: str = "",
+    ) -> RunSpec:
         gid = f"bench-{mode}-{uuid.uuid4().hex[:8]}"
-        profile = os.path.join(self.s.profile_dir, f"{tag}-{delivery}-{mode}.prof") if self.s.profile_dir and tag \
+        profile = (
+            os.path.join(self.s.profile_dir, f"{tag}-{delivery}-{mode}.prof")
+            if self.s.profile_dir and tag
             else None
-        return RunSpec(mode=mode, bootstrap=self.s.bootstrap, input_topic=topics.names.input,
-                       output_topic=topics.names.output, dead_letter_topic=topics.names.dead_letter, group_id=gid,
-                       delivery=delivery, end_offsets=pre.end_offsets, serve_after=serve_after, profile=profile,
-                       commit_interval_s=self.s.commit_interval_s if interval is None else interval,
-                       commit_max_records=self.s.commit_max_records if max_records is None else max_records)
+        )
+        return RunSpec(
+            mode=mode,
+            bootstrap=self.s.bootstrap,
+            input_topic=topics.names.input,
+            output_topic=topics.names.output,
+            dead_letter_topic=topics.names.dead_letter,
+            group_id=gid,
+            delivery=delivery,
+            end_offsets=pre.end_offsets,
+            serve_after=serve_after,
+            profile=profile,
+            commit_interval_s=self.s.commit_interval_s if interval is None else interval,
+            commit_max_records=self.s.commit_max_records if max_records is None else max_records,
+        )
 
     @staticmethod
     def throughput(mode: str, pre: Preloaded, drained: dict[str, Any]) -> Throughput:
         threads = drained.get("thread_cpu_s", {})
-        return Throughput(mode=mode, samples=pre.records, bytes=pre.bytes, seconds=drained["seconds"],
-                          cpu_s=drained["cpu_s"], loop_cpu_s=threads.get("MainThread", 0.0),
-                          commits=drained["commits"], final_commit_s=drained.get("final_commit_s"),
-                          thread_cpu_s=threads)
+        return Throughput(
+            mode=mode,
+            samples=pre.records,
+            bytes=pre.bytes,
+            seconds=drained["seconds"],
+            cpu_s=drained["cpu_s"],
+            loop_cpu_s=threads.get("MainThread", 0.0),
+            commits=drained["commits"],
+            final_commit_s=drained.get("final_commit_s"),
+            thread_cpu_s=threads,
+        )
 
-    def stage_run(self, topics: BenchTopics, delivery: str, pre: Preloaded, w: Workload, *, latency: bool,
-                  interval: float | None = None, max_records: int | None = None, latency_s: float | None = None,
-                  tag: str = "") -> tuple[Throughput, LatencyResult | None]:
+    def stage_run(
+        self,
+        topics: BenchTopics,
+        delivery: str,
+        pre: Preloaded,
+        w: Workload,
+        *,
+        latency: bool,
+        interval: float | None = None,
+        max_records: int | None = None,
+        latency_s: float | None = None,
+        tag: str = "",
+    ) -> tuple[Throughput, LatencyResult | None]:
         """Drain the preloaded backlog (max rate), then offer paced load (half of it, or `rate`)."""
-        proc = RunnerProcess(self.spec("stage", topics, delivery, pre, serve_after=latency, interval=interval,
-                                       max_records=max_records, tag=tag))
+        proc = RunnerProcess(
+            self.spec(
+                "stage",
+                topics,
+                delivery,
+                pre,
+                serve_after=latency,
+                interval=interval,
+                max_records=max_records,
+                tag=tag,
+            )
+        )
         try:
             tp = self.throughput("stage", pre, proc.wait_for("drained", timeout=240))
             lat = None
             if latency:
-                lat = measure_latency(self.conn, topics.names.input, topics.names.output, w,
-                                      rate=tp.samples_per_s / 2, seconds=latency_s or self.s.latency_s,
-                                      run_id=f"lat-{uuid.uuid4().hex[:6]}")
+                lat = measure_latency(
+                    self.conn,
+                    topics.names.input,
+                    topics.names.output,
+                    w,
+                    rate=tp.samples_per_s / 2,
+                    seconds=latency_s or self.s.latency_s,
+                    run_id=f"lat-{uuid.uuid4().hex[:6]}",
+                )
                 proc.stop()
             else:
                 proc.wait_for("result", timeout=60)
@@ -236,7 +353,9 @@ class _Bench:
         finally:
             proc.kill()
 
-    def passthrough_run(self, topics: BenchTopics, delivery: str, pre: Preloaded, tag: str = "") -> Throughput:
+    def passthrough_run(
+        self, topics: BenchTopics, delivery: str, pre: Preloaded, tag: str = ""
+    ) -> Throughput:
         proc = RunnerProcess(self.spec("passthrough", topics, delivery, pre, tag=tag))
         try:
             tp = self.throughput("passthrough", pre, proc.wait_for("drained", timeout=240))
@@ -255,9 +374,11 @@ class _Bench:
         finally:
             delete_topics(self.conn, topics.all())
         r = WorkloadResult(w, delivery, stage, passthrough, lat)
-        self.progress(f"{w.label()} [{delivery}]: stage {stage.samples_per_s:,.0f}/s, passthrough "
-                      f"{passthrough.samples_per_s:,.0f}/s, ratio {r.ratio:.2f}, p99 "
-                      f"{lat.p99_ms if lat else '-'} ms")
+        self.progress(
+            f"{w.label()} [{delivery}]: stage {stage.samples_per_s:,.0f}/s, passthrough "
+            f"{passthrough.samples_per_s:,.0f}/s, ratio {r.ratio:.2f}, p99 "
+            f"{lat.p99_ms if lat else '-'} ms"
+        )
         return r
 
     def memory(self, w: Workload, open_groups: int) -> MemoryResult:
@@ -278,10 +399,17 @@ class _Bench:
                 proc.kill()
         finally:
             delete_topics(self.conn, topics.all())
-        m = MemoryResult(w, base_rss=drained["rss"], peak_rss=status["peak_rss"], open_bytes=status["open_bytes"],
-                         open_windows=status["open_windows"])
-        self.progress(f"memory {w.label()}: {m.open_windows} open windows, {m.open_bytes / 1e6:.0f} MB; RSS "
-                      f"{m.base_rss / 1e6:.0f} → peak {m.peak_rss / 1e6:.0f} MB ({m.ratio:.2f} x open bytes)")
+        m = MemoryResult(
+            w,
+            base_rss=drained["rss"],
+            peak_rss=status["peak_rss"],
+            open_bytes=status["open_bytes"],
+            open_windows=status["open_windows"],
+        )
+        self.progress(
+            f"memory {w.label()}: {m.open_windows} open windows, {m.open_bytes / 1e6:.0f} MB; RSS "
+            f"{m.base_rss / 1e6:.0f} → peak {m.peak_rss / 1e6:.0f} MB ({m.ratio:.2f} x open bytes)"
+        )
         return m
 
     def sweep_point(self, w: Workload, delivery: str, interval: float, max_records: int) -> SweepPoint:
@@ -289,13 +417,23 @@ class _Bench:
         topics = create_topics(self.conn, self.s.partitions)
         try:
             pre = preload(self.conn, topics.names.input, w)
-            tp, lat = self.stage_run(topics, delivery, pre, w, latency=True, interval=interval,
-                                     max_records=max_records, latency_s=self.s.sweep_latency_s)
+            tp, lat = self.stage_run(
+                topics,
+                delivery,
+                pre,
+                w,
+                latency=True,
+                interval=interval,
+                max_records=max_records,
+                latency_s=self.s.sweep_latency_s,
+            )
         finally:
             delete_topics(self.conn, topics.all())
-        self.progress(f"cadence {interval:g}s/{max_records}: {tp.samples_per_s:,.0f}/s, p50 "
-                      f"{lat.p50_ms if lat else '-'} p99 {lat.p99_ms if lat else '-'} ms at "
-                      f"{lat.rate if lat else 0:,.0f}/s")
+        self.progress(
+            f"cadence {interval:g}s/{max_records}: {tp.samples_per_s:,.0f}/s, p50 "
+            f"{lat.p50_ms if lat else '-'} p99 {lat.p99_ms if lat else '-'} ms at "
+            f"{lat.rate if lat else 0:,.0f}/s"
+        )
         return SweepPoint(interval, max_records, tp, lat)
 
 
@@ -321,9 +459,11 @@ def run_bench(settings: BenchSettings, progress: Progress = lambda _: None) -> B
             report.memory.append(bench.memory(Workload("b", long.tokens, 16, 1, 40), open_groups=64))
             report.memory.append(bench.memory(Workload("a", short.tokens, 16, 1, 400), open_groups=3000))
     if settings.sweep and not settings.quick:
-        base = next((r for r in report.results if r.workload.name == "a" and r.workload.group_size == 8), None)
+        base = next(
+            (r for r in report.results if r.workload.name == "a" and r.workload.group_size == 8), None
+        )
         if base is not None:
-            w = Workload("a", base.workload.tokens, 8, 1, 1000)
+            w = Workload("a", base.workload.tokens, 8, 1, 750)
             report.sweep_workload = w
             for interval in SWEEP_INTERVALS:
                 for max_records in SWEEP_MAX_RECORDS:

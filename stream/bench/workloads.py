@@ -12,10 +12,17 @@ from kafka.admin import NewTopic
 
 from codec import Sample, encode_sample, group_key_of
 from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_producer
-from stream.config import TopicNames
 
-__all__ = ["Workload", "standard_workloads", "group_records", "BenchTopics", "create_topics", "delete_topics",
-           "preload", "Preloaded"]
+__all__ = [
+    "Workload",
+    "standard_workloads",
+    "group_records",
+    "BenchTopics",
+    "create_topics",
+    "delete_topics",
+    "preload",
+    "Preloaded",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,30 +53,46 @@ class Workload:
 def standard_workloads(quick: bool = False) -> list[Workload]:
     """(a) short, (b) long, (c) agentic fan-out samples, each with groups of 8 and 16.
 
-    Sized so a throughput run lasts a few seconds on a 2-core machine: 32,000 samples of (a) (64 MB),
-    800 of (b) (170 MB), 30,000 of (c); `quick` is a smoke-sized run for tests.
+    Sized so a throughput run lasts a few seconds on a 2-core machine: 24,000 samples of (a) (48 MB),
+    640 of (b) (136 MB), 24,000 of (c); `quick` is a smoke-sized run for tests.
     """
     if quick:
         return [Workload("a", 256, 8, 1, 24), Workload("b", 32768, 8, 1, 1)]
     out = []
     for g in (8, 16):
-        out += [Workload("a", 256, g, 1, 32_000 // g), Workload("b", 32768, g, 1, 800 // g),
-                Workload("c", 256, g, 3, 30_000 // (3 * g))]
+        out += [
+            Workload("a", 256, g, 1, 24_000 // g),
+            Workload("b", 32768, g, 1, 640 // g),
+            Workload("c", 256, g, 3, 24_000 // (3 * g)),
+        ]
     return sorted(out, key=lambda w: (w.name, w.group_size))
 
 
-def _sample(w: Workload, rng: np.random.Generator, run_id: str, gi: int, rid: int, sib: int, reward: float) -> Sample:
+def _sample(
+    w: Workload, rng: np.random.Generator, run_id: str, gi: int, rid: int, sib: int, reward: float
+) -> Sample:
     resp = max(1, w.tokens // 2)
     return Sample(
-        group_index=gi, index=rid, rollout_id=rid, tokens=rng.integers(0, 32000, w.tokens, dtype="<i4"),
-        response_length=resp, reward=reward, loss_mask=np.ones(resp, dtype="u1"),
-        rollout_log_probs=rng.random(resp, dtype="<f4") * -2.0, weight_versions=["1"], group_size=w.group_size,
-        sibling_count=w.siblings, sibling_index=sib, run_id=run_id, prompt=f"prompt {gi}",
+        group_index=gi,
+        index=rid,
+        rollout_id=rid,
+        tokens=rng.integers(0, 32000, w.tokens, dtype="<i4"),
+        response_length=resp,
+        reward=reward,
+        loss_mask=np.ones(resp, dtype="u1"),
+        rollout_log_probs=rng.random(resp, dtype="<f4") * -2.0,
+        weight_versions=["1"],
+        group_size=w.group_size,
+        sibling_count=w.siblings,
+        sibling_index=sib,
+        run_id=run_id,
+        prompt=f"prompt {gi}",
     )
 
 
-def group_records(w: Workload, run_id: str, gi: int, rng: np.random.Generator,
-                  drop_last: bool = False) -> list[tuple[bytes, bytes]]:
+def group_records(
+    w: Workload, run_id: str, gi: int, rng: np.random.Generator, drop_last: bool = False
+) -> list[tuple[bytes, bytes]]:
     """(key, value) of every member of group `gi`, rollouts interleaved; `drop_last` leaves the group open."""
     key = group_key_of(run_id, gi).encode()
     out = []
@@ -81,8 +104,18 @@ def group_records(w: Workload, run_id: str, gi: int, rng: np.random.Generator,
 
 
 @dataclass(frozen=True, slots=True)
+class TopicTriple:
+    """Input, output and dead-letter topic of one measurement (as `stream.config.TopicNames`, without
+    importing the worker's configuration and, through it, torch into processes that do not need it)."""
+
+    input: str
+    output: str
+    dead_letter: str
+
+
+@dataclass(frozen=True, slots=True)
 class BenchTopics:
-    names: TopicNames
+    names: TopicTriple
     partitions: int
 
     def all(self) -> list[str]:
@@ -91,11 +124,15 @@ class BenchTopics:
 
 def create_topics(conn: Connection, partitions: int, tag: str = "bench") -> BenchTopics:
     prefix = f"{tag}-{uuid.uuid4().hex[:8]}"
-    names = TopicNames(f"{prefix}-rollouts", f"{prefix}-train", f"{prefix}-dlq")
+    names = TopicTriple(f"{prefix}-rollouts", f"{prefix}-train", f"{prefix}-dlq")
     admin = make_admin(conn)
     try:
-        admin.create_topics([NewTopic(n, partitions, 1, topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES)})
-                             for n in (names.input, names.output, names.dead_letter)])
+        admin.create_topics(
+            [
+                NewTopic(n, partitions, 1, topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES)})
+                for n in (names.input, names.output, names.dead_letter)
+            ]
+        )
     finally:
         admin.close()
     return BenchTopics(names, partitions)
@@ -120,14 +157,24 @@ class Preloaded:
     seconds: float
 
 
-def _groups(w: Workload, run_id: str, count: int, seed: int, drop_last: bool) -> Iterator[list[tuple[bytes, bytes]]]:
+def _groups(
+    w: Workload, run_id: str, count: int, seed: int, drop_last: bool
+) -> Iterator[list[tuple[bytes, bytes]]]:
     rng = np.random.default_rng(seed)
     for gi in range(count):
         yield group_records(w, run_id, gi, rng, drop_last)
 
 
-def preload(conn: Connection, topic: str, w: Workload, *, groups: int | None = None, seed: int = 0,
-            drop_last: bool = False, run_id: str | None = None) -> Preloaded:
+def preload(
+    conn: Connection,
+    topic: str,
+    w: Workload,
+    *,
+    groups: int | None = None,
+    seed: int = 0,
+    drop_last: bool = False,
+    run_id: str | None = None,
+) -> Preloaded:
     """Write the workload's groups to `topic` before the timed run; returns the end offsets to drain to."""
     run_id = run_id or f"bench-{uuid.uuid4().hex[:6]}"
     producer = make_producer(conn, linger_ms=20, batch_size=1 << 20)

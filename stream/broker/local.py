@@ -23,7 +23,6 @@ from typing import Literal
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from stream.clients import Connection
 from stream.broker.errors import (
     BrokerAlreadyRunning,
     BrokerConfigError,
@@ -58,6 +57,7 @@ from stream.broker.secure import (
     secure_listener_properties,
     write_private,
 )
+from stream.clients import Connection
 
 __all__ = [
     "DEFAULT_DATA_DIR",

@@ -74,24 +74,34 @@ class SecureMaterial:
 
     def security(self, user: str = ADMIN_USER, mechanism: str = "SCRAM-SHA-512") -> SecuritySettings:
         """Client settings that log in as `user` over SASL_SSL, trusting only this CA."""
-        return SecuritySettings(protocol="SASL_SSL", sasl_mechanism=mechanism,  # type: ignore[arg-type]
-                                sasl_username=user, sasl_password=self.password(user), ssl_cafile=self.ca.cert)
+        return SecuritySettings(
+            protocol="SASL_SSL",
+            sasl_mechanism=mechanism,  # type: ignore[arg-type]
+            sasl_username=user,
+            sasl_password=self.password(user),
+            ssl_cafile=self.ca.cert,
+        )
 
     def write_client_properties(self, bootstrap: str) -> None:
         """One properties file per user, readable by rollout-stream (--kafka-config) and by Java tools."""
         for user in CLIENT_USERS:
-            write_private(self.properties_file(user), "\n".join([
-                f"# rollout-stream local secured broker: client settings of User:{user}"
-                + (" (super user)" if user == ADMIN_USER else ""),
-                f"bootstrap.servers={bootstrap}",
-                "security.protocol=SASL_SSL",
-                "sasl.mechanism=SCRAM-SHA-512",
-                "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
-                f'username="{user}" password="{self.password(user).get_secret_value()}";',
-                "ssl.truststore.type=PEM",
-                f"ssl.truststore.location={self.ca.cert}",
-                "",
-            ]))
+            write_private(
+                self.properties_file(user),
+                "\n".join(
+                    [
+                        f"# rollout-stream local secured broker: client settings of User:{user}"
+                        + (" (super user)" if user == ADMIN_USER else ""),
+                        f"bootstrap.servers={bootstrap}",
+                        "security.protocol=SASL_SSL",
+                        "sasl.mechanism=SCRAM-SHA-512",
+                        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                        f'username="{user}" password="{self.password(user).get_secret_value()}";',
+                        "ssl.truststore.type=PEM",
+                        f"ssl.truststore.location={self.ca.cert}",
+                        "",
+                    ]
+                ),
+            )
 
 
 def _new_password() -> str:
@@ -131,7 +141,9 @@ def scram_format_arguments(material: SecureMaterial) -> list[str]:
     return args
 
 
-def secure_listener_properties(material: SecureMaterial, *, port: int, controller_port: int) -> dict[str, str]:
+def secure_listener_properties(
+    material: SecureMaterial, *, port: int, controller_port: int
+) -> dict[str, str]:
     """The server.properties entries that replace the PLAINTEXT listeners (this file then holds secrets)."""
     admin = material.password(ADMIN_USER).get_secret_value()
     controller = material.password(CONTROLLER_USER).get_secret_value()
@@ -147,8 +159,10 @@ def secure_listener_properties(material: SecureMaterial, *, port: int, controlle
         # broker -> controller: SASL/PLAIN with a static user known to the controller listener only
         "sasl.mechanism.controller.protocol": "PLAIN",
         "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
-        "listener.name.controller.plain.sasl.jaas.config":
-            f'{plain} username="{CONTROLLER_USER}" password="{controller}" user_{CONTROLLER_USER}="{controller}";',
+        "listener.name.controller.plain.sasl.jaas.config": (
+            f'{plain} username="{CONTROLLER_USER}" password="{controller}" '
+            f'user_{CONTROLLER_USER}="{controller}";'
+        ),
         # clients and inter-broker traffic: SCRAM over TLS
         "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
         f"{prefix}.sasl.enabled.mechanisms": ",".join(SCRAM_MECHANISMS),
@@ -171,7 +185,8 @@ def describe_secure_broker(material: SecureMaterial, bootstrap: str) -> list[str
     """What `broker start --secure` prints: where to connect and with what (never a password itself)."""
     d = material.directory
     return [
-        f"SASL_SSL (SCRAM-SHA-512/256) on {bootstrap}; ACLs on (StandardAuthorizer), nothing allowed without one",
+        f"SASL_SSL (SCRAM-SHA-512/256) on {bootstrap}; ACLs on (StandardAuthorizer), "
+        "nothing allowed without one",
         f"  CA certificate:   {material.ca.cert}   (--ssl-cafile)",
         f"  admin (super user): --kafka-config {material.properties_file(ADMIN_USER)}  "
         f"(password in {material.password_file(ADMIN_USER)})",

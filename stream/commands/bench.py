@@ -12,28 +12,51 @@ from kafka.errors import KafkaError
 from stream.clients import BrokerUnreachable, Connection, probe
 from stream.commands.options import Bootstrap, fail, resolve_bootstrap
 
-DELIVERIES = {"exactly-once": ("exactly-once",), "at-least-once": ("at-least-once",),
-              "both": ("exactly-once", "at-least-once")}
+DELIVERIES = {
+    "exactly-once": ("exactly-once",),
+    "at-least-once": ("at-least-once",),
+    "both": ("exactly-once", "at-least-once"),
+}
 
 
 def bench(
     bootstrap_servers: Bootstrap = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object on stdout.")]
-    = False,
-    quick: Annotated[bool, typer.Option("--quick", help="Tiny workloads, no delivery comparison or cadence "
-                                                          "sweep: a smoke test that takes well under a minute.")]
-    = False,
-    delivery: Annotated[str, typer.Option(help="exactly-once, at-least-once, or both (the table for each; "
-                                               "with one, (a) and (b) at g8 are also run with the other).")]
-    = "exactly-once",
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print the report as one JSON object on stdout.")
+    ] = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="Tiny workloads, no delivery comparison or cadence "
+            "sweep: a smoke test that takes well under a minute.",
+        ),
+    ] = False,
+    delivery: Annotated[
+        str,
+        typer.Option(
+            help="exactly-once, at-least-once, or both (the table for each; "
+            "with one, (a) and (b) at g8 are also run with the other)."
+        ),
+    ] = "exactly-once",
     partitions: Annotated[int, typer.Option(help="Partitions of the benchmark's topics.")] = 3,
     commit_interval: Annotated[float, typer.Option(help="Worker and passthrough commit interval (s).")] = 1.0,
-    commit_max_records: Annotated[int, typer.Option(help="Also commit after this many input records.")] = 5000,
-    latency_seconds: Annotated[float, typer.Option(help="Seconds of paced load per latency measurement.")] = 6.0,
-    sweep: Annotated[bool, typer.Option(help="Commit cadence sweep (interval x max records) on (a) g8.")] = True,
+    commit_max_records: Annotated[
+        int, typer.Option(help="Also commit after this many input records.")
+    ] = 5000,
+    latency_seconds: Annotated[
+        float, typer.Option(help="Seconds of paced load per latency measurement.")
+    ] = 4.0,
+    sweep: Annotated[
+        bool, typer.Option(help="Commit cadence sweep (interval x max records) on (a) g8.")
+    ] = True,
     memory: Annotated[bool, typer.Option(help="Peak RSS against bytes held in open windows.")] = True,
-    profile_dir: Annotated[str | None, typer.Option(help="Write cProfile files of every stage and passthrough "
-                                                         "process here.", show_default=False)] = None,
+    profile_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Write cProfile files of every stage and passthrough process here.", show_default=False
+        ),
+    ] = None,
 ) -> None:
     """Benchmark the stage against a passthrough (consume → produce → commit, same clients and delivery)
     on the real broker: samples/s and MB/s, end-to-end latency p50/p99 at half the measured maximum rate,
@@ -46,7 +69,9 @@ def bench(
     if delivery not in DELIVERIES:
         fail(f"--delivery must be exactly-once, at-least-once or both, got {delivery!r}")
     if partitions < 1 or commit_interval <= 0 or commit_max_records < 1 or latency_seconds <= 0:
-        fail("--partitions and --commit-max-records must be >= 1; --commit-interval and --latency-seconds > 0")
+        fail(
+            "--partitions and --commit-max-records must be >= 1; --commit-interval and --latency-seconds > 0"
+        )
     if profile_dir:
         import os
 
@@ -56,11 +81,18 @@ def bench(
         probe(conn)
     except BrokerUnreachable as exc:
         fail(str(exc), 1)
-    settings = BenchSettings(bootstrap=conn.bootstrap_servers, deliveries=DELIVERIES[delivery], quick=quick,
-                             partitions=partitions, commit_interval_s=commit_interval,
-                             commit_max_records=commit_max_records,
-                             latency_s=min(latency_seconds, 2.0) if quick else latency_seconds, memory=memory,
-                             sweep=sweep, profile_dir=profile_dir)
+    settings = BenchSettings(
+        bootstrap=conn.bootstrap_servers,
+        deliveries=DELIVERIES[delivery],
+        quick=quick,
+        partitions=partitions,
+        commit_interval_s=commit_interval,
+        commit_max_records=commit_max_records,
+        latency_s=min(latency_seconds, 2.0) if quick else latency_seconds,
+        memory=memory,
+        sweep=sweep,
+        profile_dir=profile_dir,
+    )
 
     def progress(line: str) -> None:
         print(f"bench: {line}", file=sys.stderr, flush=True)

@@ -69,50 +69,129 @@ class SecurityOptions:
     def given(self) -> dict[str, Any]:
         """The settings values given by flag or env var, keyed like SecuritySettings.from_values."""
         names = {"security_protocol": "protocol"}
-        return {names.get(f.name, f.name): getattr(self, f.name) for f in fields(self)
-                if f.name != "kafka_config" and getattr(self, f.name) not in (None, "")}
+        return {
+            names.get(f.name, f.name): getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "kafka_config" and getattr(self, f.name) not in (None, "")
+        }
 
 
 NO_SECURITY_OPTIONS = SecurityOptions()
 
 
 def _opt(flag: str, field: str, help: str, **kw: Any) -> Any:
-    return typer.Option(flag, envvar=ENV_VARS.get(field), help=help, show_default=False, rich_help_panel=_PANEL, **kw)
+    return typer.Option(
+        flag, envvar=ENV_VARS.get(field), help=help, show_default=False, rich_help_panel=_PANEL, **kw
+    )
 
 
 # (parameter name, annotation) appended to every decorated command; None defaults everywhere, so an unset
 # flag falls back to its env var, then to --kafka-config, then to the SecuritySettings default.
 _PARAMETERS: list[tuple[str, Any]] = [
-    ("kafka_config", Annotated[Path | None, typer.Option(
-        "--kafka-config", envvar="KAFKA_CONFIG_FILE", show_default=False, rich_help_panel=_PANEL,
-        help="Client properties file (Java client or librdkafka keys: bootstrap.servers, security.protocol, "
-        "sasl.mechanism, sasl.jaas.config, sasl.username, sasl.password.file, ssl.cafile / ssl.truststore.location "
-        "(PEM), ...). Flags and env vars override it.")]),
-    ("security_protocol", Annotated[str | None, _opt(
-        "--security-protocol", "protocol", f"{', '.join(SECURITY_PROTOCOLS)} (default: PLAINTEXT)")]),
-    ("sasl_mechanism", Annotated[str | None, _opt(
-        "--sasl-mechanism", "sasl_mechanism", f"{', '.join(SASL_MECHANISMS)}.")]),
+    (
+        "kafka_config",
+        Annotated[
+            Path | None,
+            typer.Option(
+                "--kafka-config",
+                envvar="KAFKA_CONFIG_FILE",
+                show_default=False,
+                rich_help_panel=_PANEL,
+                help="Client properties file (Java client or librdkafka keys: bootstrap.servers, "
+                "security.protocol, sasl.mechanism, sasl.jaas.config, sasl.username, sasl.password.file, "
+                "ssl.cafile / ssl.truststore.location "
+                "(PEM), ...). Flags and env vars override it.",
+            ),
+        ],
+    ),
+    (
+        "security_protocol",
+        Annotated[
+            str | None,
+            _opt("--security-protocol", "protocol", f"{', '.join(SECURITY_PROTOCOLS)} (default: PLAINTEXT)"),
+        ],
+    ),
+    (
+        "sasl_mechanism",
+        Annotated[str | None, _opt("--sasl-mechanism", "sasl_mechanism", f"{', '.join(SASL_MECHANISMS)}.")],
+    ),
     ("sasl_username", Annotated[str | None, _opt("--sasl-username", "sasl_username", "SASL user name.")]),
-    ("sasl_password", Annotated[str | None, _opt(
-        "--sasl-password", "sasl_password", "SASL password. Prefer --sasl-password-file or the environment "
-        "variable: a flag is visible in the process list.", metavar="TEXT")]),
-    ("sasl_password_file", Annotated[Path | None, _opt(
-        "--sasl-password-file", "sasl_password_file", "File holding the SASL password (one line).")]),
-    ("sasl_oauth_token_file", Annotated[Path | None, _opt(
-        "--sasl-oauth-token-file", "sasl_oauth_token_file", "OAUTHBEARER: file holding the token; read at every "
-        "login, so a sidecar may refresh it.")]),
-    ("ssl_cafile", Annotated[Path | None, _opt(
-        "--ssl-cafile", "ssl_cafile", "PEM file of the CA(s) that signed the broker certificates (default: the "
-        "system CAs).")]),
-    ("ssl_certfile", Annotated[Path | None, _opt(
-        "--ssl-certfile", "ssl_certfile", "mTLS: PEM client certificate (chain).")]),
-    ("ssl_keyfile", Annotated[Path | None, _opt("--ssl-keyfile", "ssl_keyfile", "mTLS: PEM client private key.")]),
-    ("ssl_key_password_file", Annotated[Path | None, _opt(
-        "--ssl-key-password-file", "ssl_key_password_file", "mTLS: file holding the password of an encrypted key.")]),
-    ("ssl_check_hostname", Annotated[bool | None, _opt(
-        "--ssl-check-hostname/--no-ssl-check-hostname", "ssl_check_hostname",
-        "Check that the broker certificate names the host connected to (default: check). Turning it off "
-        "allows a man in the middle.")]),
+    (
+        "sasl_password",
+        Annotated[
+            str | None,
+            _opt(
+                "--sasl-password",
+                "sasl_password",
+                "SASL password. Prefer --sasl-password-file or the environment "
+                "variable: a flag is visible in the process list.",
+                metavar="TEXT",
+            ),
+        ],
+    ),
+    (
+        "sasl_password_file",
+        Annotated[
+            Path | None,
+            _opt("--sasl-password-file", "sasl_password_file", "File holding the SASL password (one line)."),
+        ],
+    ),
+    (
+        "sasl_oauth_token_file",
+        Annotated[
+            Path | None,
+            _opt(
+                "--sasl-oauth-token-file",
+                "sasl_oauth_token_file",
+                "OAUTHBEARER: file holding the token; read at every login, so a sidecar may refresh it.",
+            ),
+        ],
+    ),
+    (
+        "ssl_cafile",
+        Annotated[
+            Path | None,
+            _opt(
+                "--ssl-cafile",
+                "ssl_cafile",
+                "PEM file of the CA(s) that signed the broker certificates (default: the system CAs).",
+            ),
+        ],
+    ),
+    (
+        "ssl_certfile",
+        Annotated[
+            Path | None, _opt("--ssl-certfile", "ssl_certfile", "mTLS: PEM client certificate (chain).")
+        ],
+    ),
+    (
+        "ssl_keyfile",
+        Annotated[Path | None, _opt("--ssl-keyfile", "ssl_keyfile", "mTLS: PEM client private key.")],
+    ),
+    (
+        "ssl_key_password_file",
+        Annotated[
+            Path | None,
+            _opt(
+                "--ssl-key-password-file",
+                "ssl_key_password_file",
+                "mTLS: file holding the password of an encrypted key.",
+            ),
+        ],
+    ),
+    (
+        "ssl_check_hostname",
+        Annotated[
+            bool | None,
+            _opt(
+                "--ssl-check-hostname/--no-ssl-check-hostname",
+                "ssl_check_hostname",
+                "Check that the broker certificate names the host connected to (default: check). "
+                "Turning it off "
+                "allows a man in the middle.",
+            ),
+        ],
+    ),
 ]
 
 
@@ -120,7 +199,9 @@ def connection_options(func: F) -> F:
     """Add the security flags to a typer command; the command receives them as `security: SecurityOptions`."""
     signature = inspect.signature(func, eval_str=True)  # typer needs the Annotated objects, not strings
     if "security" not in signature.parameters:
-        raise TypeError(f"{func.__name__} needs a `security: SecurityOptions = NO_SECURITY_OPTIONS` parameter")
+        raise TypeError(
+            f"{func.__name__} needs a `security: SecurityOptions = NO_SECURITY_OPTIONS` parameter"
+        )
     names = [name for name, _ in _PARAMETERS]
 
     @functools.wraps(func)
@@ -133,8 +214,10 @@ def connection_options(func: F) -> F:
         return func(*args, **kwargs)
 
     params = [p for p in signature.parameters.values() if p.name != "security"]
-    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
-               for name, annotation in _PARAMETERS]
+    params += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+        for name, annotation in _PARAMETERS
+    ]
     wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
 
@@ -154,8 +237,13 @@ def security_from_options(options: SecurityOptions) -> tuple[SecuritySettings, s
     return SecuritySettings.from_values(values), bootstrap
 
 
-def connection_from_options(bootstrap_servers: str | None, options: SecurityOptions = NO_SECURITY_OPTIONS, *,
-                            client_id: str = "rollout-stream", check: bool = True) -> Connection:
+def connection_from_options(
+    bootstrap_servers: str | None,
+    options: SecurityOptions = NO_SECURITY_OPTIONS,
+    *,
+    client_id: str = "rollout-stream",
+    check: bool = True,
+) -> Connection:
     """A Connection that has been seen to work (TCP, TLS, SASL login), or `error: …` and a non-zero exit.
 
     Exit 2 when the settings are wrong or the broker refuses them (a retry will not help), 1 when no broker
@@ -187,5 +275,8 @@ def _refuse_plaintext_to_secure_local_broker(security: SecuritySettings) -> None
     status = LocalBroker().status()
     if status.running and getattr(status, "secure", False) and security.protocol == "PLAINTEXT":
         client = LocalBroker().data_dir / "secure" / "worker.properties"
-        fail(f"the local broker in {status.data_dir} is secured (SASL_SSL): pass --kafka-config {client} "
-             "(or admin.properties next to it)", 2)
+        fail(
+            f"the local broker in {status.data_dir} is secured (SASL_SSL): pass --kafka-config {client} "
+            "(or admin.properties next to it)",
+            2,
+        )

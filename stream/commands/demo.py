@@ -12,7 +12,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
+from stream.commands.connection import (
+    NO_SECURITY_OPTIONS,
+    SecurityOptions,
+    connection_from_options,
+    connection_options,
+)
 from stream.commands.options import Bootstrap
 from stream.config import TopicNames, WorkerConfig
 from stream.logs import configure_logging

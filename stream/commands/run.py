@@ -10,12 +10,16 @@ import typer
 from kafka.errors import KafkaError
 
 from stream.acls import AccessDenied, check_worker_access, explain_denial
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
+from stream.commands.connection import (
+    NO_SECURITY_OPTIONS,
+    SecurityOptions,
+    connection_from_options,
+    connection_options,
+)
 from stream.commands.options import Bootstrap, DeadLetterTopic, GroupSize, InputTopic, OutputTopic, fail
 from stream.config import ConfigError, TopicNames, WorkerConfig, parse_zero_variance
 from stream.logs import configure_logging, log_event
-from stream.topics import TopicSettings, ensure_topics
-from stream.topics import TopicMismatch
+from stream.topics import TopicMismatch, TopicSettings, ensure_topics
 from stream.worker import ProduceFailed, Worker
 
 log = logging.getLogger("rollout_stream.run")

@@ -8,7 +8,12 @@ from typing import Annotated
 
 import typer
 
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
+from stream.commands.connection import (
+    NO_SECURITY_OPTIONS,
+    SecurityOptions,
+    connection_from_options,
+    connection_options,
+)
 from stream.commands.options import Bootstrap, GroupSize, InputTopic, fail
 from stream.producer import RolloutProducer
 from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, default_run_id, plan_groups

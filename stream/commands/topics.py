@@ -7,7 +7,12 @@ from typing import Annotated
 import typer
 from kafka.errors import KafkaError
 
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options, connection_options
+from stream.commands.connection import (
+    NO_SECURITY_OPTIONS,
+    SecurityOptions,
+    connection_from_options,
+    connection_options,
+)
 from stream.commands.options import Bootstrap, DeadLetterTopic, InputTopic, OutputTopic, fail
 from stream.topics import TopicMismatch, TopicSettings, ensure_changelog, ensure_topics
 from stream.worker import changelog_topic_name

@@ -57,12 +57,12 @@ def decide(
     """Replay to `to` (or the original topic) unless replayed before (`replayed_by`, from the ledger) or
     its bytes were replayed `max_replays` times already (x-replay-count)."""
     if replayed_by is not None:
-        return ReplayAction(record, None, skipped=f"already replayed by replay {replayed_by}")
+        return ReplayAction(record, None, skipped=f"by replay {replayed_by[:12]}")
     if record.replay_count >= max_replays:
         return ReplayAction(
             record,
             None,
-            refused=(f"replayed {record.replay_count} time(s) already (--max-replays {max_replays})"),
+            refused=f"replay count {record.replay_count} reached --max-replays {max_replays}",
         )
     topic = to or record.original_topic
     if topic is None:

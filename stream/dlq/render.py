@@ -306,10 +306,10 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
     shown = doc["records"][:rows]
     if shown:
         table = Table()
-        for name in ("p:offset", "reason", "group", "action", "to", "replay count", "why not"):
+        for name in ("p:offset", "reason", "group", "replay count", "action", "to, or why not"):
             table.add_column(
                 name,
-                no_wrap=name != "why not",
+                no_wrap=name != "to, or why not",
                 overflow="fold",
                 justify="right" if name in ("p:offset", "replay count") else "left",
             )
@@ -318,10 +318,9 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
                 f"{r['partition']}:{r['offset']}",
                 r["reason"],
                 escape(_cell(r["group_key"])),
-                Text(r["action"].replace("_", " "), style=_ACTION_STYLE[r["action"]]),
-                escape(_cell(r["to"])),
                 str(r["replay_count"]),
-                escape(r["why"] or ""),
+                Text(r["action"].replace("_", " "), style=_ACTION_STYLE[r["action"]]),
+                escape(r["to"] or r["why"] or ""),
             )
         parts.append(table)
         if len(doc["records"]) > len(shown) or doc["records_truncated"]:

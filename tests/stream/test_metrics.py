@@ -57,8 +57,11 @@ def get(port: int, path: str) -> tuple[int, str]:
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     status, text = get(port, "/metrics")
     assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(metrics, name: str, **labels: str) -> float:
@@ -66,14 +69,29 @@ def value(metrics, name: str, **labels: str) -> float:
 
 
 def sample(gi: int, rid: int, reward: float, size: int = 2) -> Sample:
-    return Sample(group_index=gi, index=rid, rollout_id=rid, reward=reward, group_size=size, run_id="m",
-                  tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.5, -0.25])
+    return Sample(
+        group_index=gi,
+        index=rid,
+        rollout_id=rid,
+        reward=reward,
+        group_size=size,
+        run_id="m",
+        tokens=[1, 2, 3, 4],
+        response_length=2,
+        loss_mask=[1, 1],
+        rollout_log_probs=[-0.5, -0.25],
+    )
 
 
 def test_worker_serves_counters_latencies_lag_and_health(kafka_bootstrap):
     topics = new_topics(kafka_bootstrap, partitions=2, prefix="metrics")
-    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
-                          commit_interval_s=0.2, group_timeout_s=60.0)
+    config = WorkerConfig(
+        bootstrap_servers=kafka_bootstrap,
+        topics=topics,
+        group_id=f"g-{topics.input}",
+        commit_interval_s=0.2,
+        group_timeout_s=60.0,
+    )
     worker = Worker(config, Connection(kafka_bootstrap))
     server = serve_metrics(worker, free_port(), host="127.0.0.1")
     port = server.port
@@ -91,9 +109,14 @@ def test_worker_serves_counters_latencies_lag_and_health(kafka_bootstrap):
                 producer.send(sample(0, 0, 1.0))  # an identical copy after its group closed: a duplicate
                 producer.send_raw(b"m/9", b"\xc1 not msgpack")  # decode_error
                 producer.send(sample(5, 0, 1.0))  # half a group: stays open
-            wait_until(lambda: w.stats.records_in == 9 and w.stats.commits > 0 and w.store.open_count() == 1,
-                       30, "records processed and committed")
-            wait_until(lambda: value(scrape(port), "rollout_stream_commits_total") >= 1, 10, "a scraped commit")
+            wait_until(
+                lambda: w.stats.records_in == 9 and w.stats.commits > 0 and w.store.open_count() == 1,
+                30,
+                "records processed and committed",
+            )
+            wait_until(
+                lambda: value(scrape(port), "rollout_stream_commits_total") >= 1, 10, "a scraped commit"
+            )
             m = scrape(port)
             assert get(port, "/healthz")[0] == 200
             assert get(port, "/readyz") == (200, "ready\n")

@@ -101,11 +101,20 @@ def expired(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """
     data_dir = tmp_path_factory.mktemp("kafka-expired")
     material = prepare_secure_material(data_dir / "secure")
-    leaf = issue(material.ca, material.directory, "broker", common_name="localhost",
-                 not_before="20200101000000Z", not_after="20200102000000Z")
+    leaf = issue(
+        material.ca,
+        material.directory,
+        "broker",
+        common_name="localhost",
+        not_before="20200101000000Z",
+        not_after="20200102000000Z",
+    )
     anchor = data_dir / "broker-trust.pem"
-    anchor.write_text(material.ca.cert.read_text() + leaf.cert.read_text().split("-----END CERTIFICATE-----")[0]
-                      + "-----END CERTIFICATE-----\n")
+    anchor.write_text(
+        material.ca.cert.read_text()
+        + leaf.cert.read_text().split("-----END CERTIFICATE-----")[0]
+        + "-----END CERTIFICATE-----\n"
+    )
     broker, bootstrap = _start(data_dir, overrides={"ssl.truststore.location": str(anchor)})
     try:
         yield Cluster(broker, bootstrap, broker.material())
@@ -131,7 +140,9 @@ def new_user(cluster: Cluster, tmp_path: Path, prefix: str) -> User:
     admin = make_admin(cluster.admin)
     try:
         for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):  # one credential per user and request
-            result = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(name, mechanism, password)])
+            result = admin.alter_user_scram_credentials(
+                [UserScramCredentialUpsertion(name, mechanism, password)]
+            )
             assert result == {name: None}, result
     finally:
         admin.close()
@@ -150,30 +161,55 @@ def new_user(cluster: Cluster, tmp_path: Path, prefix: str) -> User:
 
 
 def as_user(cluster: Cluster, user: User, mechanism: str = "SCRAM-SHA-512") -> Connection:
-    return Connection(cluster.bootstrap, security=SecuritySettings(
-        protocol="SASL_SSL", sasl_mechanism=mechanism, sasl_username=user.name,  # type: ignore[arg-type]
-        sasl_password=SecretStr(user.password), ssl_cafile=cluster.material.ca.cert))
+    return Connection(
+        cluster.bootstrap,
+        security=SecuritySettings(
+            protocol="SASL_SSL",
+            sasl_mechanism=mechanism,
+            sasl_username=user.name,  # type: ignore[arg-type]
+            sasl_password=SecretStr(user.password),
+            ssl_cafile=cluster.material.ca.cert,
+        ),
+    )
 
 
 def user_flags(cluster: Cluster, user: User) -> list[str]:
-    return ["--bootstrap-servers", cluster.bootstrap, "--security-protocol", "SASL_SSL", "--sasl-mechanism",
-            "SCRAM-SHA-512", "--sasl-username", user.name, "--sasl-password-file", str(user.password_file),
-            "--ssl-cafile", str(cluster.material.ca.cert)]
+    return [
+        "--bootstrap-servers",
+        cluster.bootstrap,
+        "--security-protocol",
+        "SASL_SSL",
+        "--sasl-mechanism",
+        "SCRAM-SHA-512",
+        "--sasl-username",
+        user.name,
+        "--sasl-password-file",
+        str(user.password_file),
+        "--ssl-cafile",
+        str(cluster.material.ca.cert),
+    ]
 
 
 def new_topics(cluster: Cluster, group_id: str, partitions: int = 3) -> TopicNames:
     """Rollouts, train-data, dead-letter and the worker's changelog, created by the admin."""
     tag = uuid.uuid4().hex[:8]
     topics = TopicNames(f"sec-{tag}-rollouts", f"sec-{tag}-train", f"sec-{tag}-dlq")
-    ensure_topics(cluster.admin, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
-                  settings=TopicSettings(partitions=partitions))
+    ensure_topics(
+        cluster.admin,
+        data_topics=[topics.input, topics.output],
+        dead_letter_topics=[topics.dead_letter],
+        settings=TopicSettings(partitions=partitions),
+    )
     ensure_changelog(cluster.admin, changelog_topic(group_id, topics.input), partitions)
     return topics
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [EXE, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def send_rollouts(conn: Connection, topic: str, groups: int, start: int = 0, seed: int = 0) -> int:
@@ -216,8 +252,11 @@ def committed_offsets(conn: Connection, group_id: str, topic: str) -> dict[int, 
         found = admin.list_group_offsets({group_id: [TopicPartition(topic, p) for p in range(3)]})
     finally:
         admin.close()
-    return {tp.partition: om.offset for tp, om in found.get(group_id, {}).items() if om.offset is not None
-            and om.offset >= 0}
+    return {
+        tp.partition: om.offset
+        for tp, om in found.get(group_id, {}).items()
+        if om.offset is not None and om.offset >= 0
+    }
 
 
 def assert_no_secret(texts: list[str], secret_values: list[str]) -> None:
@@ -227,64 +266,135 @@ def assert_no_secret(texts: list[str], secret_values: list[str]) -> None:
 
 
 def worker_args(topics: TopicNames, group_id: str) -> list[str]:
-    return ["--input-topic", topics.input, "--output-topic", topics.output, "--dead-letter-topic",
-            topics.dead_letter, "--group-id", group_id, "--instance-id", "i1", "--group-timeout", "3",
-            "--commit-interval", "0.3", "--progress-interval", "2"]
+    return [
+        "--input-topic",
+        topics.input,
+        "--output-topic",
+        topics.output,
+        "--dead-letter-topic",
+        topics.dead_letter,
+        "--group-id",
+        group_id,
+        "--instance-id",
+        "i1",
+        "--group-timeout",
+        "3",
+        "--commit-interval",
+        "0.3",
+        "--progress-interval",
+        "2",
+    ]
 
 
 # ---- the pipeline ----------------------------------------------------------------------------------
 @pytest.mark.kafka(timeout=240)
 def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster, tmp_path):
-    """synth (producer ACLs, env vars, SCRAM-SHA-256) → run (worker ACLs, flags, password file) → TrainDataReader
-    (reader ACLs): every record accounted for, and no password in anything any of them printed."""
+    """synth (producer ACLs, env vars, SCRAM-SHA-256) → run (worker ACLs, flags, password file) →
+    TrainDataReader (reader ACLs): every record accounted for, and no password in anything they printed."""
     from stream.reader import TrainDataReader  # torch
 
-    t0 = time.monotonic()
     group_id = f"sec-g-{uuid.uuid4().hex[:6]}"
     tag = uuid.uuid4().hex[:8]
     topics = TopicNames(f"sec-{tag}-rollouts", f"sec-{tag}-train", f"sec-{tag}-dlq")
     outputs: list[str] = []
 
     # the admin creates the topics (and the worker's changelog) from the client properties file
-    created = cli("topics", "create", "--kafka-config", str(cluster.admin_config), "--input-topic", topics.input,
-                  "--output-topic", topics.output, "--dead-letter-topic", topics.dead_letter,
-                  "--changelog-group-id", group_id)
+    created = cli(
+        "topics",
+        "create",
+        "--kafka-config",
+        str(cluster.admin_config),
+        "--input-topic",
+        topics.input,
+        "--output-topic",
+        topics.output,
+        "--dead-letter-topic",
+        topics.dead_letter,
+        "--changelog-group-id",
+        group_id,
+    )
     outputs += [created.stdout, created.stderr]
     assert created.returncode == 0, created.stderr
     assert f"{changelog_topic(group_id, topics.input)}: created" in created.stdout
 
     worker, producer, trainer = (new_user(cluster, tmp_path, p) for p in ("worker", "producer", "trainer"))
-    granted = cli("acls", "apply", "--kafka-config", str(cluster.admin_config), "--principal", worker.principal,
-                  "--group-id", group_id, "--input-topic", topics.input, "--output-topic", topics.output,
-                  "--dead-letter-topic", topics.dead_letter)
+    granted = cli(
+        "acls",
+        "apply",
+        "--kafka-config",
+        str(cluster.admin_config),
+        "--principal",
+        worker.principal,
+        "--group-id",
+        group_id,
+        "--input-topic",
+        topics.input,
+        "--output-topic",
+        topics.output,
+        "--dead-letter-topic",
+        topics.dead_letter,
+    )
     outputs += [granted.stdout, granted.stderr]
     assert granted.returncode == 0, granted.stderr
     apply_permissions(cluster.admin, producer.principal, producer_permissions(input_topic=topics.input))
-    apply_permissions(cluster.admin, trainer.principal,
-                      reader_permissions(output_topic=topics.output, group_id=f"{group_id}-trainer"))
-    print(f"T setup done {time.monotonic() - t0:.1f}")
+    apply_permissions(
+        cluster.admin,
+        trainer.principal,
+        reader_permissions(output_topic=topics.output, group_id=f"{group_id}-trainer"),
+    )
 
     # the producer: everything from environment variables, SCRAM-SHA-256
-    synth = cli("synth", "--input-topic", topics.input, "--groups", "40", "--max-siblings", "3", "--fault-rate",
-                "0.03", "--seed", "7", env={
-                    "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap, "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-                    "KAFKA_SASL_MECHANISM": "SCRAM-SHA-256", "KAFKA_SASL_USERNAME": producer.name,
-                    "KAFKA_SASL_PASSWORD": producer.password, "KAFKA_SSL_CAFILE": str(cluster.material.ca.cert)})
+    synth = cli(
+        "synth",
+        "--input-topic",
+        topics.input,
+        "--groups",
+        "40",
+        "--max-siblings",
+        "3",
+        "--fault-rate",
+        "0.03",
+        "--seed",
+        "7",
+        env={
+            "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap,
+            "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
+            "KAFKA_SASL_USERNAME": producer.name,
+            "KAFKA_SASL_PASSWORD": producer.password,
+            "KAFKA_SSL_CAFILE": str(cluster.material.ca.cert),
+        },
+    )
     outputs += [synth.stdout, synth.stderr]
     assert synth.returncode == 0, synth.stderr
     import json
 
     expected = json.loads(synth.stdout.strip().splitlines()[-1])
-    print(f"T synth done {time.monotonic() - t0:.1f}")
 
     # the worker: flags and a password file; debug logging, to give a leak every chance
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([EXE, "run", *user_flags(cluster, worker), *worker_args(topics, group_id),
-                                 "--log-level", "debug"], stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            [
+                EXE,
+                "run",
+                *user_flags(cluster, worker),
+                *worker_args(topics, group_id),
+                "--log-level",
+                "debug",
+            ],
+            stdout=out,
+            stderr=out,
+        )
     try:
-        reader = TrainDataReader(as_user(cluster, trainer), topics.output, f"{group_id}-trainer", groups_per_batch=1,
-                                 start="earliest", partition_idle_ms=300)
+        reader = TrainDataReader(
+            as_user(cluster, trainer),
+            topics.output,
+            f"{group_id}-trainer",
+            groups_per_batch=1,
+            start="earliest",
+            partition_idle_ms=300,
+        )
         samples = 0
         groups = 0
         try:
@@ -297,9 +407,13 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
                 assert proc.poll() is None, log.read_text()[-3000:]
         finally:
             reader.close()
-        print(f"T reader done {time.monotonic() - t0:.1f}")
-        assert (groups, samples) == (expected["expected_published_groups"], expected["expected_published_samples"])
-        dead = committed_values(cluster.admin, topics.dead_letter, want=sum(expected["expected_dead_letters"].values()))
+        assert (groups, samples) == (
+            expected["expected_published_groups"],
+            expected["expected_published_samples"],
+        )
+        dead = committed_values(
+            cluster.admin, topics.dead_letter, want=sum(expected["expected_dead_letters"].values())
+        )
         assert len(dead) == sum(expected["expected_dead_letters"].values())
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -314,31 +428,50 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
 
 
 # ---- least privilege -------------------------------------------------------------------------------
-def _without(permissions: list[Permission], resource: str, operation: str, name_of: str,
-             topics: TopicNames, group_id: str) -> tuple[list[Permission], Permission]:
-    name = {"input": topics.input, "output": topics.output, "dead_letter": topics.dead_letter,
-            "changelog": changelog_topic(group_id, topics.input), "group": group_id,
-            "txn": f"rollout-stream-{group_id}-"}[name_of]
+def _without(
+    permissions: list[Permission],
+    resource: str,
+    operation: str,
+    name_of: str,
+    topics: TopicNames,
+    group_id: str,
+) -> tuple[list[Permission], Permission]:
+    name = {
+        "input": topics.input,
+        "output": topics.output,
+        "dead_letter": topics.dead_letter,
+        "changelog": changelog_topic(group_id, topics.input),
+        "group": group_id,
+        "txn": f"rollout-stream-{group_id}-",
+    }[name_of]
     dropped = next(p for p in permissions if (p.resource, p.operation, p.name) == (resource, operation, name))
     return [p for p in permissions if p != dropped], dropped
 
 
 @pytest.mark.kafka(timeout=120)
-@pytest.mark.parametrize("resource,operation,name_of", [
-    ("topic", "Read", "input"),
-    ("group", "Read", "group"),
-    ("topic", "Write", "output"),
-    ("topic", "Write", "dead_letter"),
-    ("topic", "Write", "changelog"),
-    ("transactional-id", "Write", "txn"),
-])
-def test_a_missing_permission_is_named_and_nothing_is_read_or_written(cluster, tmp_path, resource, operation,
-                                                                      name_of):
+@pytest.mark.parametrize(
+    "resource,operation,name_of",
+    [
+        ("topic", "Read", "input"),
+        ("group", "Read", "group"),
+        ("topic", "Write", "output"),
+        ("topic", "Write", "dead_letter"),
+        ("topic", "Write", "changelog"),
+        ("transactional-id", "Write", "txn"),
+    ],
+)
+def test_a_missing_permission_is_named_and_nothing_is_read_or_written(
+    cluster, tmp_path, resource, operation, name_of
+):
     group_id = f"sec-g-{uuid.uuid4().hex[:6]}"
     topics = new_topics(cluster, group_id)
     user = new_user(cluster, tmp_path, "w")
-    everything = worker_permissions(input_topic=topics.input, output_topic=topics.output,
-                                    dead_letter_topic=topics.dead_letter, group_id=group_id)
+    everything = worker_permissions(
+        input_topic=topics.input,
+        output_topic=topics.output,
+        dead_letter_topic=topics.dead_letter,
+        group_id=group_id,
+    )
     granted, dropped = _without(everything, resource, operation, name_of, topics, group_id)
     apply_permissions(cluster.admin, user.principal, granted)
     send_rollouts(cluster.admin, topics.input, 3)
@@ -361,7 +494,9 @@ def test_a_missing_permission_is_named_and_nothing_is_read_or_written(cluster, t
 
 
 @pytest.mark.kafka(timeout=180)
-def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_half_writing(cluster, tmp_path):
+def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_half_writing(
+    cluster, tmp_path
+):
     """kafka-python fails a send to a topic it may no longer describe without failing the transaction; the
     worker must abort and stop rather than commit offsets past outputs that were never written."""
     from kafka.admin import ACLFilter
@@ -369,8 +504,12 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
     group_id = f"sec-g-{uuid.uuid4().hex[:6]}"
     topics = new_topics(cluster, group_id)
     user = new_user(cluster, tmp_path, "w")
-    permissions = worker_permissions(input_topic=topics.input, output_topic=topics.output,
-                                     dead_letter_topic=topics.dead_letter, group_id=group_id)
+    permissions = worker_permissions(
+        input_topic=topics.input,
+        output_topic=topics.output,
+        dead_letter_topic=topics.dead_letter,
+        group_id=group_id,
+    )
     apply_permissions(cluster.admin, user.principal, permissions)
     first = send_rollouts(cluster.admin, topics.input, 5)
     log = tmp_path / "worker.log"
@@ -384,8 +523,9 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
         admin = make_admin(cluster.admin)
         try:
             acl = write_output.acl(user.principal)
-            admin.delete_acls([ACLFilter(acl.principal, acl.host, acl.operation, acl.permission_type,
-                                         acl.resource_pattern)])
+            admin.delete_acls(
+                [ACLFilter(acl.principal, acl.host, acl.operation, acl.permission_type, acl.resource_pattern)]
+            )
         finally:
             admin.close()
         time.sleep(1.0)
@@ -408,7 +548,10 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
     with open(log, "ab") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=out)
     try:
-        assert len(committed_values(cluster.admin, topics.output, timeout=60, want=first + second)) == first + second
+        assert (
+            len(committed_values(cluster.admin, topics.output, timeout=60, want=first + second))
+            == first + second
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
@@ -420,17 +563,29 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
 def test_wrong_password_fails_fast_with_one_line_and_never_echoes_it(cluster, tmp_path):
     wrong = tmp_path / "wrong.password"
     wrong.write_text("not-the-password-" + secrets.token_hex(6))
-    flags = ["--bootstrap-servers", cluster.bootstrap, "--security-protocol", "SASL_SSL", "--sasl-mechanism",
-             "SCRAM-SHA-512", "--sasl-username", "worker", "--sasl-password-file", str(wrong),
-             "--ssl-cafile", str(cluster.material.ca.cert)]
+    flags = [
+        "--bootstrap-servers",
+        cluster.bootstrap,
+        "--security-protocol",
+        "SASL_SSL",
+        "--sasl-mechanism",
+        "SCRAM-SHA-512",
+        "--sasl-username",
+        "worker",
+        "--sasl-password-file",
+        str(wrong),
+        "--ssl-cafile",
+        str(cluster.material.ca.cert),
+    ]
     started = time.monotonic()
     result = cli("run", *flags, "--group-id", "never")
     assert time.monotonic() - started < 20
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: authentication failed for user 'worker' with SCRAM-SHA-512 at {cluster.bootstrap}: Authentication "
-        "failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512; check the user "
-        "name and password (--sasl-password-file, KAFKA_SASL_PASSWORD)"]
+        f"error: authentication failed for user 'worker' with SCRAM-SHA-512 at {cluster.bootstrap}: "
+        "Authentication failed during authentication due to invalid credentials with SASL mechanism "
+        "SCRAM-SHA-512; check the user name and password (--sasl-password-file, KAFKA_SASL_PASSWORD)"
+    ]
     assert_no_secret([result.stdout, result.stderr], [wrong.read_text(), *cluster.passwords()])
 
 
@@ -439,23 +594,47 @@ def _settings(cluster: Cluster, **changes: object) -> SecuritySettings:
 
 
 @pytest.mark.kafka(timeout=60)
-@pytest.mark.parametrize("case", ["unknown user", "mechanism not offered", "untrusted CA", "plaintext client",
-                                  "TLS without SASL", "client certificate from another CA"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown user",
+        "mechanism not offered",
+        "untrusted CA",
+        "plaintext client",
+        "TLS without SASL",
+        "client certificate from another CA",
+    ],
+)
 def test_refusals_are_classified_at_once(cluster, tmp_path, case):
     other_ca = new_ca(tmp_path, name="someone else's CA")
     stranger = issue(other_ca, tmp_path, "stranger", common_name="stranger")
     settings, error, words = {
-        "unknown user": (_settings(cluster, sasl_username="nobody"), AuthenticationRefused,
-                         "authentication failed for user 'nobody'"),
-        "mechanism not offered": (_settings(cluster, sasl_mechanism="PLAIN"), AuthenticationRefused,
-                                  "does not offer SASL mechanism PLAIN (it offers: SCRAM-SHA-512, SCRAM-SHA-256)"),
-        "untrusted CA": (_settings(cluster, ssl_cafile=other_ca.cert), TlsRefused, "not signed by a trusted CA"),
+        "unknown user": (
+            _settings(cluster, sasl_username="nobody"),
+            AuthenticationRefused,
+            "authentication failed for user 'nobody'",
+        ),
+        "mechanism not offered": (
+            _settings(cluster, sasl_mechanism="PLAIN"),
+            AuthenticationRefused,
+            "does not offer SASL mechanism PLAIN (it offers: SCRAM-SHA-512, SCRAM-SHA-256)",
+        ),
+        "untrusted CA": (
+            _settings(cluster, ssl_cafile=other_ca.cert),
+            TlsRefused,
+            "not signed by a trusted CA",
+        ),
         "plaintext client": (SecuritySettings(), ListenerMismatch, "the listener probably requires TLS"),
-        "TLS without SASL": (SecuritySettings(protocol="SSL", ssl_cafile=cluster.material.ca.cert), ListenerMismatch,
-                             "the listener requires SASL authentication"),
+        "TLS without SASL": (
+            SecuritySettings(protocol="SSL", ssl_cafile=cluster.material.ca.cert),
+            ListenerMismatch,
+            "the listener requires SASL authentication",
+        ),
         "client certificate from another CA": (
-            _settings(cluster, ssl_certfile=stranger.cert, ssl_keyfile=stranger.key), TlsRefused,
-            "refused our client certificate"),
+            _settings(cluster, ssl_certfile=stranger.cert, ssl_keyfile=stranger.key),
+            TlsRefused,
+            "refused our client certificate",
+        ),
     }[case]
     started = time.monotonic()
     with pytest.raises(error) as info:
@@ -468,8 +647,9 @@ def test_refusals_are_classified_at_once(cluster, tmp_path, case):
 @pytest.mark.kafka(timeout=60)
 def test_mtls_client_certificate_from_the_cluster_ca_is_accepted(cluster):
     material = cluster.material
-    settings = replace(material.security("worker"), ssl_certfile=material.client.cert,
-                       ssl_keyfile=material.client.key)
+    settings = replace(
+        material.security("worker"), ssl_certfile=material.client.cert, ssl_keyfile=material.client.key
+    )
     check_connection(Connection(cluster.bootstrap, security=settings))
     admin = make_admin(Connection(cluster.bootstrap, security=settings))
     admin.close()
@@ -485,18 +665,35 @@ def test_expired_broker_certificate_fails_fast(expired):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: TLS: the certificate {expired.bootstrap} presented has expired (certificate verify failed: "
-        "certificate has expired); the broker needs a renewed certificate"]
+        "certificate has expired); the broker needs a renewed certificate"
+    ]
     assert_no_secret([result.stdout, result.stderr], expired.passwords())
 
 
 @pytest.mark.kafka(timeout=60)
 def test_acls_print_matches_what_the_worker_was_granted(cluster):
-    result = cli("acls", "print", "--principal", "User:worker", "--group-id", "g", "--input-topic", "in",
-                 "--output-topic", "out", "--dead-letter-topic", "dlq", "--bootstrap-servers", cluster.bootstrap)
+    result = cli(
+        "acls",
+        "print",
+        "--principal",
+        "User:worker",
+        "--group-id",
+        "g",
+        "--input-topic",
+        "in",
+        "--output-topic",
+        "out",
+        "--dead-letter-topic",
+        "dlq",
+        "--bootstrap-servers",
+        cluster.bootstrap,
+    )
     assert result.returncode == 0, result.stderr
     commands = [line for line in result.stdout.splitlines() if not line.startswith("#")]
-    prefix = (f"kafka-acls.sh --bootstrap-server {cluster.bootstrap} --command-config admin.properties --add "
-              "--allow-principal User:worker ")
+    prefix = (
+        f"kafka-acls.sh --bootstrap-server {cluster.bootstrap} --command-config admin.properties --add "
+        "--allow-principal User:worker "
+    )
     assert [c.removeprefix(prefix) for c in commands] == [
         "--operation Read --topic in",
         "--operation Read --group g",
