@@ -12,10 +12,14 @@ BIN := $(VENV)/bin
 
 venv: $(VENV)/.installed
 
-# Reinstalled whenever pyproject.toml changes (new dependency, new entry point).
+# Reinstalled whenever pyproject.toml changes (new dependency, new entry point). Wheels are kept in a
+# wheelhouse under the user cache so that a fresh clone installs without downloading torch (~3 GB) again.
+WHEELHOUSE ?= $(HOME)/.cache/rollout-stream/wheels
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -e '.[test]'
+	mkdir -p $(WHEELHOUSE)
+	$(BIN)/pip download -q -d $(WHEELHOUSE) --find-links $(WHEELHOUSE) setuptools wheel '.[test]'
+	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) -e '.[test]'
 	touch $@
 
 jars: venv

@@ -35,12 +35,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import kafka
+import kafka.codec as kcodec
 import numpy as np
 from kafka import TopicPartition
 from kafka.admin import NewTopic
 
-import kafka
-import kafka.codec as kcodec
 from codec import Sample, encode_sample
 from stream.broker.local import LocalBroker
 from stream.broker.process import free_port
@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    values = [encode_sample(realistic_sample(int(args.mib * (1 << 20)), seed)) for seed in range(args.records)]
+    size = int(args.mib * (1 << 20))
+    values = [encode_sample(realistic_sample(size, seed)) for seed in range(args.records)]
     raw = sum(len(v) for v in values)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="compression-bench-") as tmp:
@@ -146,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                 row["produce_mb_s"] = raw / 1e6 / row["produce_s"]
                 row["consume_mb_s"] = raw / 1e6 / row["consume_s"]
                 rows.append(row)
-                print(f"{codec:7s} produce {row['produce_mb_s']:7.1f} MB/s  consume {row['consume_mb_s']:7.1f} MB/s"
-                      f"  disk {row['disk_bytes'] / 2**20:8.1f} MiB  ratio {row['ratio']:.2f}", file=sys.stderr)
+                print(f"{codec:7s} produce {row['produce_mb_s']:7.1f} MB/s  "
+                      f"consume {row['consume_mb_s']:7.1f} MB/s  disk {row['disk_bytes'] / 2**20:8.1f} MiB  "
+                      f"ratio {row['ratio']:.2f}", file=sys.stderr)
         finally:
             broker.stop(timeout=30)
     meta = {"records": args.records, "record_bytes": raw // args.records, "raw_bytes": raw,

@@ -12,7 +12,7 @@ from kafka.errors import KafkaError, ProducerFencedError
 from kafka.structs import OffsetAndMetadata
 
 from core.offsets import OffsetLedger
-from stream.acls import authorization_cause
+from stream.access import authorization_cause
 from stream.logs import log_event
 from stream.outputs import OutputRecord
 

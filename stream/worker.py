@@ -271,10 +271,18 @@ class Worker:
             tracker = self.ledger.partitions.get(p)
             if tracker is None or tracker.next_offset is None:
                 continue  # nothing read since assignment, so no window can be open there
-            high = self._consumer.highwater(TopicPartition(self.config.topics.input, p))
+            tp = TopicPartition(self.config.topics.input, p)
+            high = self._consumer.highwater(tp)
             if high is not None:
-                out[p] = (tracker.next_offset, high)
+                out[p] = (max(tracker.next_offset, self._fetch_position(tp)), high)
         return out
+
+    def _fetch_position(self, tp: TopicPartition) -> int:
+        """The consumer's fetch position, which (unlike the last record's offset + 1) also moves past
+        transaction markers. Read from its subscription state: no network call, safe from any thread."""
+        state = self._consumer._subscription.assignment.get(tp)
+        position = getattr(state, "position", None) if state is not None else None
+        return getattr(position, "offset", -1) if position is not None else -1
 
     def _caught_up(self) -> set[int]:
         """Partitions whose fetched backlog is read: only there may the wall clock expire a group."""

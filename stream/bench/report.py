@@ -131,7 +131,7 @@ def render(report: BenchReport, console: Console | None = None) -> None:
     console.print(
         f"Targets: stage ≥ {THROUGHPUT_TARGET} × passthrough on (a),(b): {verdict[tg['throughput_ok']]} "
         f"(min {tg['throughput_ratio_min_ab']}); p99 ≤ {P99_TARGET_MS:g} ms at half load: "
-        f"{verdict[tg['p99_ok']]} (max {_ms(tg['p99_ms_max'])} ms); memory ≤ {MEMORY_TARGET:g} × open + idle: "
-        f"{verdict[tg['memory_ok']]} "
+        f"{verdict[tg['p99_ok']]} (max {_ms(tg['p99_ms_max'])} ms); memory ≤ {MEMORY_TARGET:g} × open + "
+        f"idle: {verdict[tg['memory_ok']]} "
         f"(max {tg['memory_ratio_max']})"
     )

@@ -219,7 +219,7 @@ def main() -> None:
     try:
         target.obj.run()
     finally:
-        if profiler:
+        if profiler and spec.profile:
             profiler.disable()
             profiler.dump_stats(spec.profile)
     watch.stopped.set()

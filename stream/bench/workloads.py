@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from kafka.admin import NewTopic
 
-from codec import Sample, encode_sample, group_key_of
+from codec import Array, Sample, encode_sample, group_key_of
 from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_producer
 
 __all__ = [
@@ -76,11 +76,11 @@ def _sample(
         group_index=gi,
         index=rid,
         rollout_id=rid,
-        tokens=rng.integers(0, 32000, w.tokens, dtype="<i4"),
+        tokens=Array(rng.integers(0, 32000, w.tokens, dtype="<i4")),
         response_length=resp,
         reward=reward,
-        loss_mask=np.ones(resp, dtype="u1"),
-        rollout_log_probs=rng.random(resp, dtype="<f4") * -2.0,
+        loss_mask=Array(np.ones(resp, dtype="u1")),
+        rollout_log_probs=Array(rng.random(resp, dtype="<f4") * -2.0),
         weight_versions=["1"],
         group_size=w.group_size,
         sibling_count=w.siblings,

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from kafka.errors import KafkaError
 
+from stream.access import AclsNotApplied
 from stream.acls import (
-    AclsNotApplied,
     Permission,
     producer_permissions,
     reader_permissions,
@@ -204,7 +204,7 @@ def apply(
         idempotent_write,
     )
     conn = connection_from_options(bootstrap_servers, security)
-    from stream.acls import apply_permissions
+    from stream.access import apply_permissions
 
     try:
         count = apply_permissions(conn, principal, permissions)

@@ -23,6 +23,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from stream.client_properties import load_properties
 from stream.clients import BrokerUnreachable, Connection
 from stream.commands.options import fail, resolve_bootstrap
 from stream.preflight import ConnectionCheckFailed, check_connection
@@ -33,7 +34,6 @@ from stream.security import (
     SecretStr,
     SecurityConfigError,
     SecuritySettings,
-    load_properties,
     redact,
 )
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from kafka.errors import KafkaError
 
-from stream.acls import AccessDenied, check_worker_access, explain_denial
+from stream.access import AccessDenied, check_worker_access, explain_denial
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,

@@ -1,5 +1,5 @@
-"""Bounded memory (SPEC §4.5): at the open-group cap the worker pauses fetching, loses nothing and still publishes
-every group; a single group larger than the byte cap is dead-lettered whole as group_too_large."""
+"""Bounded memory (SPEC §4.5): at the open-group cap the worker pauses fetching, loses nothing and still
+publishes every group; a single group larger than the byte cap is dead-lettered whole as group_too_large."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def test_at_the_open_group_cap_it_pauses_drops_nothing_and_publishes_every_group
     config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
                           max_open_groups=5, group_timeout_s=60.0, commit_interval_s=0.2)
     groups = 60
-    planned = [records for records, _ in plan_groups(SynthPlan(group_size=4, max_siblings=2, tokens=16, seed=5,
-                                                               run_id="bp"), groups)]
+    plan = SynthPlan(group_size=4, max_siblings=2, tokens=16, seed=5, run_id="bp")
+    planned = [records for records, _ in plan_groups(plan, groups)]
     total = sum(len(r) for r in planned)
     with worker_events() as events, running_worker(config) as worker:
         wait_until(lambda: worker.ready, 30, "partitions assigned")
@@ -108,7 +108,8 @@ def test_a_group_larger_than_the_byte_cap_is_dead_lettered_whole_and_the_worker_
     topics = new_topics(kafka_bootstrap, partitions=1, prefix="toolarge")
     cap = 1 << 20  # --max-open-mib 1 (and records up to 1 MiB)
     config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
-                          max_record_bytes=cap, max_open_bytes=cap, group_timeout_s=60.0, commit_interval_s=0.2)
+                          max_record_bytes=cap, max_open_bytes=cap, group_timeout_s=60.0,
+                          commit_interval_s=0.2)
     big = [_sample(0, r, float(r), 100_000) for r in range(4)]  # ~0.5 MB each: 2 MB for the group
     small = [_sample(1, r, float(r), 8) for r in range(4)]
     interleaved = [x for pair in zip(big, small, strict=True) for x in pair]
@@ -117,7 +118,8 @@ def test_a_group_larger_than_the_byte_cap_is_dead_lettered_whole_and_the_worker_
             futures = [p.send_raw(group_key(s), encode_sample(s)) for s in interleaved]
             p.flush()
         offsets = [f.get(10).offset for f in futures]
-        wait_until(lambda: worker.stats.records_in == 8 and worker.stats.groups_published == 1, 30, "all read")
+        wait_until(lambda: worker.stats.records_in == 8 and worker.stats.groups_published == 1, 30,
+                   "every record read")
         wait_until(lambda: not worker.ledger.due() and worker.stats.commits > 0, 10, "the last commit")
         assert not worker.stopping
     assert worker.stats.dead_lettered == Counter({"group_too_large": 4})

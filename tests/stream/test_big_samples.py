@@ -42,13 +42,15 @@ def test_8_and_32_mib_samples_pass_end_to_end_with_their_bytes_unchanged(kafka_b
             futures = [p.send_raw(group_key(s), v) for s, v in zip(samples, values, strict=True)]
             p.flush(60)
         sources = [(f.get(10).partition, f.get(10).offset) for f in futures]
-        wait_until(lambda: worker.stats.groups_published == 2 and worker.stats.commits > 0, 60, "2 big groups")
+        wait_until(lambda: worker.stats.groups_published == 2 and worker.stats.commits > 0, 60,
+                   "2 big groups committed")
     assert sum(worker.stats.dead_lettered.values()) == 0
     reads = read_topic(kafka_bootstrap, topics.output, min_count=3, timeout=60)
     assert len(reads) == 3
     by_source = {(r.partition, r.offset): r for r in reads}
     assert len(by_source) == 3
-    train = {(t.source_partition, t.source_offset): (t, r) for t, r in zip(train_samples(reads), reads, strict=True)}
+    train = {(t.source_partition, t.source_offset): (t, r)
+             for t, r in zip(train_samples(reads), reads, strict=True)}
     assert sorted(train) == sorted(sources)
     for src, value, sample in zip(sources, values, samples, strict=True):
         t, r = train[src]

@@ -1,5 +1,6 @@
-"""Broker faults (SPEC §4.5): the worker survives its broker stopping and starting again (same port, same data):
-it backs off instead of spinning, says so in its log, and afterwards every outcome is there exactly once."""
+"""Broker faults (SPEC §4.5): the worker survives its broker stopping and starting again (same port, same
+data): it backs off instead of spinning, says so in its log, and afterwards every outcome is there exactly
+once."""
 
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ def produce(bootstrap: str, topic: str, groups) -> None:
 def test_worker_survives_a_broker_stop_and_start_without_loss_or_duplicates(own_broker, tmp_path):
     bootstrap = f"127.0.0.1:{own_broker.port}"
     topics = new_topics(bootstrap, partitions=3, prefix="outage")
-    faults = FaultRates(malformed=0.05, invalid=0.05, shared_reward=0.05, conflicting_duplicate=0.05, late=0.05,
-                        duplicate=0.05)
+    faults = FaultRates(malformed=0.05, invalid=0.05, shared_reward=0.05, conflicting_duplicate=0.05,
+                        late=0.05, duplicate=0.05)
     plan = SynthPlan(group_size=4, max_siblings=2, tokens=8, faults=faults, seed=3, run_id="outage")
     expected = Expected()
     groups = []
@@ -74,8 +75,10 @@ def test_worker_survives_a_broker_stop_and_start_without_loss_or_duplicates(own_
     published_before = sum(exp.published_groups for _, exp in plan_groups(plan, 100))
 
     log = tmp_path / "worker.log"
-    worker = spawn_worker(bootstrap, topics, f"outage-{topics.input}", "--instance-id", "w1", "--group-timeout",
-                          "120", "--commit-interval", "0.2", "--progress-interval", "1", log_path=log)
+    worker = spawn_worker(bootstrap, topics, f"outage-{topics.input}", "--instance-id", "w1",
+                          "--group-timeout", "120", "--commit-interval", "0.2", "--progress-interval", "1",
+                          log_path=log)
+    busy, outage_log = float("nan"), []
     try:
         wait_until(lambda: log_count(log, r"event=partition\.restored") == 3, 40, "the worker to start")
         produce(bootstrap, topics.input, before)
@@ -102,8 +105,8 @@ def test_worker_survives_a_broker_stop_and_start_without_loss_or_duplicates(own_
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
         rc = worker.wait(60)
-        print(f"worker CPU during the {OUTAGE_S:g} s outage: {busy if 'busy' in locals() else '?'} of one core")
-        print("worker log during the outage:\n" + "\n".join(locals().get("outage_log", [])))
+        print(f"worker CPU during the {OUTAGE_S:g} s outage: {busy:.1%} of one core")
+        print("worker log during the outage:\n" + "\n".join(outage_log))
     assert rc == 0, log.read_text()[-3000:]
     assert busy < 0.5, f"busy loop while the broker was down: {busy:.0%} of a core"
     assert any("event=broker.unreachable" in line for line in outage_log), "\n".join(outage_log)

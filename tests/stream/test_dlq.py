@@ -722,15 +722,6 @@ def test_a_replayed_group_that_fails_again_keeps_its_lineage_and_is_bounded(kafk
     assert len(read_topic(kafka_bootstrap, topics.input, min_count=4)) == 4  # 2 sent + 2 replayed, no more
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "worker: _caught_up() compares the ledger's next offset with the high watermark, which counts the "
-        "commit marker a transactional producer (dlq replay) leaves at the end of the partition, so it never "
-        "looks caught up and its groups never expire until a plain record arrives; compare with "
-        "consumer.position() instead"
-    ),
-)
 @pytest.mark.kafka(timeout=90)
 def test_a_replayed_group_still_incomplete_times_out_again(kafka_bootstrap):
     """Replay is transactional, so the input partition ends with a commit marker: the worker must still see

@@ -1,6 +1,6 @@
-"""Zombie fencing (SPEC §4.5, KIP-447): a worker frozen (SIGSTOP) with an open transaction loses its partitions to
-a second worker; when it thaws it must not commit anything for them. A read_committed reader then sees every
-outcome exactly once."""
+"""Zombie fencing (SPEC §4.5, KIP-447): a worker frozen (SIGSTOP) with an open transaction loses its
+partitions to a second worker; when it thaws it must not commit anything for them. A read_committed reader
+then sees every outcome exactly once."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def wait_log(path: Path, pattern: str, timeout: float, count: int = 1) -> list[r
         if len(found) >= count:
             return found
         time.sleep(0.1)
-    raise AssertionError(f"{path.name}: no {count} x {pattern!r} within {timeout}s:\n{path.read_text()[-3000:]}")
+    tail = path.read_text()[-3000:]
+    raise AssertionError(f"{path.name}: no {count} x {pattern!r} within {timeout}s:\n{tail}")
 
 
 def last_published(path: Path) -> int:
@@ -42,15 +43,16 @@ def test_a_frozen_worker_cannot_commit_after_its_partitions_moved(kafka_bootstra
     topics = new_topics(kafka_bootstrap, partitions=PARTITIONS, prefix="fence")
     group_id = f"fence-{topics.input}"
     # Faults that resolve without waiting for a timeout, so each group's outcome is known in advance.
-    faults = FaultRates(malformed=0.05, invalid=0.05, shared_reward=0.05, conflicting_duplicate=0.05, late=0.05,
-                        duplicate=0.05)
+    faults = FaultRates(malformed=0.05, invalid=0.05, shared_reward=0.05, conflicting_duplicate=0.05,
+                        late=0.05, duplicate=0.05)
     plan = SynthPlan(group_size=4, max_siblings=2, tokens=8, faults=faults, seed=7, run_id="fence")
     expected = Expected()
     groups = []
     for records, exp in plan_groups(plan, 150):
         expected.add(exp)
         groups.append(records)
-    first, split, last = groups[:60], groups[60:80], groups[80:]  # `split`: half before the freeze, half after
+    # `split`: half of each group before the freeze, half after.
+    first, split, last = groups[:60], groups[60:80], groups[80:]
     published_first = sum(exp.published_groups for _, exp in plan_groups(plan, 60))
 
     common = ("--session-timeout", "6", "--group-timeout", "120", "--progress-interval", "1")
@@ -96,14 +98,15 @@ def test_a_frozen_worker_cannot_commit_after_its_partitions_moved(kafka_bootstra
 
         a_before = log_a.read_text()
         a.send_signal(signal.SIGCONT)  # the zombie wakes up with its stale transaction and windows
-        # It must find out that it lost its partitions, abort, and rejoin (it then shares the partitions with B).
+        # It must find out that it lost its partitions, abort, and rejoin (then it shares them with B).
         wait_log(log_a, r"event=(partitions\.lost|commit\.aborted|commit\.on_revoke_aborted)", 30)
         wait_log(log_a, r"event=partitions\.assigned", 30, count=2)
         time.sleep(3)  # both work on: any stale commit would land now
         a_after = log_a.read_text()[len(a_before):]
 
         total, dead = expected.published_samples, sum(expected.dead_letters.values())
-        train = train_samples(read_topic(kafka_bootstrap, topics.output, min_count=total, timeout=60, settle=3))
+        train = train_samples(read_topic(kafka_bootstrap, topics.output, min_count=total, timeout=60,
+                                         settle=3))
         dlq = read_topic(kafka_bootstrap, topics.dead_letter, min_count=dead, timeout=30, settle=2)
     finally:
         for proc in (a, b):

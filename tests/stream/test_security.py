@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -26,9 +27,9 @@ import pytest
 from kafka import TopicPartition
 from kafka.admin import UserScramCredentialUpsertion
 
+from stream.access import apply_permissions
 from stream.acls import (
     Permission,
-    apply_permissions,
     changelog_topic,
     producer_permissions,
     reader_permissions,
@@ -373,19 +374,11 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
 
     # the worker: flags and a password file; debug logging, to give a leak every chance
     log = tmp_path / "worker.log"
+    metrics_port = free_port()
+    args = [*user_flags(cluster, worker), *worker_args(topics, group_id), "--log-level", "debug",
+            "--metrics-port", str(metrics_port)]  # fmt: skip
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                EXE,
-                "run",
-                *user_flags(cluster, worker),
-                *worker_args(topics, group_id),
-                "--log-level",
-                "debug",
-            ],
-            stdout=out,
-            stderr=out,
-        )
+        proc = subprocess.Popen([EXE, "run", *args], stdout=out, stderr=out)
     try:
         reader = TrainDataReader(
             as_user(cluster, trainer),
@@ -411,6 +404,9 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
             expected["expected_published_groups"],
             expected["expected_published_samples"],
         )
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+            outputs.append(response.read().decode())
+        assert "group_id" in outputs[-1]  # labels are there, and (below) no password in any of them
         dead = committed_values(
             cluster.admin, topics.dead_letter, want=sum(expected["expected_dead_letters"].values())
         )

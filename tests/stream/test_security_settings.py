@@ -10,9 +10,8 @@ import pytest
 from kafka.errors import KafkaError, TopicAuthorizationFailedError, TransactionalIdAuthorizationFailedError
 from typer.testing import CliRunner
 
+from stream.access import authorization_cause, explain_denial
 from stream.acls import (
-    authorization_cause,
-    explain_denial,
     producer_permissions,
     reader_permissions,
     render_kafka_acls,
@@ -20,6 +19,7 @@ from stream.acls import (
 )
 from stream.broker.pki import issue, new_ca
 from stream.cli import app
+from stream.client_properties import load_properties
 from stream.clients import Connection
 from stream.commands.connection import SecurityOptions, security_from_options
 from stream.config import TopicNames, WorkerConfig
@@ -28,7 +28,6 @@ from stream.security import (
     SecretStr,
     SecurityConfigError,
     SecuritySettings,
-    load_properties,
     redact,
 )
 
