@@ -7,8 +7,6 @@ proc        drives a runner subprocess
 latency     paced load and a read_committed observer of train-data
 suite       the run: throughput, latency at half load, memory, delivery modes, commit cadence
 report      rich tables for people (`--json` prints the suite's report as JSON)
+
+Nothing is imported here: `python -m stream.bench.runner` must not find its own module pre-imported.
 """
-
-from stream.bench.suite import BenchReport, BenchSettings, run_bench
-
-__all__ = ["BenchReport", "BenchSettings", "run_bench"]

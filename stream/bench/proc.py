@@ -54,7 +54,10 @@ class RunnerProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.kill()
-                raise RunnerFailed(f"{self.spec.mode} gave no {kind!r} within {timeout:.0f}s{self._tail()}")
+                raise RunnerFailed(
+                    f"{self.spec.mode} ({self.spec.delivery}) gave no {kind!r} within {timeout:.0f}s; "
+                    f"last status {self.last_status}{self._tail()}"
+                )
             try:
                 event = self.events.get(timeout=left)
             except queue.Empty:

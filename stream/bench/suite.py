@@ -450,14 +450,11 @@ def run_bench(settings: BenchSettings, progress: Progress = lambda _: None) -> B
         for w in suite:
             if w.group_size == 8 and w.name in ("a", "b"):
                 report.delivery_compare.append(bench.workload(w, other))
-    if settings.memory:
+    if settings.memory and not settings.quick:
         long = next(w for w in suite if w.name == "b")
         short = next(w for w in suite if w.name == "a")
-        if settings.quick:
-            report.memory.append(bench.memory(Workload("b", long.tokens, 16, 1, 4), open_groups=4))
-        else:
-            report.memory.append(bench.memory(Workload("b", long.tokens, 16, 1, 40), open_groups=64))
-            report.memory.append(bench.memory(Workload("a", short.tokens, 16, 1, 400), open_groups=3000))
+        report.memory.append(bench.memory(Workload("b", long.tokens, 16, 1, 40), open_groups=64))
+        report.memory.append(bench.memory(Workload("a", short.tokens, 16, 1, 400), open_groups=3000))
     if settings.sweep and not settings.quick:
         base = next(
             (r for r in report.results if r.workload.name == "a" and r.workload.group_size == 8), None

@@ -44,7 +44,10 @@ _SINGLE_NODE_DEFAULTS: dict[str, str] = {
 
 def new_cluster_id() -> str:
     """16 random bytes, URL-safe base64 without padding (22 chars), as `kafka-storage random-uuid` prints."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):  # the format tool would read "-…" as an option
+            return cluster_id
 
 
 def parse_override(text: str) -> tuple[str, str]:

@@ -28,8 +28,8 @@ def bench(
         bool,
         typer.Option(
             "--quick",
-            help="Tiny workloads, no delivery comparison or cadence "
-            "sweep: a smoke test that takes well under a minute.",
+            help="Tiny workloads (a) and (b) only, no memory, delivery comparison or "
+            "cadence sweep: a smoke test that takes well under a minute.",
         ),
     ] = False,
     delivery: Annotated[
@@ -64,7 +64,7 @@ def bench(
 
     Creates and deletes its own topics. The full run takes under ten minutes on 2 cores.
     """
-    from stream.bench import BenchSettings, run_bench
+    from stream.bench.suite import BenchSettings, run_bench
 
     if delivery not in DELIVERIES:
         fail(f"--delivery must be exactly-once, at-least-once or both, got {delivery!r}")
@@ -88,7 +88,7 @@ def bench(
         partitions=partitions,
         commit_interval_s=commit_interval,
         commit_max_records=commit_max_records,
-        latency_s=min(latency_seconds, 2.0) if quick else latency_seconds,
+        latency_s=min(latency_seconds, 1.0) if quick else latency_seconds,
         memory=memory,
         sweep=sweep,
         profile_dir=profile_dir,

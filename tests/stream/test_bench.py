@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.kafka(timeout=90)
 
-
+@pytest.mark.kafka(timeout=90)
 def test_bench_quick_reports_stage_and_passthrough_throughput(kafka_bootstrap):
     exe = Path(sys.executable).with_name("rollout-stream")
     started = time.monotonic()
@@ -35,10 +34,7 @@ def test_bench_quick_reports_stage_and_passthrough_throughput(kafka_bootstrap):
             assert r[side]["samples"] == r["stage"]["samples"] > 0
         assert r["ratio"] > 0
         assert r["latency"]["seen"] == r["latency"]["groups"] > 0 and r["latency"]["p99_ms"] > 0
-    [memory] = report["memory"]
-    assert (
-        memory["open_windows"] > 0 and memory["open_bytes"] > 0 and memory["peak_rss"] >= memory["base_rss"]
-    )
+    assert report["memory"] == [] and report["sweep"]["points"] == []  # full runs only
     assert set(report["targets"]) >= {"throughput_ok", "p99_ok", "memory_ok"}
     assert report["machine"]["cpus"] >= 1
 
@@ -55,27 +51,51 @@ def test_bench_table_and_option_errors():
     assert "--delivery must be exactly-once, at-least-once or both" in result.output
 
 
-def test_report_renders_every_section_and_judges_the_targets():
+def test_table_renders_every_section_and_judges_the_targets():
     from rich.console import Console
 
     from stream.bench.latency import LatencyResult, percentile
     from stream.bench.report import render
-    from stream.bench.suite import BenchReport, BenchSettings, MemoryResult, SweepPoint, Throughput, WorkloadResult
+    from stream.bench.suite import (
+        BenchReport,
+        BenchSettings,
+        MemoryResult,
+        SweepPoint,
+        Throughput,
+        WorkloadResult,
+    )
     from stream.bench.workloads import Workload
 
     def tp(mode: str, rate: float) -> Throughput:
-        return Throughput(mode, samples=1000, bytes=2_000_000, seconds=1000 / rate, cpu_s=0.5, loop_cpu_s=0.04,
-                          commits=3, final_commit_s=0.01)
+        return Throughput(
+            mode,
+            samples=1000,
+            bytes=2_000_000,
+            seconds=1000 / rate,
+            cpu_s=0.5,
+            loop_cpu_s=0.04,
+            commits=3,
+            final_commit_s=0.01,
+        )
 
-    lat = LatencyResult(rate=450.0, groups=100, seen=100, p50_ms=80.0, p99_ms=200.0, max_ms=210.0, seconds=4.0)
+    lat = LatencyResult(
+        rate=450.0, groups=100, seen=100, p50_ms=80.0, p99_ms=200.0, max_ms=210.0, seconds=4.0
+    )
     a, b = Workload("a", 256, 8, 1, 125), Workload("b", 32768, 8, 1, 80)
-    report = BenchReport(BenchSettings(bootstrap="x:1"), {"cpus": 2, "cpu_model": "test", "python": "3.11",
-                                                          "kafka_python": "3", "load_average_start": [1.0]})
-    report.results = [WorkloadResult(a, "exactly-once", tp("stage", 900), tp("passthrough", 1000), lat),
-                      WorkloadResult(b, "exactly-once", tp("stage", 50), tp("passthrough", 100), lat)]
-    report.delivery_compare = [WorkloadResult(a, "at-least-once", tp("stage", 950), tp("passthrough", 1000), lat)]
-    report.memory = [MemoryResult(b, base_rss=700_000_000, peak_rss=900_000_000, open_bytes=200_000_000,
-                                  open_windows=64)]
+    report = BenchReport(
+        BenchSettings(bootstrap="x:1"),
+        {"cpus": 2, "cpu_model": "test", "python": "3.11", "kafka_python": "3", "load_average_start": [1.0]},
+    )
+    report.results = [
+        WorkloadResult(a, "exactly-once", tp("stage", 900), tp("passthrough", 1000), lat),
+        WorkloadResult(b, "exactly-once", tp("stage", 50), tp("passthrough", 100), lat),
+    ]
+    report.delivery_compare = [
+        WorkloadResult(a, "at-least-once", tp("stage", 950), tp("passthrough", 1000), lat)
+    ]
+    report.memory = [
+        MemoryResult(b, base_rss=700_000_000, peak_rss=900_000_000, open_bytes=200_000_000, open_windows=64)
+    ]
     report.sweep = [SweepPoint(0.1, 1000, tp("stage", 800), lat)]
     report.sweep_workload = a
     targets = report.targets()
@@ -84,8 +104,16 @@ def test_report_renders_every_section_and_judges_the_targets():
     console = Console(record=True, width=200)
     render(report, console)
     text = console.export_text()
-    for needle in ("a 256t g8", "b 32Kt g8", "Exactly-once vs at-least-once", "ALO", "Memory", "Commit cadence",
-                   "Targets", "not met"):
+    for needle in (
+        "a 256t g8",
+        "b 32Kt g8",
+        "Exactly-once vs at-least-once",
+        "ALO",
+        "Memory",
+        "Commit cadence",
+        "Targets",
+        "not met",
+    ):
         assert needle in text, needle
     assert report.to_json()["results"][0]["ratio"] == 0.9
     assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0 and percentile([], 99) is None

@@ -42,7 +42,7 @@ class Stage:
     topics: object
     train: KafkaConsumer
     dlq: KafkaConsumer
-    outputs: list = field(default_factory=list)  # (topic kind, (partition, offset) of the input, record)
+    outputs: list = field(default_factory=list, repr=False)  # (kind, input (partition, offset), record)
 
     def read(self) -> None:
         """Poll both output topics; remember every record with the input it came from."""

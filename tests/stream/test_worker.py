@@ -178,7 +178,9 @@ def test_hundreds_of_groups_with_every_fault_are_accounted_for_and_exact(kafka_b
         items += [(r.key, r.value) for r in records]
     with running_worker(config) as worker:
         send(kafka_bootstrap, topics.input, items)
-        wait_until(lambda: worker.stats.records_in == len(items) and worker.store.open_count() == 0, 60,
+        st = worker.stats
+        wait_until(lambda: st.records_in == len(items) and worker.store.open_count() == 0 and
+                   st.samples_published + sum(st.dead_lettered.values()) + st.duplicates == len(items), 60,
                    "all records resolved")
         st = worker.stats
         assert st.samples_published == expected.published_samples
