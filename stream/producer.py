@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from kafka.errors import AuthorizationError
+
 from codec import Sample, encode_sample, group_key
 from stream.clients import Connection, make_producer
 from stream.security import SecuritySettings
@@ -34,13 +36,13 @@ class RolloutProducer:
 
     def send(self, sample: Sample, *, timestamp_ms: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> Any:
         """Encode and send one sample; returns the kafka-python future."""
-        return self._producer.send(
+        return _refused_at_once(self._producer.send(
             self.topic, value=encode_sample(sample), key=group_key(sample), timestamp_ms=timestamp_ms, headers=headers
-        )
+        ))
 
     def send_raw(self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None) -> Any:
         """Send bytes as they are (tests, replays, fault injection)."""
-        return self._producer.send(self.topic, value=value, key=key, timestamp_ms=timestamp_ms)
+        return _refused_at_once(self._producer.send(self.topic, value=value, key=key, timestamp_ms=timestamp_ms))
 
     def send_group(self, samples: Iterable[Sample]) -> list[Any]:
         return [self.send(s) for s in samples]
@@ -57,3 +59,11 @@ class RolloutProducer:
     def __exit__(self, *exc: object) -> None:
         self.flush()
         self.close()
+
+
+def _refused_at_once(future: Any) -> Any:
+    """Raise an authorization error kafka-python reports only in an already-failed future (no Write ACL on the
+    topic): a rollout producer must not drop samples silently."""
+    if future.is_done and future.failed() and isinstance(future.exception, AuthorizationError):
+        raise future.exception
+    return future

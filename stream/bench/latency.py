@@ -67,12 +67,16 @@ class _Observer(threading.Thread):
             self.consumer.position(tp)  # resolve "end" now, before anything is produced
         self.seen: dict[bytes, float] = {}
         self.stop = threading.Event()
+        self.ready = threading.Event()  # connected and fetching: groups sent from now on are timed fairly
 
     def run(self) -> None:
         try:
+            warm_until = time.monotonic() + 1.0
             while not self.stop.is_set():
                 batch = self.consumer.poll(timeout_ms=50)
                 now = time.monotonic()
+                if now >= warm_until:
+                    self.ready.set()
                 for records in batch.values():
                     for rec in records:
                         if rec.key is not None and rec.key not in self.seen:
@@ -103,6 +107,8 @@ def measure_latency(
     interval = spg / rate
     observer = _Observer(conn, output_topic)
     observer.start()
+    # Otherwise the first groups also wait for the observer's own connection and first fetch.
+    observer.ready.wait(timeout=15)
     producer = make_producer(conn, client_id="bench-load")
     sent: dict[bytes, float] = {}
     started = time.monotonic()

@@ -7,6 +7,7 @@ import sys
 from typing import Annotated
 
 import typer
+from kafka.errors import AuthorizationError
 
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
@@ -64,14 +65,19 @@ def synth(
     conn = connection_from_options(bootstrap_servers, security)
     total = Expected()
     limiter = RateLimiter(rate)
-    with RolloutProducer(conn, topic=input_topic) as producer:
-        for i, (records, expected) in enumerate(plan_groups(plan, groups, start_index)):
-            for rec in records:
-                limiter.wait()
-                producer.send_raw(rec.key, rec.value)
-            total.add(expected)
-            if (i + 1) % 1000 == 0:
-                print(f"synth: {i + 1}/{groups} groups sent", file=sys.stderr)
+    try:
+        with RolloutProducer(conn, topic=input_topic) as producer:
+            for i, (records, expected) in enumerate(plan_groups(plan, groups, start_index)):
+                for rec in records:
+                    limiter.wait()
+                    producer.send_raw(rec.key, rec.value)
+                total.add(expected)
+                if (i + 1) % 1000 == 0:
+                    print(f"synth: {i + 1}/{groups} groups sent", file=sys.stderr)
+    except AuthorizationError as exc:
+        fail(f"the broker refused {conn.security.principal or 'this client'}: missing WRITE on topic {input_topic!r} "
+             f"({type(exc).__name__}); grant it: rollout-stream acls apply --role producer --input-topic "
+             f"{input_topic} --principal ...", 2)
     print(json.dumps({
         "run_id": plan.run_id, "groups": groups, "records": total.records,
         "expected_published_samples": total.published_samples, "expected_published_groups": total.published_groups,

@@ -698,3 +698,19 @@ def test_acls_print_matches_what_the_worker_was_granted(cluster):
         "--operation Read --operation Write --topic g-in-windows-changelog",
         "--operation Write --transactional-id rollout-stream-g- --resource-pattern-type prefixed",
     ]
+
+
+@pytest.mark.kafka(timeout=90)
+def test_a_producer_without_write_is_refused_not_silently_dropped(cluster, tmp_path):
+    group_id = f"sec-g-{uuid.uuid4().hex[:6]}"
+    topics = new_topics(cluster, group_id)
+    user = new_user(cluster, tmp_path, "p")  # no ACL at all
+    result = cli("synth", *user_flags(cluster, user), "--input-topic", topics.input, "--groups", "2")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: the broker refused {user.principal}: missing WRITE on topic '{topics.input}' "
+        "(TopicAuthorizationFailedError); grant it: rollout-stream acls apply --role producer --input-topic "
+        f"{topics.input} --principal ..."
+    ]
+    assert committed_values(cluster.admin, topics.input, timeout=3) == []
+    assert_no_secret([result.stdout, result.stderr], [user.password])
