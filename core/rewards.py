@@ -41,8 +41,6 @@ __all__ = [
 RolloutKey = int | str | tuple[str, int]
 
 _NUMBER_TYPES = (int, float, np.integer, np.floating)
-# torch computes `std + 1e-6` on a float32 tensor in float32: the scalar is rounded to float32 first.
-_STD_EPS = np.float32(1e-6)
 
 
 class RewardSelectionError(ValueError):
@@ -167,19 +165,13 @@ def normalize_group(
         shared.append(first)
 
     # The reference's exact float32 ops: mean over rollouts, unbiased std, divide only if std > 0.
-    # The reductions run in torch; the elementwise steps run on numpy views of the same float32 values.
-    # Those are single IEEE-754 float32 operations (x - mean, std + float32(1e-6), a / d), so any library
-    # gives the same bits (tests/core checks it against the reference), while each torch call releases the
-    # GIL and, inside the worker, waits to get it back from kafka-python's IO threads: 4 calls, not 13.
     rollout_rewards = torch.tensor(shared, dtype=torch.float)
-    values = rollout_rewards.numpy()
-    mean = rollout_rewards.mean().numpy()  # 0-d float32
-    std = rollout_rewards.std().numpy() if len(shared) > 1 else None
+    mean = rollout_rewards.mean()
+    std = rollout_rewards.std() if len(shared) > 1 else None
     if cfg.normalizes:
-        with np.errstate(all="ignore"):  # non-finite rewards give NaN/inf silently, as in torch
-            normalized = values - mean
-            if cfg.divides_by_std and std is not None and std > 0:
-                normalized = normalized / (std + _STD_EPS)
+        normalized = rollout_rewards - mean
+        if cfg.divides_by_std and std is not None and std > 0:
+            normalized = normalized / (std + 1e-6)
         rewards: list[float] = [0.0] * count
         for positions, value in zip(members.values(), normalized.tolist(), strict=True):
             for position in positions:
@@ -191,9 +183,9 @@ def normalize_group(
         raw=raw,
         rewards=rewards,
         rollout_count=len(shared),
-        mean=float(mean),
-        std=0.0 if std is None else float(std),
-        zero_variance=bool((values == values[0]).all()),
+        mean=mean.item(),
+        std=0.0 if std is None else std.item(),
+        zero_variance=bool((rollout_rewards == rollout_rewards[0]).all()),
     )
 
 

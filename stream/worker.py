@@ -367,7 +367,7 @@ class Worker:
                       action="restoring every assigned partition from the last commit")
             self._restore_all_later()
             return
-        if self.metrics is not None:
+        if self.metrics is not None and (committed or self._published_ts):  # idle ticks are not commits
             self.metrics.observe_commit(time.monotonic() - started, self._published_ts, int(self.clock() * 1000))
             self._published_ts = []
         if committed:

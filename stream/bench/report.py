@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from stream.bench.suite import MEMORY_TARGET, P99_TARGET_MS, THROUGHPUT_TARGET, BenchReport, WorkloadResult
+from stream.bench.results import MEMORY_TARGET, P99_TARGET_MS, THROUGHPUT_TARGET, BenchReport, WorkloadResult
 
 __all__ = ["render"]
 

@@ -64,7 +64,8 @@ def bench(
 
     Creates and deletes its own topics. The full run takes under ten minutes on 2 cores.
     """
-    from stream.bench.suite import BenchSettings, run_bench
+    from stream.bench.results import BenchSettings
+    from stream.bench.suite import run_bench
 
     if delivery not in DELIVERIES:
         fail(f"--delivery must be exactly-once, at-least-once or both, got {delivery!r}")

@@ -56,7 +56,7 @@ def test_table_renders_every_section_and_judges_the_targets():
 
     from stream.bench.latency import LatencyResult, percentile
     from stream.bench.report import render
-    from stream.bench.suite import (
+    from stream.bench.results import (
         BenchReport,
         BenchSettings,
         MemoryResult,

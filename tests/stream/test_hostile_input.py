@@ -316,7 +316,8 @@ def test_hostile_input_never_stops_the_worker_and_every_record_is_accounted_for(
           "records_in == published + dead-lettered + duplicates + open")
     # Open windows time out (incomplete_group), whatever they hold. (A window leaves the store before its
     # dead-letters are counted: wait for both.)
-    _wait(stage, lambda: worker.store.open_count() == 0 and _resolved(worker) - resolved_before == len(records),
+    _wait(stage,
+          lambda: worker.store.open_count() == 0 and _resolved(worker) - resolved_before == len(records),
           GROUP_TIMEOUT_S + 30, "open windows expired and every record resolved")
     assert stage.thread.is_alive() and not worker.stopping
 
