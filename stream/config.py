@@ -111,14 +111,17 @@ class WorkerConfig:
             raise ConfigError("--reward-key must not be empty")
         if not self.commit_interval_s > 0:
             raise ConfigError(f"--commit-interval must be positive, got {self.commit_interval_s}")
+        if not 6 <= self.session_timeout_s <= 1800:
+            raise ConfigError(f"--session-timeout must be between 6 and 1800 seconds (the broker's default "
+                              f"group.min/max.session.timeout.ms), got {self.session_timeout_s:g}")
         if self.delivery not in ("exactly-once", "at-least-once"):
             raise ConfigError(f"--delivery must be exactly-once or at-least-once, got {self.delivery!r}")
         if self.commit_max_records < 1:
             raise ConfigError(f"--commit-max-records must be at least 1, got {self.commit_max_records}")
         if self.max_open_groups < 1 or self.max_open_bytes < 1024 * 1024:
-            raise ConfigError("--max-open-groups must be >= 1 and --max-open-bytes >= 1 MiB")
+            raise ConfigError("--max-open-groups must be >= 1 and --max-open-mib >= 1")
         if self.max_open_bytes < self.max_record_bytes:
-            raise ConfigError(f"--max-open-bytes ({self.max_open_bytes}) must hold at least one record of "
+            raise ConfigError(f"--max-open-mib ({self.max_open_bytes >> 20}) must hold at least one record of "
                               f"{self.max_record_bytes} bytes")
         if self.closed_group_retention_s is not None and self.closed_group_retention_s < 2 * self.group_timeout_s:
             raise ConfigError(

@@ -37,6 +37,9 @@ __all__ = ["Worker", "WorkerStats", "ProduceFailed", "changelog_topic_name"]
 
 log = logging.getLogger("rollout_stream.worker")
 
+UNASSIGNED_REJOIN_S = 30.0
+"""No partition for this long (more workers than partitions, or a dropped join): rejoin the group."""
+
 PAUSE_STALL_S = 1.0
 """A pause at the open-group cap during which no window closed ends in an overrun (see _back_pressure)."""
 
@@ -123,6 +126,7 @@ class Worker:
         self.metrics: Any = None  # stream.metrics.LoopMetrics while a metrics endpoint serves this worker
         self.last_tick = 0.0  # monotonic time of the loop's last iteration (liveness)
         self._published_ts: list[int] = []  # per group published since the last commit: newest member's ts
+        self._unassigned_since: float | None = None
         self._overrun = False  # reading past the cap: open windows needed records behind a pause
         self._last_broker_check = 0.0
         self._broker_lost_at: float | None = None  # monotonic time the last broker connection went away
@@ -200,6 +204,7 @@ class Worker:
     def _step(self) -> None:
         batch = self._consumer.poll(timeout_ms=100, max_records=500)
         self.last_tick = started = time.monotonic()
+        self._assignment_watchdog(started)
         if self._to_restore:
             skip = set(self._to_restore)  # fetched before the restore: they are read again after it
             self._restore(skip)
@@ -231,6 +236,21 @@ class Worker:
             self._last_heartbeat = mono
             with open(self.config.heartbeat_file, "a"):
                 os.utime(self.config.heartbeat_file)
+
+    def _assignment_watchdog(self, now: float) -> None:
+        """kafka-python 3.0.12 can drop a join that completes while poll() times out: the broker then shows
+        this member owning partitions it never receives. Rejoin when nothing is assigned for too long."""
+        if self._assigned or self._consumer.assignment():
+            self._unassigned_since = None
+            return
+        if self._unassigned_since is None:
+            self._unassigned_since = now
+        elif now - self._unassigned_since >= UNASSIGNED_REJOIN_S:
+            log_event(log, "partitions.none_assigned", logging.WARNING,
+                      seconds=f"{now - self._unassigned_since:.0f}", action="rejoining the consumer group")
+            self._consumer.unsubscribe()
+            self._consumer.subscribe([self.config.topics.input], listener=_Rebalance(self))
+            self._unassigned_since = now
 
     def _shutdown(self) -> None:
         log_event(log, "worker.stopping", open_windows=self.store.open_count())

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stream.bench.latency import LatencyResult, measure_latency
-from stream.bench.proc import RunnerProcess
+from stream.bench.proc import RunnerFailed, RunnerProcess
 from stream.bench.results import (
     BenchReport,
     BenchSettings,
@@ -25,6 +25,9 @@ from stream.clients import Connection
 
 __all__ = ["run_bench", "SWEEP_INTERVALS", "SWEEP_MAX_RECORDS"]
 
+# kafka-python 3.0 can busy-loop looking for a group coordinator (dpkp/kafka-python#2667, #2672) and never
+# join: a measurement that has not drained in this long is retried once in a new process.
+DRAIN_TIMEOUT_S = 120.0
 SWEEP_INTERVALS = (0.1, 0.5, 1.0, 2.0)
 SWEEP_MAX_RECORDS = (1000, 5000, 20000)
 
@@ -99,7 +102,39 @@ class _Bench:
         latency_s: float | None = None,
         tag: str = "",
     ) -> tuple[Throughput, LatencyResult | None]:
-        """Drain the preloaded backlog (max rate), then offer paced load (half of it, or `rate`)."""
+        """Drain the preloaded backlog (max rate), then offer paced load at half of it."""
+        for attempt in (1, 2):
+            try:
+                return self._stage_once(
+                    topics,
+                    delivery,
+                    pre,
+                    w,
+                    latency=latency,
+                    interval=interval,
+                    max_records=max_records,
+                    latency_s=latency_s,
+                    tag=tag,
+                )
+            except RunnerFailed as exc:
+                if attempt == 2:
+                    raise
+                self.progress(f"stage run failed, retrying once with a new process: {exc}")
+        raise AssertionError("unreachable")
+
+    def _stage_once(
+        self,
+        topics: BenchTopics,
+        delivery: str,
+        pre: Preloaded,
+        w: Workload,
+        *,
+        latency: bool,
+        interval: float | None,
+        max_records: int | None,
+        latency_s: float | None,
+        tag: str,
+    ) -> tuple[Throughput, LatencyResult | None]:
         proc = RunnerProcess(
             self.spec(
                 "stage",
@@ -113,7 +148,7 @@ class _Bench:
             )
         )
         try:
-            tp = self.throughput("stage", pre, proc.wait_for("drained", timeout=240))
+            tp = self.throughput("stage", pre, proc.wait_for("drained", timeout=DRAIN_TIMEOUT_S))
             lat = None
             if latency:
                 lat = measure_latency(
@@ -135,13 +170,19 @@ class _Bench:
     def passthrough_run(
         self, topics: BenchTopics, delivery: str, pre: Preloaded, tag: str = ""
     ) -> Throughput:
-        proc = RunnerProcess(self.spec("passthrough", topics, delivery, pre, tag=tag))
-        try:
-            tp = self.throughput("passthrough", pre, proc.wait_for("drained", timeout=240))
-            proc.wait_for("result", timeout=60)
-            return tp
-        finally:
-            proc.kill()
+        for attempt in (1, 2):
+            proc = RunnerProcess(self.spec("passthrough", topics, delivery, pre, tag=tag))
+            try:
+                tp = self.throughput("passthrough", pre, proc.wait_for("drained", timeout=DRAIN_TIMEOUT_S))
+                proc.wait_for("result", timeout=60)
+                return tp
+            except RunnerFailed as exc:
+                if attempt == 2:
+                    raise
+                self.progress(f"passthrough run failed, retrying once with a new process: {exc}")
+            finally:
+                proc.kill()
+        raise AssertionError("unreachable")
 
     def workload(self, w: Workload, delivery: str) -> WorkloadResult:
         topics = create_topics(self.conn, self.s.partitions)

@@ -136,6 +136,14 @@ def run(
     if partitions < 1:
         fail(f"--partitions must be at least 1, got {partitions}")
     configure_logging(log_format, log_level)
+    stop_requested: list[int] = []  # a signal during set-up: stop before the loop starts, exit 0
+
+    def _early_stop(signum: int, _frame: object) -> None:
+        log_event(log, "signal", signal=signal.Signals(signum).name, phase="startup")
+        stop_requested.append(signum)
+
+    signal.signal(signal.SIGTERM, _early_stop)
+    signal.signal(signal.SIGINT, _early_stop)
     conn = connection_from_options(config.bootstrap_servers, security)
     if conn.security.protocol != "PLAINTEXT":
         try:  # every missing ACL named now, before anything is read or written
@@ -173,6 +181,8 @@ def run(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    if stop_requested:
+        worker.request_stop()
     try:
         worker.run()
     except TopicMismatch as exc:

@@ -67,7 +67,11 @@ class WorkerProcess:
                 raise AssertionError(f"worker exited ({self.proc.returncode}) while waiting for {what}:\n"
                                      f"{self.stderr()[-3000:]}")
             return predicate()
-        wait_until(check, timeout, what)
+        try:
+            wait_until(check, timeout, what)
+        except AssertionError as exc:
+            events = [line for line in self.stderr().splitlines() if " event=progress " not in line]
+            raise AssertionError(f"{exc}; the worker's last events:\n" + "\n".join(events[-15:])) from None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> tuple[int, float]:
         """Send `sig`; return (exit code, seconds to exit)."""
