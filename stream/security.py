@@ -356,6 +356,21 @@ class SecuritySettings:
             ),
         )
 
+    def to_values(self) -> dict[str, Any]:
+        """The inverse of `from_values`, secrets in clear: only for handing the settings to a child process
+        over a pipe (never to argv, the environment or a log)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, Path):
+                value = str(value)
+            out[f.name] = value
+        return out
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SecuritySettings:
         """Settings from the KAFKA_* environment variables (see ENV_VARS); PLAINTEXT when none is set."""

@@ -43,6 +43,7 @@ class RunSpec:
     profile: str | None = None
     timeout_s: float = 300.0
     status_interval_s: float = 0.25
+    security: dict[str, Any] | None = None  # SecuritySettings.to_values(); travels on the stdin pipe only
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -59,7 +60,10 @@ class _Target:
     """The stage or the passthrough, behind the few counters the runner reads."""
 
     def __init__(self, spec: RunSpec) -> None:
-        conn = Connection(spec.bootstrap, client_id=f"bench-{spec.mode}")
+        from stream.security import SecuritySettings
+
+        security = SecuritySettings.from_values(spec.security) if spec.security else SecuritySettings()
+        conn = Connection(spec.bootstrap, client_id=f"bench-{spec.mode}", security=security)
         self.stage = spec.mode == "stage"
         if self.stage:  # imported here: the passthrough process needs neither the worker nor torch
             from stream.config import TopicNames, WorkerConfig

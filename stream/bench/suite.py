@@ -36,9 +36,11 @@ Progress = Callable[[str], None]
 
 
 class _Bench:
-    def __init__(self, settings: BenchSettings, progress: Progress) -> None:
+    def __init__(self, settings: BenchSettings, progress: Progress, security: Any = None) -> None:
         self.s = settings
-        self.conn = Connection(settings.bootstrap, client_id="rollout-stream-bench")
+        self.security = security
+        self.conn = Connection(settings.bootstrap, client_id="rollout-stream-bench",
+                               **({"security": security} if security is not None else {}))
         self.progress = progress
 
     def spec(
@@ -62,6 +64,7 @@ class _Bench:
         return RunSpec(
             mode=mode,
             bootstrap=self.s.bootstrap,
+            security=self.security.to_values() if self.security is not None else None,
             input_topic=topics.names.input,
             output_topic=topics.names.output,
             dead_letter_topic=topics.names.dead_letter,
@@ -257,9 +260,9 @@ class _Bench:
         return SweepPoint(interval, max_records, tp, lat)
 
 
-def run_bench(settings: BenchSettings, progress: Progress = lambda _: None) -> BenchReport:
+def run_bench(settings: BenchSettings, progress: Progress = lambda _: None, security: Any = None) -> BenchReport:
     started = time.monotonic()
-    bench = _Bench(settings, progress)
+    bench = _Bench(settings, progress, security)
     report = BenchReport(settings, machine_info())
     suite = settings.suite()
     for delivery in settings.deliveries:

@@ -9,8 +9,13 @@ from typing import Annotated
 import typer
 from kafka.errors import KafkaError
 
-from stream.clients import BrokerUnreachable, Connection, probe
-from stream.commands.options import Bootstrap, fail, resolve_bootstrap
+from stream.commands.connection import (
+    NO_SECURITY_OPTIONS,
+    SecurityOptions,
+    connection_from_options,
+    connection_options,
+)
+from stream.commands.options import Bootstrap, fail
 
 DELIVERIES = {
     "exactly-once": ("exactly-once",),
@@ -19,6 +24,7 @@ DELIVERIES = {
 }
 
 
+@connection_options
 def bench(
     bootstrap_servers: Bootstrap = None,
     json_output: Annotated[
@@ -57,6 +63,7 @@ def bench(
             help="Write cProfile files of every stage and passthrough process here.", show_default=False
         ),
     ] = None,
+    security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Benchmark the stage against a passthrough (consume → produce → commit, same clients and delivery)
     on the real broker: samples/s and MB/s, end-to-end latency p50/p99 at half the measured maximum rate,
@@ -77,11 +84,7 @@ def bench(
         import os
 
         os.makedirs(profile_dir, exist_ok=True)
-    conn = Connection(resolve_bootstrap(bootstrap_servers))
-    try:
-        probe(conn)
-    except BrokerUnreachable as exc:
-        fail(str(exc), 1)
+    conn = connection_from_options(bootstrap_servers, security, client_id="rollout-stream-bench")
     settings = BenchSettings(
         bootstrap=conn.bootstrap_servers,
         deliveries=DELIVERIES[delivery],
@@ -99,7 +102,7 @@ def bench(
         print(f"bench: {line}", file=sys.stderr, flush=True)
 
     try:
-        report = run_bench(settings, progress)
+        report = run_bench(settings, progress, security=conn.security)
     except KafkaError as exc:
         fail(f"Kafka error: {type(exc).__name__}: {exc}", 1)
     except RuntimeError as exc:

@@ -11,6 +11,7 @@ process the tests start is grepped for the passwords it was given.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -714,3 +715,15 @@ def test_a_producer_without_write_is_refused_not_silently_dropped(cluster, tmp_p
     ]
     assert committed_values(cluster.admin, topics.input, timeout=3) == []
     assert_no_secret([result.stdout, result.stderr], [user.password])
+
+
+@pytest.mark.kafka(timeout=150)
+def test_bench_runs_over_sasl_ssl_and_never_prints_a_password(cluster):
+    result = cli("bench", "--quick", "--json", "--bootstrap-servers", cluster.bootstrap,
+                 "--kafka-config", str(cluster.admin_config), timeout=140)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert all(r["stage"]["samples_per_s"] > 0 and r["passthrough"]["samples_per_s"] > 0
+               for r in report["results"])
+    for secret in cluster.passwords():
+        assert secret not in result.stdout and secret not in result.stderr
