@@ -10,6 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from codec import DeadLetterReason, DecodeError, Sample, group_key_of
+from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
 from core.rewards import SharedRewardViolation, normalize_group
@@ -22,7 +23,6 @@ R = DeadLetterReason
 WindowKey = tuple[int, str, str]
 """(input partition, group key, replay id): a replayed group is windowed apart from its original."""
 
-REPLAY_ID_HEADER = "x-replay-id"
 
 
 def replay_id(record: InputRecord) -> str:

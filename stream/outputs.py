@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from codec import TrainSample, encode_train_sample
+from codec import headers as H
 from core.config import RewardConfig
 from core.records import DeadLettered, InputRecord, Published
 
@@ -17,17 +18,7 @@ try:
 except PackageNotFoundError:  # running from a source tree without installation
     STAGE_VERSION = "0+unknown"
 
-DLQ_HEADERS = (
-    "x-dlq-reason",
-    "x-dlq-message",
-    "x-original-topic",
-    "x-original-partition",
-    "x-original-offset",
-    "x-original-timestamp",
-    "x-group-key",
-    "x-stage-version",
-    "x-failed-at",
-)
+DLQ_HEADERS = H.DEAD_LETTER_HEADERS
 # Kafka headers should stay small; the full message is also logged.
 _MAX_MESSAGE_HEADER = 4096
 
@@ -83,18 +74,18 @@ def dead_letter_records(failure: DeadLettered, topic: str) -> list[OutputRecord]
     out: list[OutputRecord] = []
     for src in failure.records:
         # A replayed record that fails again keeps the time it first failed.
-        first_failed = next((v for k, v in src.headers if k == "x-failed-at"), None) \
+        first_failed = next((v for k, v in src.headers if k == H.FAILED_AT), None) \
             or _iso_ms(failure.first_failed_at_ms).encode()
         headers = [
-            ("x-dlq-reason", failure.reason.value.encode()),
-            ("x-dlq-message", message.encode()),
-            ("x-original-topic", src.topic.encode()),
-            ("x-original-partition", str(src.partition).encode()),
-            ("x-original-offset", str(src.offset).encode()),
-            ("x-original-timestamp", str(src.timestamp_ms).encode()),
-            ("x-group-key", (failure.group_key or "").encode()),
-            ("x-stage-version", STAGE_VERSION.encode()),
-            ("x-failed-at", first_failed),
+            (H.REASON, failure.reason.value.encode()),
+            (H.MESSAGE, message.encode()),
+            (H.ORIGINAL_TOPIC, src.topic.encode()),
+            (H.ORIGINAL_PARTITION, str(src.partition).encode()),
+            (H.ORIGINAL_OFFSET, str(src.offset).encode()),
+            (H.ORIGINAL_TIMESTAMP, str(src.timestamp_ms).encode()),
+            (H.GROUP_KEY, (failure.group_key or "").encode()),
+            (H.STAGE_VERSION, STAGE_VERSION.encode()),
+            (H.FAILED_AT, first_failed),
         ]
         # Producer headers travel along (lineage), minus any stale dead-letter headers of an earlier pass.
         headers += [(k, v) for k, v in src.headers if k not in DLQ_HEADERS]
