@@ -21,6 +21,8 @@ class ClosedGroupEntry(msgspec.Struct, tag="closed_group", tag_field="type"):
     closed_at_ms: int
     digests: list[bytes]
     schema_version: int = 1
+    # Entries written before the algorithm was recorded used BLAKE2b-128; new ones always name theirs.
+    digest_algorithm: str = "blake2b-128"
 
 
 class PartitionPosition(msgspec.Struct, tag="position", tag_field="type"):

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from codec import DeadLetterReason, Sample
+import msgspec
 
+from codec import DeadLetterReason
 from core.rewards import GroupRewards
 
 __all__ = ["InputRecord", "Member", "Published", "DeadLettered", "DuplicateDropped", "Outcome"]
 
 
-@dataclass(frozen=True, slots=True)
-class InputRecord:
-    """One consumed Kafka record, bytes untouched."""
+class InputRecord(msgspec.Struct, frozen=True, gc=False):
+    """One consumed Kafka record, bytes untouched.
+
+    A struct without GC tracking: one is built per consumed record and windows hold many of them.
+    """
 
     topic: str
     partition: int
@@ -28,12 +32,12 @@ class InputRecord:
         return len(self.value or b"") + len(self.key or b"")
 
 
-@dataclass(frozen=True, slots=True)
-class Member:
-    """A valid sample held in a window."""
+class Member(msgspec.Struct, frozen=True, gc=False):
+    """A valid sample held in a window: its record and what normalization reads of it (`sample` has
+    `reward`, `rollout_id`, `index`, `sibling_index`, like `codec.Sample`)."""
 
     record: InputRecord
-    sample: Sample
+    sample: Any
     rollout: object
     digest: bytes
 

@@ -5,18 +5,21 @@ This module is the one place that decides a dead-letter reason.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+import msgspec
 
 from codec import DeadLetterReason, DecodeError, Sample, group_key_of
 from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
+from core.digest import DIGEST_ALGORITHM, digest_with, record_digest
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
 from core.rewards import SharedRewardViolation, normalize_group
 from core.validate import SampleLimits, effective_group_size, rollout_key, validate_sample
 
-__all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "WindowStore", "WindowKey", "replay_id", "REPLAY_ID_HEADER"]
+__all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "WindowStore", "WindowKey", "replay_id",
+           "REPLAY_ID_HEADER"]
 
 R = DeadLetterReason
 
@@ -26,6 +29,8 @@ WindowKey = tuple[int, str, str]
 
 
 def replay_id(record: InputRecord) -> str:
+    if not record.headers:
+        return ""
     for key, value in record.headers:
         if key == REPLAY_ID_HEADER:
             return value.decode("utf-8", "backslashreplace")
@@ -44,24 +49,26 @@ class WindowConfig:
 
 @dataclass(slots=True)
 class GroupWindow:
-    """An open prompt group: its members by rollout (first-arrival order) and sibling index."""
+    """An open prompt group: its members by rollout (first-arrival order), each rollout a list of
+    `sibling_count` slots by sibling index (None until that sibling arrives)."""
 
     key: str
     partition: int
     group_size: int
     deadline_ms: int
-    rollouts: dict[object, dict[int, Member]] = field(default_factory=dict)
-    sibling_counts: dict[object, int] = field(default_factory=dict)
-    digests: set[bytes] = field(default_factory=set)
+    rollouts: dict[object, list[Member | None]] = field(default_factory=dict)
     complete_rollouts: int = 0
     nbytes: int = 0
 
     def members(self) -> list[Member]:
         """Publication order: rollouts by first arrival, siblings by sibling_index."""
-        return [siblings[i] for siblings in self.rollouts.values() for i in sorted(siblings)]
+        return [m for siblings in self.rollouts.values() for m in siblings if m is not None]
 
     def records(self) -> list[InputRecord]:
         return [m.record for m in self.members()]
+
+    def digests(self) -> frozenset[bytes]:
+        return frozenset(m.digest for m in self.members())
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,23 +80,34 @@ class ClosedGroup:
     deadline_ms: int
     closed_at_ms: int
     digests: frozenset[bytes]
+    digest_algorithm: str = DIGEST_ALGORITHM  # entries restored from an older changelog may differ
+
+    def digest_of(self, record: InputRecord, current: bytes) -> bytes:
+        """`record`'s digest comparable with this group's (`current`: with today's algorithm)."""
+        if self.digest_algorithm == DIGEST_ALGORITHM:
+            return current
+        try:
+            return digest_with(self.digest_algorithm, record.value)
+        except KeyError:  # written by a newer stage: a copy cannot be recognised, so it is never dropped
+            return b""
 
 
-def _digest(value: bytes | None) -> bytes:
-    return hashlib.blake2b(value or b"", digest_size=16).digest()
+class HeldSample(msgspec.Struct, frozen=True, gc=False):
+    """What a window keeps of a validated member: the fields `normalize_group` reads.
 
-
-def _held(sample: Sample) -> Sample:
-    """What a window keeps of a validated member: the fields normalization reads.
-
-    Everything else stays in the record's bytes, which outputs embed verbatim; the decoded arrays, prompt,
-    response and metadata (about 2 KB of Python objects per sample) would otherwise double the memory of
-    a window of short samples.
+    Everything else stays in the record's bytes, which outputs embed verbatim; a full decoded `Sample`
+    (arrays, prompt, metadata, ~2 KB of Python objects for a 256-token sample) would double a window's
+    memory, and even an emptied one costs ~300 B more per sample than this.
     """
-    return Sample(group_index=sample.group_index, index=sample.index, rollout_id=sample.rollout_id,
-                  reward=sample.reward, group_size=sample.group_size, sibling_count=sample.sibling_count,
-                  sibling_index=sample.sibling_index, run_id=sample.run_id,
-                  schema_version=sample.schema_version)
+
+    reward: float | dict[str, float] | None
+    rollout_id: int | str | None
+    index: int | None
+    sibling_index: int
+
+
+def _held(sample: Sample) -> HeldSample:
+    return HeldSample(sample.reward, sample.rollout_id, sample.index, sample.sibling_index)
 
 
 class WindowStore:
@@ -122,7 +140,7 @@ class WindowStore:
             return self._reject_record(record, gkey, problem, now_ms)
         assert gkey is not None and sample.group_index is not None
         wkey = (record.partition, gkey, replay_id(record))
-        digest = _digest(record.value)
+        digest = record_digest(record.value)
 
         closed = self.closed.get(wkey)
         if closed is not None:
@@ -178,26 +196,30 @@ class WindowStore:
         group_size: int,
         now_ms: int,
     ) -> list[Outcome]:
-        if digest in window.digests:
-            return [DuplicateDropped(window.key, record)]
+        rkey = rollout_key(sample)
+        if rkey is None:
+            # A row without rollout_id or index is a rollout of its own: only its digest can tell a copy.
+            if any(m.digest == digest for m in window.members()):
+                return [DuplicateDropped(window.key, record)]
+            rkey = ("row", record.partition, record.offset)
+        siblings = window.rollouts.get(rkey)
+        if siblings is not None and sample.sibling_index < len(siblings):
+            held = siblings[sample.sibling_index]
+            if held is not None and held.digest == digest:
+                return [DuplicateDropped(window.key, record)]
         if group_size != window.group_size:
             return self._reject_group(
                 wkey, window, record, R.INVALID_SAMPLE,
                 f"members disagree on group_size: {window.group_size} and {group_size}", now_ms,
             )
-        rkey = rollout_key(sample)
-        if rkey is None:
-            rkey = ("row", record.partition, record.offset)
-        known_count = window.sibling_counts.get(rkey)
-        if known_count is not None and known_count != sample.sibling_count:
+        if siblings is not None and len(siblings) != sample.sibling_count:
             return self._reject_group(
                 wkey, window, record, R.INVALID_SAMPLE,
-                f"siblings of rollout {rkey!r} disagree on sibling_count: {known_count} and {sample.sibling_count}",
+                f"siblings of rollout {rkey!r} disagree on sibling_count: {len(siblings)} and {sample.sibling_count}",
                 now_ms,
             )
-        siblings = window.rollouts.get(rkey)
-        if siblings is not None and sample.sibling_index in siblings:
-            held = siblings[sample.sibling_index].record
+        if siblings is not None and (occupant := siblings[sample.sibling_index]) is not None:
+            held = occupant.record
             return self._reject_group(
                 wkey, window, record, R.CONFLICTING_DUPLICATE,
                 f"rollout {rkey!r} sibling {sample.sibling_index} arrived twice with different content "
@@ -217,13 +239,12 @@ class WindowStore:
                     f"group has more rollouts than its group_size {window.group_size} (extra rollout {rkey!r})",
                     now_ms,
                 )
-            siblings = window.rollouts[rkey] = {}
-            window.sibling_counts[rkey] = sample.sibling_count
+            siblings = window.rollouts[rkey] = [None] * sample.sibling_count
         siblings[sample.sibling_index] = Member(record, _held(sample), rkey, digest)
-        window.digests.add(digest)
-        window.nbytes += record.size
-        self.open_bytes += record.size
-        if len(siblings) == sample.sibling_count:
+        size = record.size
+        window.nbytes += size
+        self.open_bytes += size
+        if None not in siblings:
             window.complete_rollouts += 1
             if window.complete_rollouts == window.group_size:
                 return [self._finish(wkey, window, now_ms)]
@@ -244,7 +265,7 @@ class WindowStore:
         reason: DeadLetterReason, message: str, now_ms: int,
     ) -> list[Outcome]:
         records = (*window.records(), record)
-        self._close(wkey, window, reason, message, now_ms, extra_digest=_digest(record.value))
+        self._close(wkey, window, reason, message, now_ms, extra_digest=record_digest(record.value))
         return [DeadLettered(reason, message, window.key, records, now_ms)]
 
     def _reject_record(self, record: InputRecord, gkey: str | None, problem: str, now_ms: int) -> list[Outcome]:
@@ -264,13 +285,13 @@ class WindowStore:
             return [DeadLettered(R.INVALID_SAMPLE, problem, gkey, (record,), now_ms)]
         # The group's first record is already invalid: reject the group so its later members carry this reason.
         deadline = record.timestamp_ms + self.config.group_timeout_ms
-        self._remember(wkey, ClosedGroup(R.INVALID_SAMPLE, problem, deadline, now_ms, frozenset({_digest(record.value)})))
+        self._remember(wkey, ClosedGroup(R.INVALID_SAMPLE, problem, deadline, now_ms, frozenset({record_digest(record.value)})))
         return [DeadLettered(R.INVALID_SAMPLE, problem, gkey, (record,), now_ms)]
 
     def _after_close(
         self, record: InputRecord, gkey: str, closed: ClosedGroup, digest: bytes, now_ms: int
     ) -> Outcome:
-        if digest in closed.digests:
+        if closed.digest_of(record, digest) in closed.digests:
             return DuplicateDropped(gkey, record)
         if closed.reason is None:
             return DeadLettered(R.LATE_MEMBER, f"group {gkey} was already published", gkey, (record,), now_ms)
@@ -283,7 +304,7 @@ class WindowStore:
 
     def _close_incomplete(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         records = tuple(window.records())
-        rollouts = sum(1 for r, s in window.rollouts.items() if len(s) == window.sibling_counts[r])
+        rollouts = sum(1 for siblings in window.rollouts.values() if None not in siblings)
         message = (
             f"group {window.key} timed out after {self.config.group_timeout_ms / 1000:g}s with "
             f"{rollouts} of {window.group_size} rollouts complete ({len(records)} samples received)"
@@ -297,10 +318,10 @@ class WindowStore:
     ) -> None:
         del self.open[wkey]
         self.open_bytes -= window.nbytes
-        digests = set(window.digests)
+        digests = window.digests()
         if extra_digest is not None:
-            digests.add(extra_digest)
-        self._remember(wkey, ClosedGroup(reason, message, window.deadline_ms, now_ms, frozenset(digests)))
+            digests |= {extra_digest}
+        self._remember(wkey, ClosedGroup(reason, message, window.deadline_ms, now_ms, digests))
 
     def _remember(self, wkey: WindowKey, closed: ClosedGroup) -> None:
         self.closed[wkey] = closed

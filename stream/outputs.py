@@ -30,10 +30,12 @@ class OutputRecord:
     value: bytes | None
     headers: list[tuple[str, bytes]]
     source: InputRecord
+    partition: int | None = None  # None: the producer's partitioner picks it from the key
 
 
-def train_records(group: Published, reward: RewardConfig, topic: str) -> list[OutputRecord]:
-    """One train sample per member, in the group's publication order, keyed by the group."""
+def train_records(group: Published, reward: RewardConfig, topic: str, partition: int | None = None) -> list[OutputRecord]:
+    """One train sample per member, in the group's publication order, keyed by the group (all to `partition`
+    when given: the one the key maps to, computed once per group)."""
     key = group.group_key.encode()
     stats = group.rewards
     out: list[OutputRecord] = []
@@ -58,7 +60,7 @@ def train_records(group: Published, reward: RewardConfig, topic: str) -> list[Ou
             source_offset=src.offset,
             stage_version=STAGE_VERSION,
         )
-        out.append(OutputRecord(topic, key, encode_train_sample(train, raw_sample=src.value), [], src))
+        out.append(OutputRecord(topic, key, encode_train_sample(train, raw_sample=src.value), [], src, partition))
     return out
 
 

@@ -69,7 +69,8 @@ def read_changelog(conn: Connection, topic: str, partition: int, *, stall_s: flo
             closed.pop(wkey, None)  # keep closing order
             closed[wkey] = ClosedGroup(
                 DeadLetterReason(entry.reason) if entry.reason is not None else None,
-                entry.message, entry.deadline_ms, entry.closed_at_ms, frozenset(entry.digests))
+                entry.message, entry.deadline_ms, entry.closed_at_ms, frozenset(entry.digests),
+                entry.digest_algorithm)
         return closed, position, count
     finally:
         consumer.close()
@@ -92,4 +93,5 @@ def read_range(conn: Connection, topic: str, partition: int, start: int, end: in
 def closed_entry(closed: ClosedGroup) -> ClosedGroupEntry:
     return ClosedGroupEntry(
         reason=closed.reason.value if closed.reason is not None else None, message=closed.message,
-        deadline_ms=closed.deadline_ms, closed_at_ms=closed.closed_at_ms, digests=sorted(closed.digests))
+        deadline_ms=closed.deadline_ms, closed_at_ms=closed.closed_at_ms, digests=sorted(closed.digests),
+        digest_algorithm=closed.digest_algorithm)

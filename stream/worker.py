@@ -27,7 +27,14 @@ from core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, P
 from core.windows import WindowStore
 from stream.clients import Connection, make_consumer, make_producer
 from stream.config import WorkerConfig
-from stream.delivery import AtLeastOnce, ChangelogWrite, CommitAborted, ExactlyOnce, ProduceFailed
+from stream.delivery import (
+    AtLeastOnce,
+    ChangelogWrite,
+    CommitAborted,
+    ExactlyOnce,
+    ProduceFailed,
+    partition_of,
+)
 from stream.logs import log_event
 from stream.outputs import dead_letter_records, train_records
 from stream.restore import closed_entry, read_changelog, read_range
@@ -267,8 +274,8 @@ class Worker:
 
     # ---- records in ----------------------------------------------------------------------------
     def _input_record(self, rec: Any) -> InputRecord:
-        return InputRecord(topic=rec.topic, partition=rec.partition, offset=rec.offset, timestamp_ms=rec.timestamp,
-                           key=rec.key, value=rec.value, headers=tuple(rec.headers or ()))
+        return InputRecord(rec.topic, rec.partition, rec.offset, rec.timestamp, rec.key, rec.value,
+                           tuple(rec.headers) if rec.headers else ())
 
     def _decode(self, rec: Any) -> Any:
         if rec.value is None:
@@ -335,7 +342,8 @@ class Worker:
             if policy.mode == "route":
                 assert policy.topic is not None
                 topic = policy.topic
-        for out in train_records(group, self.config.reward, topic):
+        partition = partition_of(self._delivery.producer, topic, group.group_key.encode())
+        for out in train_records(group, self.store.config.reward, topic, partition):
             self._delivery.send(out)
         self.stats.groups_published += 1
         self.stats.samples_published += len(group.members)

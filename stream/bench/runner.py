@@ -21,6 +21,7 @@ from typing import Any
 
 from stream.bench.passthrough import Passthrough
 from stream.bench.procstat import cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes, thread_cpu_seconds
+from stream.allocator import reuse_freed_buffers
 from stream.clients import MAX_RECORD_BYTES, Connection
 
 __all__ = ["RunSpec", "main"]
@@ -206,6 +207,7 @@ class _Watch(threading.Thread):
 
 def main() -> None:
     spec = RunSpec.from_json(sys.stdin.readline())
+    reuse_freed_buffers()  # the stage's and the passthrough's process alike (as `rollout-stream run` does)
     target = _Target(spec)
     watch = _Watch(spec, target)
 

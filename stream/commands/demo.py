@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from stream.allocator import reuse_freed_buffers
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
@@ -74,6 +75,7 @@ def demo(
     configure_logging("text", "error")
     config = WorkerConfig(bootstrap_servers=conn.bootstrap_servers, topics=topics, group_id=f"demo-{tag}",
                           group_timeout_s=group_timeout, progress_interval_s=3600)
+    reuse_freed_buffers()
     worker = Worker(config, conn)
     thread = threading.Thread(target=worker.run, name="worker", daemon=True)
     thread.start()

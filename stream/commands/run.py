@@ -10,6 +10,7 @@ import typer
 from kafka.errors import KafkaError
 
 from stream.access import AccessDenied, check_worker_access, explain_denial
+from stream.allocator import reuse_freed_buffers
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
@@ -165,6 +166,7 @@ def run(
         fail(f"cannot set up topics on {conn.bootstrap_servers}: {type(exc).__name__}: {exc}", 1)
     if created:
         log_event(log, "topics.created", topics=",".join(created))
+    reuse_freed_buffers()
     worker = Worker(config, conn)
     metrics_server = None
     if config.metrics_port is not None:

@@ -264,3 +264,45 @@ def test_changes_journal_closed_groups_and_forgetting():
 def test_array_lengths_must_agree_with_response_length(bad, fragment):
     (out,) = feed(store(), rec(bad, 0))
     assert out.reason is R.INVALID_SAMPLE and fragment in out.message
+
+
+def test_copy_of_a_row_without_rollout_identity_is_a_duplicate_not_a_new_rollout():
+    st = store()
+    row = Sample(group_index=0, reward=1.0, group_size=2)  # no rollout_id, no index: each row its own rollout
+    outs = feed(st, rec(row, 0), rec(row, 1))
+    assert [type(o) for o in outs] == [DuplicateDropped] and st.open_count() == 1
+    outs = feed(st, rec(Sample(group_index=0, reward=0.0, group_size=2), 2))
+    assert [type(o) for o in outs] == [Published] and [r.offset for r in outs[0].records] == [0, 2]
+
+
+def test_sibling_slots_keep_order_and_copies_of_any_sibling_are_dropped():
+    st = store()
+    a2, a0, a1 = (rec(s(rid=5, sc=3, si=i), i) for i in (2, 0, 1))
+    assert feed(st, a2, a0) == []
+    outs = feed(st, rec(s(rid=5, sc=3, si=2), 9))
+    assert [type(o) for o in outs] == [DuplicateDropped]
+    outs = feed(st, a1, rec(s(rid=6), 3))
+    assert [type(o) for o in outs] == [Published]
+    assert [m.sample.sibling_index for m in outs[0].members] == [0, 1, 2, 0]
+
+
+@pytest.mark.parametrize("algorithm", ["blake2b-128", "xxh3-128"])
+def test_closed_groups_restored_from_a_changelog_recognise_copies_with_their_own_digest(algorithm):
+    from core.digest import digest_with
+    from core.windows import ClosedGroup
+
+    member = rec(s(rid=0), 0)
+    restored = ClosedGroup(None, "", 10_000, 1_000, frozenset({digest_with(algorithm, member.value)}), algorithm)
+    st = store()
+    st.restore_closed((0, "0", ""), restored)
+    assert [type(o) for o in feed(st, rec(s(rid=0), 5))] == [DuplicateDropped]
+    late = feed(st, rec(s(rid=1), 6))
+    assert [o.reason for o in late] == [R.LATE_MEMBER]
+
+
+def test_closed_group_from_an_unknown_digest_algorithm_never_drops_a_record():
+    from core.windows import ClosedGroup
+
+    st = store()
+    st.restore_closed((0, "0", ""), ClosedGroup(None, "", 10_000, 1_000, frozenset({b"x" * 16}), "sha3-512"))
+    assert [o.reason for o in feed(st, rec(s(rid=0), 5))] == [R.LATE_MEMBER]
