@@ -35,7 +35,7 @@ class BenchSettings:
     deliveries: tuple[str, ...] = ("exactly-once",)
     quick: bool = False
     partitions: int = 3
-    commit_interval_s: float = 1.0
+    commit_interval_s: float = 0.1  # the worker's default (WorkerConfig.commit_interval_s)
     commit_max_records: int = 5000
     latency_s: float = 4.0
     sweep_latency_s: float = 3.0

@@ -36,7 +36,7 @@ class RunSpec:
     dead_letter_topic: str
     group_id: str
     delivery: str = "exactly-once"
-    commit_interval_s: float = 1.0
+    commit_interval_s: float = 0.1  # the worker's default (WorkerConfig.commit_interval_s)
     commit_max_records: int = 5000
     group_timeout_s: float = 900.0
     end_offsets: dict[int, int] | None = None  # the throughput phase drains to these

@@ -54,7 +54,7 @@ def standard_workloads(quick: bool = False) -> list[Workload]:
     """(a) short, (b) long, (c) agentic fan-out samples, each with groups of 8 and 16.
 
     Sized so a throughput run lasts a few seconds on a 2-core machine: 24,000 samples of (a) (48 MB),
-    640 of (b) (136 MB), 24,000 of (c); `quick` is a smoke-sized run for tests.
+    1,280 of (b) (273 MB), 24,000 of (c); `quick` is a smoke-sized run for tests.
     """
     if quick:
         return [Workload("a", 256, 8, 1, 24), Workload("b", 32768, 8, 1, 1)]
@@ -62,7 +62,7 @@ def standard_workloads(quick: bool = False) -> list[Workload]:
     for g in (8, 16):
         out += [
             Workload("a", 256, g, 1, 24_000 // g),
-            Workload("b", 32768, g, 1, 640 // g),
+            Workload("b", 32768, g, 1, 1280 // g),
             Workload("c", 256, g, 3, 24_000 // (3 * g)),
         ]
     return sorted(out, key=lambda w: (w.name, w.group_size))

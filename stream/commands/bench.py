@@ -46,7 +46,7 @@ def bench(
         ),
     ] = "exactly-once",
     partitions: Annotated[int, typer.Option(help="Partitions of the benchmark's topics.")] = 3,
-    commit_interval: Annotated[float, typer.Option(help="Worker and passthrough commit interval (s).")] = 1.0,
+    commit_interval: Annotated[float, typer.Option(help="Worker and passthrough commit interval (s), as the worker's --commit-interval.")] = 0.1,
     commit_max_records: Annotated[
         int, typer.Option(help="Also commit after this many input records.")
     ] = 5000,

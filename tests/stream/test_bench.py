@@ -117,3 +117,14 @@ def test_table_renders_every_section_and_judges_the_targets():
         assert needle in text, needle
     assert report.to_json()["results"][0]["ratio"] == 0.9
     assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0 and percentile([], 99) is None
+
+
+def test_bench_measures_the_worker_default_commit_cadence():
+    from stream.bench.results import BenchSettings
+    from stream.bench.runner import RunSpec
+    from stream.config import WorkerConfig
+
+    worker = WorkerConfig(bootstrap_servers="x:1", group_id="g")
+    assert BenchSettings(bootstrap="x:1").commit_interval_s == worker.commit_interval_s
+    assert RunSpec("stage", "x:1", "i", "o", "d", "g").commit_interval_s == worker.commit_interval_s
+    assert BenchSettings(bootstrap="x:1").commit_max_records == worker.commit_max_records
