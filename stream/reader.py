@@ -1,6 +1,7 @@
 """Train data for async trainers: whole prompt groups as torch batches, sharded over DP ranks (SPEC §4.6).
 
-How every rank reads the same sequence without talking to the others (docs/reader.md has the details):
+How every rank reads the same sequence without talking to the others (docs/reader.md has the details).
+The decisions are pure and live in `core.assembly`; this module polls, decodes, commits and logs.
 
 * **Groups.** Each rank reads *all* partitions of the train-data topic (manual assignment, read_committed).
   Per partition, records are assembled into groups by group key until `group_sample_count` distinct
@@ -22,14 +23,12 @@ How every rank reads the same sequence without talking to the others (docs/reade
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from kafka import TopicPartition
@@ -37,14 +36,22 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from codec import DecodeError, TrainSample, decode_train_sample
-from core.collate import (
-    Collated,
-    collate,
-    collation_problem,
-    is_stale_version,
-    oldest_weight_version,
-    shard_groups,
+from core.assembly import (
+    AssembledGroup,
+    GroupInfo,
+    GroupMerger,
+    Mark,
+    ReadMarks,
+    SampleAssembler,
+    Verdict,
+    choose_resume,
+    commit_metadata,
+    fetch_paused,
+    group_info,
+    group_verdict,
+    plan_batch,
 )
+from core.collate import Collated, collate
 from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_consumer
 from stream.logs import log_event
 from stream.security import SecuritySettings
@@ -69,8 +76,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("rollout_stream.reader")
 
 Start = Literal["committed", "earliest", "latest"]
-_META_PREFIX = "rollout-stream-reader/1"
-_MAX_METADATA = 3500  # brokers refuse commit metadata above offset.metadata.max.bytes (default 4096)
 
 
 class ReaderError(RuntimeError):
@@ -95,210 +100,44 @@ class ReaderStats:
     abandoned_groups: int = 0  # incomplete groups evicted by the per-partition bound
 
 
-# ---- group assembly (pure: records in, whole groups out) ---------------------------------------
-@dataclass(frozen=True, slots=True)
-class AssembledGroup:
-    key: str
-    partition: int
-    samples: tuple[TrainSample, ...]
-    offsets: tuple[int, ...]  # the records that form it, ascending
-    timestamp_ms: int  # of the record that completed it: the merge key
-    nbytes: int
-    problem: str | None = None  # why it cannot be collated (skipped whole, counted)
-    oldest_version: int | None = None  # oldest weight version of its samples
-    version_problem: str | None = None  # a weight version that is not an integer
-
-    @property
-    def first_offset(self) -> int:
-        return self.offsets[0]
-
-
-@dataclass(slots=True)
-class _Pending:
-    expected: int
-    samples: list[TrainSample] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
-    sources: set[tuple[str, int, int]] = field(default_factory=set)
-    nbytes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    """A partition's position after a yielded group: commit `offset`; in [offset, end) only `keep` is new."""
-
-    offset: int
-    end: int
-    keep: frozenset[int] = frozenset()
-
-    def skips(self, offset: int) -> bool:
-        return offset < self.end and offset not in self.keep
-
-    def metadata(self, batch: int) -> str:
-        runs: list[str] = []
-        rel = sorted(k - self.offset for k in self.keep)
-        i = 0
-        while i < len(rel):
-            j = i
-            while j + 1 < len(rel) and rel[j + 1] == rel[j] + 1:
-                j += 1
-            runs.append(str(rel[i]) if i == j else f"{rel[i]}-{rel[j]}")
-            i = j + 1
-        return f"{_META_PREFIX} batch={batch} end={self.end} keep={','.join(runs)}"
-
-    @staticmethod
-    def parse(offset: int, metadata: str | None) -> tuple[int | None, Mark]:
-        """(batch index or None, mark) from a committed offset and its metadata."""
-        fields = dict(p.split("=", 1) for p in (metadata or "").split(" ")[1:] if "=" in p)
-        if not (metadata or "").startswith(_META_PREFIX + " ") or "batch" not in fields:
-            return None, Mark(offset, offset)  # a commit made by something else (e.g. an operator's reset)
-        keep: list[int] = []
-        for run in filter(None, fields.get("keep", "").split(",")):
-            lo, _, hi = run.partition("-")
-            keep.extend(range(offset + int(lo), offset + int(hi or lo) + 1))
-        end = max(offset, int(fields.get("end", offset)))
-        return int(fields["batch"]), Mark(offset, end, frozenset(keep))
-
-
-class ReadMarks:
-    """Per partition: offsets read but not yet yielded (held), and how far reading got."""
-
-    def __init__(self) -> None:
-        self.next: dict[int, int] = {}
-        self.held: dict[int, set[int]] = {}
-        self._resumed: dict[int, deque[int]] = {}  # held since the restart, not yet read again
-
-    def start(self, partition: int, position: int, resume: Mark | None = None) -> None:
-        """Reading starts at `position`; after a restart, the resumed mark's unread offsets stay held."""
-        self.next[partition] = max(position, resume.end) if resume else position
-        self.held[partition] = set(resume.keep) if resume else set()
-        self._resumed[partition] = deque(sorted(resume.keep)) if resume else deque()
-
-    def read(self, partition: int, offset: int, *, hold: bool) -> None:
-        self.next[partition] = max(self.next.get(partition, 0), offset + 1)
-        held = self.held.setdefault(partition, set())
-        resumed = self._resumed.get(partition)
-        while resumed and resumed[0] <= offset:
-            gone = resumed.popleft()
-            if gone < offset:
-                held.discard(gone)  # no longer in the log (retention): nothing left to wait for
-        if hold:
-            held.add(offset)
-        else:
-            held.discard(offset)
-
-    def release(self, partition: int, offsets: Sequence[int]) -> None:
-        self.held[partition].difference_update(offsets)
-
-    def snapshot(self) -> dict[int, Mark]:
-        out: dict[int, Mark] = {}
-        for p, end in self.next.items():
-            held = self.held.get(p)
-            out[p] = Mark(min(held), end, frozenset(held)) if held else Mark(end, end)
-        return out
-
-
 class GroupAssembler:
-    """Whole groups from one topic's records, each partition on its own (pure: no Kafka, no clock)."""
+    """Whole groups from one topic's records: decodes, counts and logs; `core.assembly` decides."""
 
     def __init__(self, marks: ReadMarks, stats: ReaderStats, *, max_pending_per_partition: int = 1024,
                  remember_per_partition: int = 20_000) -> None:
         self.marks = marks
         self.stats = stats
-        self.max_pending = max_pending_per_partition
-        self.remember = remember_per_partition
-        self.pending: dict[int, OrderedDict[str, _Pending]] = {}
-        # Per partition, so that what is remembered (and forgotten) depends on that partition's records
-        # alone, never on how fetches of different partitions interleave: every rank decides alike.
-        # A group is remembered by a digest of its key and lineage (~100 B each, not the whole set).
-        self.recent: dict[int, OrderedDict[bytes, None]] = {}
+        self.samples = SampleAssembler(max_pending_per_partition=max_pending_per_partition,
+                                       remember_per_partition=remember_per_partition)
 
     def accept(self, partition: int, offset: int, timestamp_ms: int,
                value: bytes | None) -> AssembledGroup | None:
+        nbytes = len(value or b"")
         self.stats.records += 1
-        self.stats.bytes += len(value or b"")
+        self.stats.bytes += nbytes
         try:
             if value is None:
                 raise DecodeError("record has no value (tombstone)")
-            ts = decode_train_sample(value)
+            sample = decode_train_sample(value)
         except DecodeError as exc:
             self.stats.decode_errors += 1
             self.marks.read(partition, offset, hold=False)
             log_event(log, "record.undecodable", logging.WARNING, partition=partition, offset=offset,
                       error=exc.message[:300])
             return None
-        groups = self.pending.setdefault(partition, OrderedDict())
-        pending = groups.get(ts.group_key)
-        source = (ts.source_topic, ts.source_partition, ts.source_offset)
-        if pending is not None and source in pending.sources:
+        added = self.samples.add(partition, offset, timestamp_ms, sample, nbytes)
+        self.marks.read(partition, offset, hold=added.hold)
+        if added.release:
+            self.marks.release(partition, added.release)
+        if added.duplicate == "record":
             self.stats.duplicate_records += 1
-            self.marks.read(partition, offset, hold=False)
-            return None
-        self.marks.read(partition, offset, hold=True)
-        if pending is None:
-            pending = groups[ts.group_key] = _Pending(max(1, ts.group_sample_count))
-            self._bound(partition, groups)
-        pending.samples.append(ts)
-        pending.offsets.append(offset)
-        pending.sources.add(source)
-        pending.nbytes += len(value or b"")
-        if len(pending.samples) < pending.expected:
-            return None
-        del groups[ts.group_key]
-        lineage = repr((ts.group_key, sorted(pending.sources))).encode()
-        identity = hashlib.blake2b(lineage, digest_size=16).digest()
-        recent = self.recent.setdefault(partition, OrderedDict())
-        if identity in recent:
+        elif added.duplicate == "group":
             self.stats.duplicate_groups += 1
-            self.marks.release(partition, pending.offsets)
-            return None
-        recent[identity] = None
-        if len(recent) > self.remember:
-            recent.popitem(last=False)
-        problem = next((p for p in map(collation_problem, pending.samples) if p is not None), None)
-        oldest, version_problem = None, None
-        try:
-            oldest = oldest_weight_version(pending.samples)
-        except ValueError as exc:
-            version_problem = str(exc)
-        return AssembledGroup(ts.group_key, partition, tuple(pending.samples), tuple(sorted(pending.offsets)),
-                              timestamp_ms, pending.nbytes, problem, oldest, version_problem)
-
-    def _bound(self, partition: int, groups: OrderedDict[str, _Pending]) -> None:
-        while len(groups) > self.max_pending:
-            key, old = groups.popitem(last=False)
+        for old in added.abandoned:
             self.stats.abandoned_groups += 1
-            self.marks.release(partition, old.offsets)
-            log_event(log, "group.abandoned", logging.WARNING, partition=partition, group=key,
-                      have=len(old.samples), expected=old.expected, first_offset=min(old.offsets))
-
-
-class GroupMerger:
-    """The global order: completed groups of all partitions merged by (completion timestamp, partition)."""
-
-    def __init__(self, partitions: Sequence[int], idle_ms: int | None) -> None:
-        self.queues: dict[int, deque[AssembledGroup]] = {p: deque() for p in partitions}
-        self.idle_ms = idle_ms
-
-    def push(self, group: AssembledGroup) -> None:
-        self.queues[group.partition].append(group)
-
-    def backlog(self, partition: int) -> int:
-        return len(self.queues[partition])
-
-    def pop(self, now_ms: int, caught_up: Callable[[int], bool]) -> AssembledGroup | None:
-        """The next group of the global sequence, or None while another partition may still precede it."""
-        heads = [(q[0].timestamp_ms, p) for p, q in self.queues.items() if q]
-        if not heads:
-            return None
-        ts, partition = min(heads)
-        for p, q in self.queues.items():
-            if q:
-                continue
-            # An empty partition could still deliver an earlier group, unless it is read to its end and
-            # the candidate is older than the idle bound (later records carry later timestamps).
-            if self.idle_ms is None or ts > now_ms - self.idle_ms or not caught_up(p):
-                return None
-        return self.queues[partition].popleft()
+            log_event(log, "group.abandoned", logging.WARNING, partition=partition, group=old.key,
+                      have=old.have, expected=old.expected, first_offset=old.first_offset)
+        return added.group
 
 
 # ---- the background thread: Kafka → assembler → merger → queue ----------------------------------
@@ -375,22 +214,14 @@ class _Prefetcher(threading.Thread):
                     time.sleep(0.5)
         finally:
             admin.close()
-        best: tuple[int, int, dict[int, Mark]] | None = None
-        for rank, g in enumerate(groups):
-            marks: dict[int, Mark] = {}
-            batch = -1
-            for tp, om in found.get(g, {}).items():
-                if om.offset is None or om.offset < 0:
-                    continue
-                b, marks[tp.partition] = Mark.parse(om.offset, om.metadata)
-                batch = max(batch, b if b is not None else -1)
-            if marks and (best is None or (batch, rank) < best[:2]):
-                best = (batch, rank, marks)
-        if best is None:
+        resume = choose_resume([
+            {tp.partition: (om.offset, om.metadata) for tp, om in found.get(g, {}).items()} for g in groups])
+        if resume.rank is None:
             return None, {}
-        log_event(log, "reader.resume", topic=r.topic, group=groups[best[1]], batch=best[0],
-                  offsets=",".join(f"{p}:{m.offset}" for p, m in sorted(best[2].items())))
-        return (best[0] if best[0] >= 0 else None), best[2]
+        log_event(log, "reader.resume", topic=r.topic, group=groups[resume.rank],
+                  batch=-1 if resume.batch is None else resume.batch,
+                  offsets=",".join(f"{p}:{m.offset}" for p, m in sorted(resume.marks.items())))
+        return resume.batch, resume.marks
 
     def _run(self) -> None:
         r = self.r
@@ -434,30 +265,16 @@ class _Prefetcher(threading.Thread):
                 if not self._put(("group", group, marks.snapshot())):
                     return
             for p, tp in tps.items():  # bounded memory: stop fetching partitions far ahead of the merge
-                if merger.backlog(p) >= r._max_backlog and p not in paused:
+                pause = fetch_paused(merger.backlog(p), r._max_backlog, p in paused)
+                if pause and p not in paused:
                     c.pause(tp)
                     paused.add(p)
-                elif merger.backlog(p) < r._max_backlog // 2 and p in paused:
+                elif not pause and p in paused:
                     c.resume(tp)
                     paused.discard(p)
 
 
 # ---- what the trainer gets ---------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class GroupInfo:
-    key: str
-    partition: int
-    first_offset: int
-    last_offset: int
-    timestamp_ms: int
-    samples: int
-    rollouts: int
-    oldest_weight_version: int | None
-    mean: float
-    std: float
-    zero_variance: bool
-
-
 @dataclass(frozen=True)
 class Batch:
     """One step's data: `groups` (all ranks) and this rank's `samples` with their collated tensors."""
@@ -511,21 +328,6 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.samples)
-
-
-def _loss_tokens(s: TrainSample) -> int:
-    if s.sample.remove_sample:
-        return 0
-    if s.sample.loss_mask is None:
-        return s.sample.response_length
-    return int((s.sample.loss_mask.numpy() != 0).sum())
-
-
-def _info(g: AssembledGroup) -> GroupInfo:
-    first = g.samples[0]
-    return GroupInfo(g.key, g.partition, g.offsets[0], g.offsets[-1], g.timestamp_ms, len(g.samples),
-                     first.group_rollout_count, g.oldest_version, first.group_mean, first.group_std,
-                     first.zero_variance)
 
 
 class TrainDataReader:
@@ -652,41 +454,26 @@ class TrainDataReader:
             good += verdicts[-1] is None
         return self._batch(verdicts)
 
-    def _verdict(self, group: AssembledGroup) -> str | None:
-        """None: the group trains; "stale" or "invalid": it is skipped whole (as core.collate.is_stale)."""
-        if group.problem is not None:
-            return "invalid"
-        if self.max_weight_staleness is None or self.weight_version is None:
-            return None
-        if group.version_problem is not None:
-            return "invalid"  # a weight version that is not an integer: the rule cannot be applied
-        stale = is_stale_version(group.oldest_version, self.weight_version, self.max_weight_staleness)
-        return "stale" if stale else None
+    def _verdict(self, group: AssembledGroup) -> Verdict | None:
+        return group_verdict(group, self.weight_version, self.max_weight_staleness)
 
-    def _batch(self, verdicts: list[str | None]) -> Batch:
-        taken, n = 0, 0
-        while taken < self.groups_per_batch:  # the shortest prefix holding groups_per_batch good groups
-            taken += verdicts[n] is None
-            n += 1
-        items, self._buffer = self._buffer[:n], self._buffer[n:]
-        verdicts = verdicts[:n]
-        for (group, _), verdict in zip(items, verdicts, strict=True):
-            if verdict == "invalid":
-                log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key,
-                          partition=group.partition, offset=group.first_offset,
-                          problem=group.problem or group.version_problem)
-        good = [g for (g, _), v in zip(items, verdicts, strict=True) if v is None]
-        mine = shard_groups([g.samples for g in good], self.rank, self.world_size,
-                            balance_tokens=self.balance_tokens)
+    def _batch(self, verdicts: list[Verdict | None]) -> Batch:
+        plan = plan_batch([g for g, _ in self._buffer], verdicts, groups_per_batch=self.groups_per_batch,
+                          rank=self.rank, world_size=self.world_size, balance_tokens=self.balance_tokens)
+        items, self._buffer = self._buffer[:plan.taken], self._buffer[plan.taken:]
+        for group in plan.invalid:
+            log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key,
+                      partition=group.partition, offset=group.first_offset,
+                      problem=group.problem or group.version_problem)
+        mine = list(plan.samples)
         index = self._next_index if self._next_index is not None else 0
         self._next_index = index + 1
         batch = Batch(
             index=index, rank=self.rank, world_size=self.world_size, samples=mine,
-            groups=[_info(g) for g in good],
+            groups=[group_info(g) for g in plan.groups],
             tensors=collate(mine, pad_token_id=self.pad_token_id),
-            skipped_stale=verdicts.count("stale"), skipped_invalid=verdicts.count("invalid"),
-            global_samples=sum(len(g.samples) for g in good),
-            global_loss_tokens=sum(_loss_tokens(s) for g in good for s in g.samples),
+            skipped_stale=plan.skipped_stale, skipped_invalid=plan.skipped_invalid,
+            global_samples=plan.global_samples, global_loss_tokens=plan.global_loss_tokens,
         )
         self._yielded = (index, items[-1][1])
         self.stats.batches += 1
@@ -704,10 +491,9 @@ class TrainDataReader:
         index, snapshot = self._yielded
         offsets = {}
         for p, mark in snapshot.items():
-            meta = mark.metadata(index)
-            if len(meta) > _MAX_METADATA:  # too many interleaved offsets to list: re-read them on restart
+            meta, truncated = commit_metadata(mark, index)
+            if truncated:  # too many interleaved offsets to list: re-read them on restart
                 log_event(log, "commit.metadata_truncated", logging.WARNING, partition=p, keep=len(mark.keep))
-                meta = Mark(mark.offset, mark.offset).metadata(index)
             offsets[TopicPartition(self.topic, p)] = OffsetAndMetadata(mark.offset, meta, -1)
         if self._committer is None:
             self._committer = make_consumer(self.conn, group_id=rank_group_id(self.group_id, self.rank))
