@@ -2,7 +2,9 @@
 
 Bit-identical to the reference trainer (radixark/miles, `miles/ray/rollout/train_data_conversion.py`,
 `_post_process_rewards` / `_normalize_rewards_by_rollout` after PR #2498): the same torch float32
-operations, in the same order, on the same per-rollout lists.
+operations, in the same order, on the same per-rollout lists. On the stream's hot path the group
+statistics skip torch's per-call overhead where plain Python provably yields the same bits (see
+"per-group float32 statistics" below).
 
 Exceptions::
 
@@ -13,8 +15,10 @@ Exceptions::
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +45,7 @@ __all__ = [
 RolloutKey = int | str | tuple[str, int]
 
 _NUMBER_TYPES = (int, float, np.integer, np.floating)
+_PLAIN_NUMBER_TYPES = frozenset({int, float})  # exact types: bool, numpy scalars and subclasses excluded
 
 
 class RewardSelectionError(ValueError):
@@ -130,6 +135,15 @@ def rollout_key(sample: Sample, row: int) -> RolloutKey:
     return ("row", row)
 
 
+def _raw_rewards(samples: Sequence[Sample], reward_key: str | None) -> list[float]:
+    """`selected_reward` of each sample; plain int/float rewards without a key are taken as they are."""
+    if not reward_key:
+        raw = [sample.reward for sample in samples]
+        if set(map(type, raw)) <= _PLAIN_NUMBER_TYPES:  # what selected_reward returns unchanged
+            return raw
+    return [selected_reward(sample, reward_key) for sample in samples]
+
+
 def normalize_group(
     samples: Sequence[Sample], cfg: RewardConfig, *, rows: Sequence[int] | None = None
 ) -> GroupRewards | SharedRewardViolation:
@@ -144,10 +158,13 @@ def normalize_group(
     count = len(samples)
     if count == 0:
         raise ValueError("a prompt group needs at least one sample")
-    row_ids = list(range(count)) if rows is None else [operator.index(row) for row in rows]
-    if len(row_ids) != count or len(set(row_ids)) != count:
-        raise ValueError(f"rows must be {count} distinct batch row indices; got {row_ids}")
-    raw = [selected_reward(sample, cfg.reward_key) for sample in samples]
+    if rows is None:
+        row_ids = list(range(count))
+    else:
+        row_ids = [operator.index(row) for row in rows]
+        if len(row_ids) != count or len(set(row_ids)) != count:
+            raise ValueError(f"rows must be {count} distinct batch row indices; got {row_ids}")
+    raw = _raw_rewards(samples, cfg.reward_key)
 
     members: dict[RolloutKey, list[int]] = {}  # rollout key -> positions in `samples`, first-seen order
     for position, sample in enumerate(samples):
@@ -156,7 +173,7 @@ def normalize_group(
     shared: list[float] = []
     for key, positions in members.items():
         first = raw[positions[0]]
-        if any(raw[position] != first for position in positions[1:]):
+        if len(positions) > 1 and any(raw[position] != first for position in positions[1:]):
             return SharedRewardViolation(
                 rollout_key=key,
                 rows=[row_ids[position] for position in positions],
@@ -164,29 +181,217 @@ def normalize_group(
             )
         shared.append(first)
 
-    # The reference's exact float32 ops: mean over rollouts, unbiased std, divide only if std > 0.
-    rollout_rewards = torch.tensor(shared, dtype=torch.float)
-    mean = rollout_rewards.mean()
-    std = rollout_rewards.std() if len(shared) > 1 else None
-    if cfg.normalizes:
-        normalized = rollout_rewards - mean
-        if cfg.divides_by_std and std is not None and std > 0:
-            normalized = normalized / (std + 1e-6)
-        rewards: list[float] = [0.0] * count
-        for positions, value in zip(members.values(), normalized.tolist(), strict=True):
+    # Over rollouts: torch-free where that is provably bit-identical, else the reference's torch ops.
+    fast = _FAST_STATISTICS and not _flushes_subnormals()
+    statistics = _fast_statistics(shared, cfg) if fast else None
+    values, mean, std, zero_variance = statistics or _torch_statistics(shared, cfg)
+    if values is None:
+        rewards = list(raw)
+    else:
+        rewards = [0.0] * count
+        for positions, value in zip(members.values(), values, strict=True):
             for position in positions:
                 rewards[position] = value
-    else:
-        rewards = list(raw)
-
     return GroupRewards(
         raw=raw,
         rewards=rewards,
         rollout_count=len(shared),
-        mean=mean.item(),
-        std=0.0 if std is None else std.item(),
-        zero_variance=bool((rollout_rewards == rollout_rewards[0]).all()),
+        mean=mean,
+        std=std,
+        zero_variance=zero_variance,
     )
+
+
+# ---------------------------------------------------------------- per-group float32 statistics
+#
+# `_torch_statistics` is the definition: the reference's torch float32 ops, in its order. Its ~13
+# tiny torch calls cost ~40 µs of dispatch per group, so `_fast_statistics` computes the same bits in
+# plain Python where they provably are the same, and declines (returns None) everywhere else. It is
+# used only if `_torch_matches_emulation()` confirms, at import, the torch behaviour it relies on:
+#
+# * A float32 +, -, / equals the float64 operation on the same operands rounded once to float32
+#   (float64 has 53 >= 2*24 + 2 bits, so double rounding is innocuous, subnormal and overflowing
+#   results included). `_round32` rounds like the C (float) cast torch uses.
+# * torch's float32 `mean()` is sum / n, and its unbiased `std()` is the float64 sum of squared
+#   deviations from that float32 mean, / (n - 1), sqrt, cast to float32. Only the summation order is
+#   kernel-specific, and only through rounding (and the sign of an all -0.0 sum): `_exact_moments`
+#   takes groups whose sums are exact in any order; other groups get both from torch's kernels
+#   (`_torch_moments`, 3 torch calls).
+# * NaN, ±inf and overflow (whose NaN sign/payload bits are kernel-specific), ints beyond 2**53 (torch
+#   rounds them through float64), numpy scalars and threads that flush subnormals to zero are left to
+#   `_torch_statistics`.
+
+# Rewards per rollout (None for pass-through estimators), mean, std, zero_variance.
+_Statistics = tuple[list[float] | None, float, float, bool]
+
+_FLOAT32 = struct.Struct("<f")  # packing rounds like a (float) cast and raises OverflowError for ±inf
+_FLOAT_TYPES = frozenset({float})
+_EXACT_INT = 2**53  # ints up to this are exact float64s, so every int -> float32 route agrees
+_EXACT_SUM = 2.0**53  # integer float64 sums below this are exact in any order
+_FLOAT32_EXPONENT_LIMIT = 128  # multiples of 2**104 below 2**128 are finite float32s
+_SUBNORMAL = 5e-324  # float64 subnormal inputs become 0 under DAZ
+_MIN_NORMAL = 2.2250738585072014e-308  # and subnormal results (here inexact) become 0 under FTZ
+
+
+def _round32(value: float) -> float:
+    """`value` rounded to the nearest float32 (ties to even); OverflowError when that is ±inf."""
+    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+
+
+@functools.lru_cache(maxsize=128)
+def _float32_vector(count: int) -> struct.Struct:
+    return struct.Struct(f"<{count}f")
+
+
+def _round32_all(values: list[float]) -> list[float]:
+    """`_round32` of every value, in one pack and unpack."""
+    vector = _float32_vector(len(values))
+    return list(vector.unpack(vector.pack(*values)))
+
+
+# torch casts the scalar of `std + 1e-6` to the tensor's float32 before adding.
+_STD_EPSILON = _round32(1e-6)
+
+
+def _torch_statistics(shared: list[float], cfg: RewardConfig) -> _Statistics:
+    """The reference's exact float32 ops: mean over rollouts, unbiased std, divide only if std > 0."""
+    rollout_rewards = torch.tensor(shared, dtype=torch.float)
+    mean = rollout_rewards.mean()
+    std = rollout_rewards.std() if len(shared) > 1 else None
+    values: list[float] | None = None
+    if cfg.normalizes:
+        normalized = rollout_rewards - mean
+        if cfg.divides_by_std and std is not None and std > 0:
+            normalized = normalized / (std + 1e-6)
+        values = normalized.tolist()
+    return (
+        values,
+        mean.item(),
+        0.0 if std is None else std.item(),
+        bool((rollout_rewards == rollout_rewards[0]).all()),
+    )
+
+
+def _fast_statistics(shared: list[float], cfg: RewardConfig) -> _Statistics | None:
+    """`_torch_statistics(shared, cfg)`, bit for bit, without elementwise torch calls; or None.
+
+    Valid only if the import-time probes passed and the thread does not flush subnormals.
+    """
+    values = _float32_inputs(shared)
+    if values is None:
+        return None
+    moments = _exact_moments(values) or _torch_moments(values)
+    if moments is None:
+        return None
+    mean, std = moments
+    normalized: list[float] | None = None
+    if cfg.normalizes:
+        try:
+            normalized = _round32_all([value - mean for value in values])
+            if cfg.divides_by_std and std > 0.0:  # std is 0.0 for one rollout, where torch has None
+                divisor = _round32(std + _STD_EPSILON)
+                normalized = _round32_all([value / divisor for value in normalized])
+        except OverflowError:  # ±inf in float32
+            return None
+    return normalized, mean, std, values.count(values[0]) == len(values)
+
+
+def _flushes_subnormals() -> bool:
+    """Whether this thread's FPU flushes subnormals to zero (`torch.set_flush_denormal(True)`, or a
+    library built with -ffast-math): float32 casts and torch's kernels then leave IEEE semantics."""
+    return _SUBNORMAL * 2.0 == 0.0 or _MIN_NORMAL / 3.0 == 0.0
+
+
+def _float32_inputs(shared: list[float]) -> list[float] | None:
+    """The float32 values of `torch.tensor(shared, dtype=torch.float)`, as Python floats.
+
+    None unless every value is a plain float or an int within ±2**53, and every float32 is finite.
+    """
+    kinds = set(map(type, shared))
+    if kinds != _FLOAT_TYPES:
+        if not kinds <= _PLAIN_NUMBER_TYPES or any(
+            type(value) is int and not -_EXACT_INT <= value <= _EXACT_INT for value in shared
+        ):
+            return None
+        shared = [float(value) for value in shared]
+    try:
+        values = _round32_all(shared)
+    except OverflowError:  # finite in float64, beyond the float32 range
+        return None
+    if not math.isfinite(sum(values)):  # NaN or ±inf (a sum of finite float32s cannot overflow)
+        return None
+    return values
+
+
+def _exact_moments(values: list[float]) -> tuple[float, float] | None:
+    """torch's float32 `mean()` and unbiased `std()` (0.0 for one value) when all sums are exact.
+
+    The float32 sum is exact in any order when every value is a multiple of 2**(e-24) and their
+    magnitudes sum below 2**e <= 2**128: no partial sum can round or overflow. The float64 sum of
+    squared deviations is exact in any order when the values and the mean are multiples of 2**g and
+    the squares, in units of 2**(2g), sum below 2**53. Otherwise None: the kernels' summation order
+    would decide the rounding.
+    """
+    _, exponent = math.frexp(sum(map(abs, values)))
+    if exponent > _FLOAT32_EXPONENT_LIMIT:  # a partial sum could overflow float32
+        return None
+    scale = math.ldexp(1.0, 24 - exponent)
+    if not all(map(float.is_integer, [value * scale for value in values])):
+        return None
+    total = sum(values)  # exact
+    if total == 0.0 and all(math.copysign(1.0, value) < 0.0 for value in values):
+        return None  # all -0.0: the sign of a zero sum depends on the kernel's initial value
+    count = len(values)
+    mean = _round32(total / count)
+    if count == 1:
+        return mean, 0.0
+    grid = min(exponent, math.frexp(mean)[1]) - 24
+    units = math.ldexp(1.0, -grid)
+    deviations = [(value - mean) * units for value in values]  # exact integers if the check passes
+    squares = sum(map(operator.mul, deviations, deviations))
+    if squares >= _EXACT_SUM:
+        return None
+    variance = math.ldexp(squares, 2 * grid) / (count - 1)
+    try:
+        return mean, _round32(math.sqrt(variance))
+    except OverflowError:
+        return None
+
+
+def _torch_moments(values: list[float]) -> tuple[float, float] | None:
+    """torch's float32 `mean()` and unbiased `std()` of `values` from its own kernels, if finite.
+
+    `values` are float32 already, so the tensor holds exactly the reference's.
+    """
+    tensor = torch.from_numpy(np.array(values, dtype=np.float32))
+    mean = tensor.mean().item()
+    std = tensor.std().item() if len(values) > 1 else 0.0
+    if not (math.isfinite(mean) and math.isfinite(std)):
+        return None
+    return mean, std
+
+
+def _torch_matches_emulation() -> bool:
+    """Whether this torch build computes what `_fast_statistics` assumes; checked once, at import.
+
+    Each probe tells the assumed operation from a plausible alternative: mean as sum / n (not
+    sum * (1/n)), std as two passes over the float32 mean (not Welford), `std + 1e-6` in float32,
+    division (not multiplication by the reciprocal).
+    """
+    grpo = RewardConfig()
+    for shared in ([5.0, 0.0, 0.0], [2.0**22, 2.0**22, 2.0**22 + 1.0], [0.0, 1.0, 0.25, 0.25]):
+        fast = _fast_statistics(shared, grpo)
+        if fast is None or repr(fast) != repr(_torch_statistics(shared, grpo)):  # repr: exact, ±0 apart
+            return False
+    tiny = 975 * 2.0**-30  # float32(tiny + 1e-6) != float32(tiny + float32(1e-6))
+    added = torch.tensor(tiny, dtype=torch.float) + 1e-6
+    numerator, denominator = -0.11035414040088654, 1.768979787826538  # float32s; n / d != n * (1 / d)
+    divided = torch.tensor([numerator], dtype=torch.float) / torch.tensor(denominator, dtype=torch.float)
+    adds_in_float32 = added.item() == _round32(tiny + _STD_EPSILON)
+    return adds_in_float32 and divided.item() == _round32(numerator / denominator)
+
+
+_FAST_STATISTICS = _torch_matches_emulation()
 
 
 def prompt_groups(
