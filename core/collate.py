@@ -11,9 +11,12 @@ import heapq
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # imported where tensors are built: tools that only assemble groups start without torch
+    import torch
 
 from codec import TrainSample
 from core.validate import rollout_key
@@ -94,6 +97,8 @@ def collate(samples: Sequence[TrainSample], *, pad_token_id: int = 0) -> Collate
     Loss masks follow the reference trainer: a missing mask means all response tokens count, and a
     sample with `remove_sample` gets an all-zero mask (it stays in the batch, it does not train).
     """
+    import torch
+
     for s in samples:
         problem = collation_problem(s)
         if problem is not None:

@@ -21,14 +21,15 @@ import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import torch
 
 from codec import Sample
 from core.config import RewardConfig
 
 __all__ = [
+    "load_reference_kernels",
     "GroupRewards",
     "RewardSelectionError",
     "RolloutKey",
@@ -182,7 +183,7 @@ def normalize_group(
         shared.append(first)
 
     # Over rollouts: torch-free where that is provably bit-identical, else the reference's torch ops.
-    fast = _FAST_STATISTICS and not _flushes_subnormals()
+    fast = _fast_path_enabled() and not _flushes_subnormals()
     statistics = _fast_statistics(shared, cfg) if fast else None
     values, mean, std, zero_variance = statistics or _torch_statistics(shared, cfg)
     if values is None:
@@ -207,7 +208,7 @@ def normalize_group(
 # `_torch_statistics` is the definition: the reference's torch float32 ops, in its order. Its ~13
 # tiny torch calls cost ~40 µs of dispatch per group, so `_fast_statistics` computes the same bits in
 # plain Python where they provably are the same, and declines (returns None) everywhere else. It is
-# used only if `_torch_matches_emulation()` confirms, at import, the torch behaviour it relies on:
+# used only if `_torch_matches_emulation()` confirms, on first use, the torch behaviour it relies on:
 #
 # * A float32 +, -, / equals the float64 operation on the same operands rounded once to float32
 #   (float64 has 53 >= 2*24 + 2 bits, so double rounding is innocuous, subnormal and overflowing
@@ -253,8 +254,22 @@ def _round32_all(values: list[float]) -> list[float]:
 _STD_EPSILON = _round32(1e-6)
 
 
+# torch is imported on first use: command-line tools that never normalize start ~2 s faster without it.
+torch: Any = None
+
+
+def _torch() -> Any:
+    global torch
+    if torch is None:
+        import torch as module
+
+        torch = module
+    return torch
+
+
 def _torch_statistics(shared: list[float], cfg: RewardConfig) -> _Statistics:
     """The reference's exact float32 ops: mean over rollouts, unbiased std, divide only if std > 0."""
+    torch = _torch()
     rollout_rewards = torch.tensor(shared, dtype=torch.float)
     mean = rollout_rewards.mean()
     std = rollout_rewards.std() if len(shared) > 1 else None
@@ -363,7 +378,7 @@ def _torch_moments(values: list[float]) -> tuple[float, float] | None:
 
     `values` are float32 already, so the tensor holds exactly the reference's.
     """
-    tensor = torch.from_numpy(np.array(values, dtype=np.float32))
+    tensor = _torch().from_numpy(np.array(values, dtype=np.float32))
     mean = tensor.mean().item()
     std = tensor.std().item() if len(values) > 1 else 0.0
     if not (math.isfinite(mean) and math.isfinite(std)):
@@ -372,12 +387,13 @@ def _torch_moments(values: list[float]) -> tuple[float, float] | None:
 
 
 def _torch_matches_emulation() -> bool:
-    """Whether this torch build computes what `_fast_statistics` assumes; checked once, at import.
+    """Whether this torch build computes what `_fast_statistics` assumes; checked once, on first use.
 
     Each probe tells the assumed operation from a plausible alternative: mean as sum / n (not
     sum * (1/n)), std as two passes over the float32 mean (not Welford), `std + 1e-6` in float32,
     division (not multiplication by the reciprocal).
     """
+    torch = _torch()
     grpo = RewardConfig()
     for shared in ([5.0, 0.0, 0.0], [2.0**22, 2.0**22, 2.0**22 + 1.0], [0.0, 1.0, 0.25, 0.25]):
         fast = _fast_statistics(shared, grpo)
@@ -391,7 +407,20 @@ def _torch_matches_emulation() -> bool:
     return adds_in_float32 and divided.item() == _round32(numerator / denominator)
 
 
-_FAST_STATISTICS = _torch_matches_emulation()
+_FAST_STATISTICS: bool | None = None  # decided by `_torch_matches_emulation()` on first use
+
+
+def _fast_path_enabled() -> bool:
+    global _FAST_STATISTICS
+    if _FAST_STATISTICS is None:
+        _FAST_STATISTICS = _torch_matches_emulation()
+    return _FAST_STATISTICS
+
+
+def load_reference_kernels() -> bool:
+    """Import torch and run the fast path's self-check now rather than in the first group; returns whether
+    the torch-free path is in use. The stream worker calls this at start."""
+    return _fast_path_enabled()
 
 
 def prompt_groups(

@@ -24,6 +24,7 @@ from codec import DecodeError, changelog_key, decode_sample, encode_changelog
 from codec.changelog import POSITION_KEY, PartitionPosition
 from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, Published
+from core.rewards import load_reference_kernels
 from core.windows import WindowStore
 from stream.clients import Connection, make_consumer, make_producer
 from stream.config import WorkerConfig
@@ -113,6 +114,7 @@ class Worker:
         self.clock = clock
         self.stats = WorkerStats()
         self.store = WindowStore(config.windows)
+        self.torch_free_normalization = load_reference_kernels()  # torch now, not in the first group
         self.ledger = OffsetLedger()
         self.eos = config.delivery == "exactly-once"
         self.changelog_topic = changelog_topic_name(config.group_id, config.topics.input)
@@ -184,7 +186,8 @@ class Worker:
                   input_topic=cfg.topics.input, output_topic=cfg.topics.output,
                   dead_letter_topic=cfg.topics.dead_letter, bootstrap=self.conn.bootstrap_servers,
                   security=str(self.conn.security),  # masked: no password or key material
-                  changelog_topic=self.changelog_topic if self.eos else "-")
+                  changelog_topic=self.changelog_topic if self.eos else "-",
+                  torch_free_normalization=self.torch_free_normalization)
         now = time.monotonic()
         self._last_progress = self._last_commit = now
         self._progress_base = (now, 0)
