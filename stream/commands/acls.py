@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -16,129 +17,126 @@ from stream.acls import (
     render_kafka_acls,
     worker_permissions,
 )
-from stream.commands.connection import (
-    NO_SECURITY_OPTIONS,
-    SecurityOptions,
-    connection_from_options,
-    connection_options,
+from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from stream.commands.options import (
+    DEFAULT_TOPICS,
+    Bootstrap,
+    CommandGroup,
+    DeadLetterTopic,
+    InputTopic,
+    OutputTopic,
+    fail,
+    grouped_options,
+    option_group,
 )
-from stream.commands.options import Bootstrap, DeadLetterTopic, InputTopic, OutputTopic, fail
 
-__all__ = ["acls_app", "register"]
+__all__ = ["AclRequest", "acls_app", "register"]
 
 acls_app = typer.Typer(
+    cls=CommandGroup,
     help="Least-privilege ACLs: print them as kafka-acls commands, or apply them (as an admin). "
     "`rollout-stream run` checks them at start and names what is missing.",
     no_args_is_help=True,
 )
 
-Principal = Annotated[
-    str,
-    typer.Option(
-        "--principal",
-        help="Who gets them, e.g. User:worker (a SASL user name, or "
-        "the certificate's distinguished name with mTLS).",
-    ),
-]
-Role = Annotated[
-    str,
-    typer.Option(
-        "--role",
-        help="worker (`rollout-stream run`), producer (rollout workers, "
-        "`synth`) or reader (trainers: TrainDataReader).",
-    ),
-]
-GroupId = Annotated[
-    str,
-    typer.Option(
-        "--group-id",
-        envvar="ROLLOUT_STREAM_GROUP_ID",
-        help="worker: its consumer group (also names the changelog topic and the "
-        "transactional ids); reader: its group id (ranks use <group>-rank<r>).",
-    ),
-]
-RouteTopic = Annotated[
-    str | None,
-    typer.Option(
-        "--route-topic", show_default=False, help="worker: the topic of --zero-variance route:TOPIC."
-    ),
-]
-Delivery = Annotated[
-    str,
-    typer.Option(
-        "--delivery",
-        envvar="ROLLOUT_STREAM_DELIVERY",
-        help="worker: exactly-once (changelog topic and transactional ids) or at-least-once.",
-    ),
-]
-CreateTopics = Annotated[
-    bool,
-    typer.Option(
-        "--create-topics",
-        help="worker: also CREATE on its topics, so it may "
-        "create them when missing (else an admin creates them first).",
-    ),
-]
-IdempotentWrite = Annotated[
-    bool,
-    typer.Option(
-        "--idempotent-write",
-        help="Also IDEMPOTENT_WRITE on the cluster (only brokers older than 2.8 need it).",
-    ),
-]
+
+@option_group
+@dataclass(frozen=True)
+class AclRequest:
+    """Who gets which role's ACLs, and the topics, group and features that role uses."""
+
+    principal: Annotated[
+        str,
+        typer.Option(
+            "--principal",
+            help="Who gets them, e.g. User:worker (a SASL user name, or "
+            "the certificate's distinguished name with mTLS).",
+        ),
+    ]
+    role: Annotated[
+        str,
+        typer.Option(
+            "--role",
+            help="worker (`rollout-stream run`), producer (rollout workers, "
+            "`synth`) or reader (trainers: TrainDataReader).",
+        ),
+    ] = "worker"
+    group_id: Annotated[
+        str,
+        typer.Option(
+            "--group-id",
+            envvar="ROLLOUT_STREAM_GROUP_ID",
+            help="worker: its consumer group (also names the changelog topic and the "
+            "transactional ids); reader: its group id (ranks use <group>-rank<r>).",
+        ),
+    ] = "rollout-stream"
+    input_topic: InputTopic = DEFAULT_TOPICS.input
+    output_topic: OutputTopic = DEFAULT_TOPICS.output
+    dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter
+    route_topic: Annotated[
+        str | None,
+        typer.Option(
+            "--route-topic", show_default=False, help="worker: the topic of --zero-variance route:TOPIC."
+        ),
+    ] = None
+    delivery: Annotated[
+        str,
+        typer.Option(
+            "--delivery",
+            envvar="ROLLOUT_STREAM_DELIVERY",
+            help="worker: exactly-once (changelog topic and transactional ids) or at-least-once.",
+        ),
+    ] = "exactly-once"
+    create_topics: Annotated[
+        bool,
+        typer.Option(
+            "--create-topics",
+            help="worker: also CREATE on its topics, so it may "
+            "create them when missing (else an admin creates them first).",
+        ),
+    ] = False
+    idempotent_write: Annotated[
+        bool,
+        typer.Option(
+            "--idempotent-write",
+            help="Also IDEMPOTENT_WRITE on the cluster (only brokers older than 2.8 need it).",
+        ),
+    ] = False
 
 
-def _permissions(
-    role: str,
-    input_topic: str,
-    output_topic: str,
-    dead_letter_topic: str,
-    group_id: str,
-    route_topic: str | None,
-    delivery: str,
-    create_topics: bool,
-    idempotent_write: bool,
-) -> list[Permission]:
-    if not group_id:
-        fail("--group-id must not be empty")
-    if role == "worker":
-        if delivery not in ("exactly-once", "at-least-once"):
-            fail(f"--delivery must be exactly-once or at-least-once, got {delivery!r}")
-        return worker_permissions(
-            input_topic=input_topic,
-            output_topic=output_topic,
-            dead_letter_topic=dead_letter_topic,
-            group_id=group_id,
-            delivery=delivery,
-            route_topic=route_topic,
-            create_topics=create_topics,
-            idempotent_write=idempotent_write,
-        )
-    if role == "producer":
-        return producer_permissions(input_topic=input_topic, idempotent_write=idempotent_write)
-    if role == "reader":
-        return reader_permissions(output_topic=output_topic, group_id=group_id)
-    fail(f"--role must be worker, producer or reader, got {role!r}")
-
-
-def _check_principal(principal: str) -> None:
-    kind, sep, name = principal.partition(":")
+def _permissions(request: AclRequest) -> list[Permission]:
+    """The request's ACLs, or `error: …` for a malformed principal, an unknown role or delivery."""
+    kind, sep, name = request.principal.partition(":")
     if not sep or not kind or not name:
-        fail(f"--principal must look like User:NAME, got {principal!r}")
+        fail(f"--principal must look like User:NAME, got {request.principal!r}")
+    if not request.group_id:
+        fail("--group-id must not be empty")
+    if request.role == "worker":
+        if request.delivery not in ("exactly-once", "at-least-once"):
+            fail(f"--delivery must be exactly-once or at-least-once, got {request.delivery!r}")
+        return worker_permissions(
+            input_topic=request.input_topic,
+            output_topic=request.output_topic,
+            dead_letter_topic=request.dead_letter_topic,
+            group_id=request.group_id,
+            delivery=request.delivery,
+            route_topic=request.route_topic,
+            create_topics=request.create_topics,
+            idempotent_write=request.idempotent_write,
+        )
+    if request.role == "producer":
+        return producer_permissions(
+            input_topic=request.input_topic, idempotent_write=request.idempotent_write
+        )
+    if request.role == "reader":
+        return reader_permissions(output_topic=request.output_topic, group_id=request.group_id)
+    fail(f"--role must be worker, producer or reader, got {request.role!r}")
 
 
 @acls_app.command("print")
+@grouped_options
 def print_acls(
-    principal: Principal,
-    role: Role = "worker",
-    group_id: GroupId = "rollout-stream",
-    input_topic: InputTopic = "rollouts",
-    output_topic: OutputTopic = "train-data",
-    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
-    route_topic: RouteTopic = None,
-    delivery: Delivery = "exactly-once",
-    create_topics: CreateTopics = False,
-    idempotent_write: IdempotentWrite = False,
+    request: AclRequest,
     bootstrap_servers: Bootstrap = None,
     command_config: Annotated[
         str,
@@ -153,20 +151,9 @@ def print_acls(
     READ and WRITE imply DESCRIBE. The transactional ids of a worker group share the prefix
     rollout-stream-<group-id>-, hence one prefixed ACL for every instance.
     """
-    _check_principal(principal)
-    permissions = _permissions(
-        role,
-        input_topic,
-        output_topic,
-        dead_letter_topic,
-        group_id,
-        route_topic,
-        delivery,
-        create_topics,
-        idempotent_write,
-    )
+    permissions = _permissions(request)
     for line in render_kafka_acls(
-        principal,
+        request.principal,
         permissions,
         bootstrap=bootstrap_servers or "$KAFKA_BOOTSTRAP_SERVERS",
         command_config=command_config,
@@ -175,39 +162,19 @@ def print_acls(
 
 
 @acls_app.command("apply")
-@connection_options
+@grouped_options
 def apply(
-    principal: Principal,
-    role: Role = "worker",
-    group_id: GroupId = "rollout-stream",
-    input_topic: InputTopic = "rollouts",
-    output_topic: OutputTopic = "train-data",
-    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
-    route_topic: RouteTopic = None,
-    delivery: Delivery = "exactly-once",
-    create_topics: CreateTopics = False,
-    idempotent_write: IdempotentWrite = False,
+    request: AclRequest,
     bootstrap_servers: Bootstrap = None,
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Create the same ACLs as a principal allowed to (ALTER on the cluster)."""
-    _check_principal(principal)
-    permissions = _permissions(
-        role,
-        input_topic,
-        output_topic,
-        dead_letter_topic,
-        group_id,
-        route_topic,
-        delivery,
-        create_topics,
-        idempotent_write,
-    )
+    permissions = _permissions(request)
     conn = connection_from_options(bootstrap_servers, security)
     from stream.access import apply_permissions
 
     try:
-        count = apply_permissions(conn, principal, permissions)
+        count = apply_permissions(conn, request.principal, permissions)
     except AclsNotApplied as exc:
         fail(str(exc), 1)
     except KafkaError as exc:
@@ -216,7 +183,7 @@ def apply(
             f"{type(exc).__name__}: {exc}",
             1,
         )
-    builtins.print(f"granted {count} ACLs to {principal} ({role})")
+    builtins.print(f"granted {count} ACLs to {request.principal} ({request.role})")
 
 
 def register(app: typer.Typer) -> None:

@@ -13,9 +13,8 @@ from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
     connection_from_options,
-    connection_options,
 )
-from stream.commands.options import Bootstrap, fail
+from stream.commands.options import Bootstrap, fail, grouped_options
 
 DELIVERIES = {
     "exactly-once": ("exactly-once",),
@@ -24,7 +23,7 @@ DELIVERIES = {
 }
 
 
-@connection_options
+@grouped_options
 def bench(
     bootstrap_servers: Bootstrap = None,
     json_output: Annotated[

@@ -14,7 +14,7 @@ from stream.broker.errors import BrokerConfigError, BrokerError
 from stream.broker.jars import cached_jars, default_cache_root, resolve_jars
 from stream.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, LocalBroker
 from stream.broker.properties import parse_override
-from stream.commands.options import fail
+from stream.commands.options import CommandGroup, fail
 
 __all__ = ["broker_app", "register"]
 
@@ -22,6 +22,7 @@ EXIT_NOT_RUNNING = 3  # `status`: as an LSB init script's "program is not runnin
 
 broker_app = typer.Typer(
     name="broker",
+    cls=CommandGroup,
     help=(
         "Run a local single-node Kafka for development and tests (start, stop, status).\n\n"
         "Apache Kafka (KRaft, broker+controller in one JVM) from Maven Central jars, run with the local "

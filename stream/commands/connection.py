@@ -2,30 +2,27 @@
 
 Adopt them in a command with two lines:
 
-    @connection_options
+    @grouped_options
     def tail(bootstrap_servers: Bootstrap = None, ..., security: SecurityOptions = NO_SECURITY_OPTIONS):
         conn = connection_from_options(bootstrap_servers, security)
 
-`connection_options` adds the flags below to the command's signature (typer reads `__signature__`) and
-hands them to the function as one `SecurityOptions`. `connection_from_options` builds the settings (flag >
+`SecurityOptions` is an option group (stream.commands.options): `grouped_options` shows typer its flags
+and hands them to the function as one `SecurityOptions`. `connection_from_options` builds the settings (flag >
 env var > --kafka-config file), resolves the bootstrap address, and checks TCP, TLS and SASL once, so a
 wrong password or an untrusted certificate ends the command at once with one line, not a retry loop.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 
 from stream.client_properties import load_properties
 from stream.clients import BrokerUnreachable, Connection
-from stream.commands.options import fail, resolve_bootstrap
+from stream.commands.options import fail, option_group, resolve_bootstrap
 from stream.preflight import ConnectionCheckFailed, check_connection
 from stream.security import (
     ENV_VARS,
@@ -41,30 +38,102 @@ __all__ = [
     "NO_SECURITY_OPTIONS",
     "SecurityOptions",
     "connection_from_options",
-    "connection_options",
     "security_from_options",
 ]
 
 _PANEL = "Connection security (TLS / SASL)"
-F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _opt(flag: str, field: str, help: str, **kw: Any) -> Any:
+    return typer.Option(
+        flag, envvar=ENV_VARS.get(field), help=help, show_default=False, rich_help_panel=_PANEL, **kw
+    )
+
+
+# None defaults everywhere, so an unset flag falls back to its env var, then to --kafka-config, then to the
+# SecuritySettings default.
+@option_group
 @dataclass(frozen=True)
 class SecurityOptions:
     """The raw values of the security flags of one command invocation (not validated yet)."""
 
-    kafka_config: Path | None = None
-    security_protocol: str | None = None
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    sasl_password_file: Path | None = None
-    sasl_oauth_token_file: Path | None = None
-    ssl_cafile: Path | None = None
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
-    ssl_key_password_file: Path | None = None
-    ssl_check_hostname: bool | None = None
+    kafka_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--kafka-config",
+            envvar="KAFKA_CONFIG_FILE",
+            show_default=False,
+            rich_help_panel=_PANEL,
+            help="Client properties file (Java client or librdkafka keys: bootstrap.servers, "
+            "security.protocol, sasl.mechanism, sasl.jaas.config, sasl.username, sasl.password.file, "
+            "ssl.cafile / ssl.truststore.location "
+            "(PEM), ...). Flags and env vars override it.",
+        ),
+    ] = None
+    security_protocol: Annotated[
+        str | None,
+        _opt("--security-protocol", "protocol", f"{', '.join(SECURITY_PROTOCOLS)} (default: PLAINTEXT)"),
+    ] = None
+    sasl_mechanism: Annotated[
+        str | None, _opt("--sasl-mechanism", "sasl_mechanism", f"{', '.join(SASL_MECHANISMS)}.")
+    ] = None
+    sasl_username: Annotated[str | None, _opt("--sasl-username", "sasl_username", "SASL user name.")] = None
+    # parser: the value is a SecretStr from the moment it is read, so nothing can print it by accident.
+    sasl_password: Annotated[
+        SecretStr | None,
+        _opt(
+            "--sasl-password",
+            "sasl_password",
+            "SASL password. Prefer --sasl-password-file or the environment "
+            "variable: a flag is visible in the process list.",
+            metavar="TEXT",
+            parser=SecretStr,
+        ),
+    ] = None
+    sasl_password_file: Annotated[
+        Path | None,
+        _opt("--sasl-password-file", "sasl_password_file", "File holding the SASL password (one line)."),
+    ] = None
+    sasl_oauth_token_file: Annotated[
+        Path | None,
+        _opt(
+            "--sasl-oauth-token-file",
+            "sasl_oauth_token_file",
+            "OAUTHBEARER: file holding the token; read at every login, so a sidecar may refresh it.",
+        ),
+    ] = None
+    ssl_cafile: Annotated[
+        Path | None,
+        _opt(
+            "--ssl-cafile",
+            "ssl_cafile",
+            "PEM file of the CA(s) that signed the broker certificates (default: the system CAs).",
+        ),
+    ] = None
+    ssl_certfile: Annotated[
+        Path | None, _opt("--ssl-certfile", "ssl_certfile", "mTLS: PEM client certificate (chain).")
+    ] = None
+    ssl_keyfile: Annotated[
+        Path | None, _opt("--ssl-keyfile", "ssl_keyfile", "mTLS: PEM client private key.")
+    ] = None
+    ssl_key_password_file: Annotated[
+        Path | None,
+        _opt(
+            "--ssl-key-password-file",
+            "ssl_key_password_file",
+            "mTLS: file holding the password of an encrypted key.",
+        ),
+    ] = None
+    ssl_check_hostname: Annotated[
+        bool | None,
+        _opt(
+            "--ssl-check-hostname/--no-ssl-check-hostname",
+            "ssl_check_hostname",
+            "Check that the broker certificate names the host connected to (default: check). "
+            "Turning it off "
+            "allows a man in the middle.",
+        ),
+    ] = None
 
     def given(self) -> dict[str, Any]:
         """The settings values given by flag or env var, keyed like SecuritySettings.from_values."""
@@ -77,149 +146,6 @@ class SecurityOptions:
 
 
 NO_SECURITY_OPTIONS = SecurityOptions()
-
-
-def _opt(flag: str, field: str, help: str, **kw: Any) -> Any:
-    return typer.Option(
-        flag, envvar=ENV_VARS.get(field), help=help, show_default=False, rich_help_panel=_PANEL, **kw
-    )
-
-
-# (parameter name, annotation) appended to every decorated command; None defaults everywhere, so an unset
-# flag falls back to its env var, then to --kafka-config, then to the SecuritySettings default.
-_PARAMETERS: list[tuple[str, Any]] = [
-    (
-        "kafka_config",
-        Annotated[
-            Path | None,
-            typer.Option(
-                "--kafka-config",
-                envvar="KAFKA_CONFIG_FILE",
-                show_default=False,
-                rich_help_panel=_PANEL,
-                help="Client properties file (Java client or librdkafka keys: bootstrap.servers, "
-                "security.protocol, sasl.mechanism, sasl.jaas.config, sasl.username, sasl.password.file, "
-                "ssl.cafile / ssl.truststore.location "
-                "(PEM), ...). Flags and env vars override it.",
-            ),
-        ],
-    ),
-    (
-        "security_protocol",
-        Annotated[
-            str | None,
-            _opt("--security-protocol", "protocol", f"{', '.join(SECURITY_PROTOCOLS)} (default: PLAINTEXT)"),
-        ],
-    ),
-    (
-        "sasl_mechanism",
-        Annotated[str | None, _opt("--sasl-mechanism", "sasl_mechanism", f"{', '.join(SASL_MECHANISMS)}.")],
-    ),
-    ("sasl_username", Annotated[str | None, _opt("--sasl-username", "sasl_username", "SASL user name.")]),
-    (
-        "sasl_password",
-        Annotated[
-            str | None,
-            _opt(
-                "--sasl-password",
-                "sasl_password",
-                "SASL password. Prefer --sasl-password-file or the environment "
-                "variable: a flag is visible in the process list.",
-                metavar="TEXT",
-            ),
-        ],
-    ),
-    (
-        "sasl_password_file",
-        Annotated[
-            Path | None,
-            _opt("--sasl-password-file", "sasl_password_file", "File holding the SASL password (one line)."),
-        ],
-    ),
-    (
-        "sasl_oauth_token_file",
-        Annotated[
-            Path | None,
-            _opt(
-                "--sasl-oauth-token-file",
-                "sasl_oauth_token_file",
-                "OAUTHBEARER: file holding the token; read at every login, so a sidecar may refresh it.",
-            ),
-        ],
-    ),
-    (
-        "ssl_cafile",
-        Annotated[
-            Path | None,
-            _opt(
-                "--ssl-cafile",
-                "ssl_cafile",
-                "PEM file of the CA(s) that signed the broker certificates (default: the system CAs).",
-            ),
-        ],
-    ),
-    (
-        "ssl_certfile",
-        Annotated[
-            Path | None, _opt("--ssl-certfile", "ssl_certfile", "mTLS: PEM client certificate (chain).")
-        ],
-    ),
-    (
-        "ssl_keyfile",
-        Annotated[Path | None, _opt("--ssl-keyfile", "ssl_keyfile", "mTLS: PEM client private key.")],
-    ),
-    (
-        "ssl_key_password_file",
-        Annotated[
-            Path | None,
-            _opt(
-                "--ssl-key-password-file",
-                "ssl_key_password_file",
-                "mTLS: file holding the password of an encrypted key.",
-            ),
-        ],
-    ),
-    (
-        "ssl_check_hostname",
-        Annotated[
-            bool | None,
-            _opt(
-                "--ssl-check-hostname/--no-ssl-check-hostname",
-                "ssl_check_hostname",
-                "Check that the broker certificate names the host connected to (default: check). "
-                "Turning it off "
-                "allows a man in the middle.",
-            ),
-        ],
-    ),
-]
-
-
-def connection_options(func: F) -> F:
-    """Add the security flags to a typer command; the command receives them as `security: SecurityOptions`."""
-    signature = inspect.signature(func, eval_str=True)  # typer needs the Annotated objects, not strings
-    if "security" not in signature.parameters:
-        raise TypeError(
-            f"{func.__name__} needs a `security: SecurityOptions = NO_SECURITY_OPTIONS` parameter"
-        )
-    names = [name for name, _ in _PARAMETERS]
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if "security" not in kwargs:
-            raw = {name: kwargs.pop(name, None) for name in names}
-            if raw["sasl_password"] is not None:
-                raw["sasl_password"] = SecretStr(raw["sasl_password"])
-            kwargs["security"] = SecurityOptions(**raw)
-        return func(*args, **kwargs)
-
-    params = [p for p in signature.parameters.values() if p.name != "security"]
-    params += [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
-        for name, annotation in _PARAMETERS
-    ]
-    wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-    return wrapper  # type: ignore[return-value]
 
 
 def security_from_options(options: SecurityOptions) -> tuple[SecuritySettings, str | None]:

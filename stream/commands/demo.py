@@ -17,9 +17,8 @@ from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
     connection_from_options,
-    connection_options,
 )
-from stream.commands.options import Bootstrap
+from stream.commands.options import Bootstrap, grouped_options
 from stream.config import TopicNames, WorkerConfig
 from stream.logs import configure_logging
 from stream.producer import RolloutProducer
@@ -52,7 +51,7 @@ def _accounted(expected: Expected, worker: Worker) -> bool:
             and st.duplicates == expected.duplicates and worker.store.open_count() == 0)
 
 
-@connection_options
+@grouped_options
 def demo(
     bootstrap_servers: Bootstrap = None,
     groups: Annotated[int, typer.Option(help="Prompt groups to send.")] = 300,

@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 from kafka.errors import KafkaError
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from codec import DeadLetterReason
 from stream.clients import Connection, make_consumer
-from stream.commands.connection import (
-    NO_SECURITY_OPTIONS,
-    SecurityOptions,
-    connection_from_options,
-    connection_options,
+from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from stream.commands.options import (
+    DEFAULT_TOPICS,
+    Bootstrap,
+    CommandGroup,
+    DeadLetterTopic,
+    fail,
+    grouped_options,
+    option_group,
 )
-from stream.commands.options import Bootstrap, DeadLetterTopic, fail
 from stream.dlq.inspect import RecordNotFound, compare_rewards, decode_value, fetch_record, group_members
 from stream.dlq.render import (
     json_line,
@@ -37,37 +41,49 @@ from stream.dlq.selection import Selection, SelectionError, parse_coordinates
 from stream.dlq.stats import DeadLetterStats
 
 dlq_app = typer.Typer(
+    cls=CommandGroup,
     help="Inspect the dead-letter topic (stats, list, show); replay refused records once the cause is fixed.",
     no_args_is_help=True,
 )
 
 _REASONS = ", ".join(r.value for r in DeadLetterReason)
-Reason = Annotated[
-    list[str] | None,
-    typer.Option("--reason", help=f"Only this reason (repeatable): {_REASONS}.", show_default=False),
-]
-GroupKey = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--group",
-        help="Only this group key, e.g. run-7/42 (repeatable; glob patterns like 'run-7/*' allowed).",
-        show_default=False,
-    ),
-]
-Since = Annotated[
-    str | None,
-    typer.Option(
-        help="Only records dead-lettered at or after this time: ISO 8601 "
-        "(2024-05-01T12:00:00Z; UTC when no zone) or a duration ago (15m, 2h, 7d).",
-        show_default=False,
-    ),
-]
-Until = Annotated[
-    str | None,
-    typer.Option(
-        help="Only records dead-lettered at or before this time (same forms as --since).", show_default=False
-    ),
-]
+
+
+@option_group
+@dataclass(frozen=True)
+class DeadLetterFilters:
+    """Which dead-letter records a command looks at (stats, list, replay); unset: all of them."""
+
+    reason: Annotated[
+        list[str] | None,
+        typer.Option("--reason", help=f"Only this reason (repeatable): {_REASONS}.", show_default=False),
+    ] = None
+    group: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--group",
+            help="Only this group key, e.g. run-7/42 (repeatable; glob patterns like 'run-7/*' allowed).",
+            show_default=False,
+        ),
+    ] = None
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="Only records dead-lettered at or after this time: ISO 8601 "
+            "(2024-05-01T12:00:00Z; UTC when no zone) or a duration ago (15m, 2h, 7d).",
+            show_default=False,
+        ),
+    ] = None
+    until: Annotated[
+        str | None,
+        typer.Option(
+            help="Only records dead-lettered at or before this time (same forms as --since).",
+            show_default=False,
+        ),
+    ] = None
+
+
+ALL_RECORDS = DeadLetterFilters()
 Json = Annotated[
     bool, typer.Option("--json", help="Machine-readable output (JSON; `list` prints JSON lines).")
 ]
@@ -81,19 +97,13 @@ ShowProgress = Annotated[
 ]
 
 
-def _selection(
-    reason: list[str] | None,
-    group: list[str] | None,
-    since: str | None,
-    until: str | None,
-    limit: int | None = None,
-) -> Selection:
+def _selection(filters: DeadLetterFilters, limit: int | None = None) -> Selection:
     try:
         return Selection.build(
-            reasons=reason or (),
-            groups=group or (),
-            since=since,
-            until=until,
+            reasons=filters.reason or (),
+            groups=filters.group or (),
+            since=filters.since,
+            until=filters.until,
             limit=limit,
             now_ms=int(time.time() * 1000),
         )
@@ -103,6 +113,14 @@ def _selection(
 
 def _connect(bootstrap_servers: str | None, security: SecurityOptions) -> Connection:
     return connection_from_options(bootstrap_servers, security, client_id="rollout-stream-dlq")
+
+
+def _print(doc: dict[str, Any], json_out: bool, view: Callable[[dict[str, Any]], RenderableType]) -> None:
+    """A command's result: one JSON line, or its rich view."""
+    if json_out:
+        print(json_line(doc))
+    else:
+        Console().print(view(doc))
 
 
 @contextmanager
@@ -122,21 +140,18 @@ def _scanner(conn: Connection, topic: str, progress: bool | None) -> Iterator[De
 
 
 @dlq_app.command("stats")
-@connection_options
+@grouped_options
 def stats(
     bootstrap_servers: Bootstrap = None,
-    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
-    reason: Reason = None,
-    group: GroupKey = None,
-    since: Since = None,
-    until: Until = None,
+    dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
+    filters: DeadLetterFilters = ALL_RECORDS,
     top: Annotated[int, typer.Option(min=0, help="How many of the groups with most records to show.")] = 10,
     json_out: Json = False,
     progress: ShowProgress = None,
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Counts by reason, top groups, oldest and newest dead-letter, per-partition offset ranges."""
-    selection = _selection(reason, group, since, until)
+    selection = _selection(filters)
     conn = _connect(bootstrap_servers, security)
     with _scanner(conn, dead_letter_topic, progress) as scanner:
         plan = scanner.plan(since_ms=selection.since_ms)
@@ -145,21 +160,15 @@ def stats(
             if selection.matches(record):
                 aggregate.add(record)
         doc = aggregate.to_dict(plan, scanned=scanner.scanned, top=top)
-    if json_out:
-        print(json_line(doc))
-    else:
-        Console().print(stats_view(doc))
+    _print(doc, json_out, stats_view)
 
 
 @dlq_app.command("list")
-@connection_options
+@grouped_options
 def list_(
     bootstrap_servers: Bootstrap = None,
-    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
-    reason: Reason = None,
-    group: GroupKey = None,
-    since: Since = None,
-    until: Until = None,
+    dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
+    filters: DeadLetterFilters = ALL_RECORDS,
     limit: Annotated[
         int, typer.Option(min=0, help="At most this many records (0: all; --json streams them).")
     ] = 50,
@@ -168,7 +177,7 @@ def list_(
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """One row per record, by partition then offset: coordinates, time, reason, group, rollout, message."""
-    selection = _selection(reason, group, since, until, limit)
+    selection = _selection(filters, limit)
     conn = _connect(bootstrap_servers, security)
     console = Console()
     rows: list[dict[str, Any]] = []
@@ -198,7 +207,7 @@ def list_(
 
 
 @dlq_app.command("show")
-@connection_options
+@grouped_options
 def show(
     coordinates: Annotated[
         str,
@@ -208,7 +217,7 @@ def show(
         ),
     ],
     bootstrap_servers: Bootstrap = None,
-    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
+    dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
     context: Annotated[
         int,
         typer.Option(
@@ -245,22 +254,15 @@ def show(
         if record.reason == DeadLetterReason.SHARED_REWARD_VIOLATION
         else None
     )
-    doc = show_document(record, decoded, members, rewards)
-    if json_out:
-        print(json_line(doc))
-    else:
-        Console().print(show_view(doc))
+    _print(show_document(record, decoded, members, rewards), json_out, show_view)
 
 
 @dlq_app.command("replay")
-@connection_options
+@grouped_options
 def replay_(
     bootstrap_servers: Bootstrap = None,
-    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
-    reason: Reason = None,
-    group: GroupKey = None,
-    since: Since = None,
-    until: Until = None,
+    dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
+    filters: DeadLetterFilters = ALL_RECORDS,
     limit: Annotated[
         int,
         typer.Option(
@@ -295,7 +297,7 @@ def replay_(
     (<dead-letter topic>.replays) move in the same transaction as the records replayed, so no dead-letter
     record is published twice, by a second identical run or an overlapping selection. See docs/dlq.md.
     """
-    selection = _selection(reason, group, since, until, limit or None)
+    selection = _selection(filters, limit or None)
     if to is not None and to == dead_letter_topic:
         fail("--to must not be the dead-letter topic itself")
     conn = _connect(bootstrap_servers, security)
@@ -312,11 +314,7 @@ def replay_(
             f"aborted and the cursor did not move past unpublished records",
             1,
         )
-    doc = replay_document(report)
-    if json_out:
-        print(json_line(doc))
-    else:
-        Console().print(replay_view(doc, rows))
+    _print(replay_document(report), json_out, lambda doc: replay_view(doc, rows))
 
 
 def register(app: typer.Typer) -> None:

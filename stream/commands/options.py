@@ -1,13 +1,51 @@
-"""Option types shared by the commands, so a flag means the same thing (and env var) everywhere."""
+"""Option types shared by the commands, so a flag means the same thing (and env var) everywhere.
+
+Options that travel together (connection security, dead-letter filters, an ACL request) are declared once as
+an option group: a frozen dataclass whose fields are `Annotated[..., typer.Option(...)]` with their defaults.
+A command takes the whole group as one parameter and `grouped_options` shows typer its fields instead:
+
+    @grouped_options
+    def stats(..., filters: DeadLetterFilters = ALL_RECORDS, ...) -> None:
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import sys
-from typing import Annotated, NoReturn
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, get_type_hints
 
 import typer
+from typer.core import TyperGroup
 
-__all__ = ["Bootstrap", "InputTopic", "OutputTopic", "DeadLetterTopic", "GroupSize", "fail", "resolve_bootstrap"]
+from stream.config import TopicNames
+
+if TYPE_CHECKING:
+    # typer's (vendored click) Context: not exported, and only CommandGroup's signatures need it.
+    from typer._click.core import Context
+
+__all__ = [
+    "DEFAULT_TOPICS",
+    "Bootstrap",
+    "CommandGroup",
+    "DeadLetterTopic",
+    "GroupSize",
+    "InputTopic",
+    "OutputTopic",
+    "fail",
+    "grouped_options",
+    "option_group",
+    "resolve_bootstrap",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+G = TypeVar("G")
+
+# The topic defaults of the worker's configuration, so a flag's default cannot drift from what `run` uses.
+DEFAULT_TOPICS = TopicNames()
 
 Bootstrap = Annotated[
     str | None,
@@ -30,11 +68,111 @@ GroupSize = Annotated[
                  help="Rollouts per prompt group, used when a record leaves group_size unset.", show_default=False),
 ]
 
+# Option group class -> its fields as command parameters (typer reads name, Annotated type and default).
+_GROUPS: dict[type, tuple[inspect.Parameter, ...]] = {}
+
+
+def option_group(cls: type[G]) -> type[G]:
+    """Register a dataclass of typer options as a group that `grouped_options` expands into a command."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"option group {cls.__name__} must be a dataclass")
+    hints = get_type_hints(cls, include_extras=True)  # typer needs the Annotated objects, not strings
+    _GROUPS[cls] = tuple(
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default,
+            annotation=hints[f.name],
+        )
+        for f in dataclasses.fields(cls)
+    )
+    return cls
+
+
+def grouped_options(func: F) -> F:
+    """Show typer each option-group parameter of `func` as its fields, in place; hand `func` the group built.
+
+    Typer reads `__signature__`: every parameter becomes keyword-only there (typer passes keywords), so a
+    required field may follow optional ones. A direct call may pass the group itself instead of its fields.
+    """
+    signature = inspect.signature(func, eval_str=True)
+    groups = {p.name: p.annotation for p in signature.parameters.values() if _is_group(p.annotation)}
+    if not groups:
+        return func
+    params: list[inspect.Parameter] = []
+    for p in signature.parameters.values():
+        if p.name in groups:
+            params += _GROUPS[p.annotation]
+        else:
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+    names = [p.name for p in params]
+    if clash := sorted({n for n in names if names.count(n) > 1}):
+        raise TypeError(f"{func.__name__}: option group fields clash with its parameters: {', '.join(clash)}")
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        for name, group in groups.items():
+            if name not in kwargs:
+                given = {p.name: kwargs.pop(p.name) for p in _GROUPS[group] if p.name in kwargs}
+                kwargs[name] = group(**given)
+        return func(**kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+def _is_group(annotation: Any) -> bool:
+    return isinstance(annotation, type) and annotation in _GROUPS
+
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """One readable line on stderr and a non-zero exit."""
     print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
+
+
+@contextmanager
+def _usage_errors_in_one_line(command_path: Callable[[], str]) -> Iterator[None]:
+    """A usage error as `PATH: error: MESSAGE` and `Try 'PATH --help'.` on stderr, exit 2 (like `fail`).
+
+    typer would draw a rich box around it; a script or a log wants a line it can grep. `command_path` names
+    the command being parsed, for the errors click's option parser raises without a context
+    (`Option '--commit-interval' requires an argument.`).
+    """
+    try:
+        yield
+    except typer.TyperException as exc:  # click's errors: unknown option or command, bad or missing value
+        if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: typer has printed the help, exits 2
+            raise
+        ctx = getattr(exc, "ctx", None)  # the misused command's context, when click attached it
+        path = ctx.command_path if ctx is not None else command_path()
+        message = " ".join(line.strip() for line in exc.format_message().splitlines())
+        print(f"{path}: error: {message}\nTry '{path} --help'.", file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
+
+
+class CommandGroup(TyperGroup):
+    """The class of every command group (`Typer(cls=CommandGroup)`): usage errors in one line.
+
+    A group parses its own arguments in `make_context` and has each subcommand parse its own in `invoke`,
+    so the group that catches an error knows which command was being parsed.
+    """
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Context | None = None, **extra: Any
+    ) -> Context:
+        def path() -> str:
+            return " ".join(p for p in (parent.command_path if parent else "", info_name or "") if p)
+
+        with _usage_errors_in_one_line(path):
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Context) -> Any:
+        def path() -> str:
+            return " ".join(p for p in (ctx.command_path, ctx.invoked_subcommand or "") if p)
+
+        with _usage_errors_in_one_line(path):
+            return super().invoke(ctx)
 
 
 def resolve_bootstrap(bootstrap: str | None) -> str:

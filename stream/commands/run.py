@@ -15,9 +15,16 @@ from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
     connection_from_options,
-    connection_options,
 )
-from stream.commands.options import Bootstrap, DeadLetterTopic, GroupSize, InputTopic, OutputTopic, fail
+from stream.commands.options import (
+    Bootstrap,
+    DeadLetterTopic,
+    GroupSize,
+    InputTopic,
+    OutputTopic,
+    fail,
+    grouped_options,
+)
 from stream.config import ConfigError, TopicNames, WorkerConfig, parse_zero_variance
 from stream.logs import configure_logging, log_event
 from stream.topics import TopicMismatch, TopicSettings, ensure_topics
@@ -26,7 +33,7 @@ from stream.worker import ProduceFailed, Worker
 log = logging.getLogger("rollout_stream.run")
 
 
-@connection_options
+@grouped_options
 def run(
     bootstrap_servers: Bootstrap = None,
     input_topic: InputTopic = "rollouts",
@@ -63,8 +70,8 @@ def run(
                                                      help="Seconds between progress log lines.")] = 10.0,
     closed_group_retention: Annotated[float | None, typer.Option(envvar="ROLLOUT_STREAM_CLOSED_GROUP_RETENTION",
                                                                  help="Seconds a resolved group is remembered to "
-                                                                 "recognise late members and copies [default: "
-                                                                 "max(3600, 2 x group timeout)].",
+                                                                 "recognise late members and copies (default: "
+                                                                 "max(3600, 2 x group timeout)).",
                                                                  show_default=False)] = None,
     session_timeout: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_SESSION_TIMEOUT",
                                                    help="Consumer group session timeout in seconds: how long a "

@@ -9,23 +9,18 @@ from typing import Annotated
 import typer
 from kafka.errors import AuthorizationError
 
-from stream.commands.connection import (
-    NO_SECURITY_OPTIONS,
-    SecurityOptions,
-    connection_from_options,
-    connection_options,
-)
-from stream.commands.options import Bootstrap, GroupSize, InputTopic, fail
+from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from stream.commands.options import DEFAULT_TOPICS, Bootstrap, GroupSize, InputTopic, fail, grouped_options
 from stream.producer import RolloutProducer
 from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, default_run_id, plan_groups
 
 Rate = Annotated[float, typer.Option(min=0.0, max=1.0)]
 
 
-@connection_options
+@grouped_options
 def synth(
     bootstrap_servers: Bootstrap = None,
-    input_topic: InputTopic = "rollouts",
+    input_topic: InputTopic = DEFAULT_TOPICS.input,
     groups: Annotated[int, typer.Option(help="Prompt groups to send (total count).")] = 100,
     group_size: GroupSize = 4,
     max_siblings: Annotated[int, typer.Option(help="Samples per rollout are drawn from 1..N (agentic fan-out).")] = 1,

@@ -14,13 +14,8 @@ from rich.text import Text
 
 from codec import TrainSample
 from core.validate import rollout_key
-from stream.commands.connection import (
-    NO_SECURITY_OPTIONS,
-    SecurityOptions,
-    connection_from_options,
-    connection_options,
-)
-from stream.commands.options import Bootstrap, OutputTopic
+from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, grouped_options
 
 if TYPE_CHECKING:
     from stream.reader import GroupInfo
@@ -86,10 +81,10 @@ def group_block(info: GroupInfo, samples: Sequence[TrainSample]) -> Panel:
                  subtitle_align="right")
 
 
-@connection_options
+@grouped_options
 def tail(
     bootstrap_servers: Bootstrap = None,
-    output_topic: OutputTopic = "train-data",
+    output_topic: OutputTopic = DEFAULT_TOPICS.output,
     from_beginning: Annotated[bool, typer.Option(
         "--from-beginning", help="Start at the oldest record (default: only new groups).")] = False,
     groups: Annotated[int | None, typer.Option(

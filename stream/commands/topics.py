@@ -7,26 +7,30 @@ from typing import Annotated
 import typer
 from kafka.errors import KafkaError
 
-from stream.commands.connection import (
-    NO_SECURITY_OPTIONS,
-    SecurityOptions,
-    connection_from_options,
-    connection_options,
+from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from stream.commands.options import (
+    DEFAULT_TOPICS,
+    Bootstrap,
+    CommandGroup,
+    DeadLetterTopic,
+    InputTopic,
+    OutputTopic,
+    fail,
+    grouped_options,
 )
-from stream.commands.options import Bootstrap, DeadLetterTopic, InputTopic, OutputTopic, fail
 from stream.topics import TopicMismatch, TopicSettings, ensure_changelog, ensure_topics
 from stream.worker import changelog_topic_name
 
-topics_app = typer.Typer(help="Manage the stage's Kafka topics.", no_args_is_help=True)
+topics_app = typer.Typer(cls=CommandGroup, help="Manage the stage's Kafka topics.", no_args_is_help=True)
 
 
 @topics_app.command("create")
-@connection_options
+@grouped_options
 def create(
     bootstrap_servers: Bootstrap = None,
-    input_topic: InputTopic = "rollouts",
-    output_topic: OutputTopic = "train-data",
-    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
+    input_topic: InputTopic = DEFAULT_TOPICS.input,
+    output_topic: OutputTopic = DEFAULT_TOPICS.output,
+    dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
     partitions: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_PARTITIONS", help="Partitions per topic.")] = 3,
     replication_factor: Annotated[int, typer.Option(help="Replicas per partition.")] = 1,
     max_message_mib: Annotated[int, typer.Option(help="max.message.bytes of every topic, in MiB.")] = 64,

@@ -488,12 +488,7 @@ def _help_blocks(columns: int) -> dict[str, str]:
     return {k: re.sub(r"\s+", " ", v) for k, v in blocks.items()}
 
 
-@pytest.mark.parametrize("columns", [
-    200,
-    pytest.param(80, marks=pytest.mark.xfail(
-        strict=True, reason="product bug: in an 80-column terminal rich cuts long env var names "
-        "(ROLLOUT_STREAM_ADVANTAGE_ESTIMAT…)")),
-])
+@pytest.mark.parametrize("columns", [200, 80])
 def test_help_lists_every_option_with_its_environment_variable(columns):
     blocks = _help_blocks(columns)
     for option, envvar in RUN_OPTIONS.items():
