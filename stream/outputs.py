@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+
+import msgspec
 
 from codec import TrainSample, encode_train_sample
 from codec import headers as H
@@ -23,8 +24,9 @@ DLQ_HEADERS = H.DEAD_LETTER_HEADERS
 _MAX_MESSAGE_HEADER = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class OutputRecord:
+class OutputRecord(msgspec.Struct, frozen=True, gc=False):
+    """One record the stage writes (a struct: one is built per published sample)."""
+
     topic: str
     key: bytes | None
     value: bytes | None
