@@ -30,6 +30,7 @@ def _throughput_table(title: str, results: list[WorkloadResult]) -> Table:
         "ratio",
         "p50\nms",
         "p99\nms",
+        "pass\np99 ms",
         "at\n/s",
         "loop µs/\nsample",
     ):
@@ -52,6 +53,7 @@ def _throughput_table(title: str, results: list[WorkloadResult]) -> Table:
             ratio,
             _ms(r.latency.p50_ms if r.latency else None),
             p99,
+            _ms(r.passthrough_latency.p99_ms if r.passthrough_latency else None),
             f"{r.latency.rate:,.0f}" if r.latency else "-",
             f"{_us(r.stage.loop_cpu_s, r.stage.samples)}|"
             f"{_us(r.passthrough.loop_cpu_s, r.passthrough.samples)}",

@@ -93,6 +93,7 @@ class WorkloadResult:
     stage: Throughput
     passthrough: Throughput
     latency: LatencyResult | None
+    passthrough_latency: LatencyResult | None = None  # same offered rate as `latency`
 
     @property
     def ratio(self) -> float:
@@ -115,6 +116,7 @@ class WorkloadResult:
             "passthrough": self.passthrough.to_json(),
             "ratio": round(self.ratio, 3),
             "latency": self.latency.to_json() if self.latency else None,
+            "passthrough_latency": self.passthrough_latency.to_json() if self.passthrough_latency else None,
         }
 
 

@@ -171,14 +171,30 @@ class _Bench:
             proc.kill()
 
     def passthrough_run(
-        self, topics: BenchTopics, delivery: str, pre: Preloaded, tag: str = ""
-    ) -> Throughput:
+        self,
+        topics: BenchTopics,
+        delivery: str,
+        pre: Preloaded,
+        tag: str = "",
+        *,
+        latency_at: tuple[Workload, float] | None = None,
+    ) -> tuple[Throughput, LatencyResult | None]:
+        """Drain the preloaded backlog; with `latency_at` (workload, rate), then offer that paced load: the
+        latency the clients and broker alone give at the rate the stage was measured at."""
         for attempt in (1, 2):
-            proc = RunnerProcess(self.spec("passthrough", topics, delivery, pre, tag=tag))
+            spec = self.spec("passthrough", topics, delivery, pre, serve_after=latency_at is not None, tag=tag)
+            proc = RunnerProcess(spec)
             try:
                 tp = self.throughput("passthrough", pre, proc.wait_for("drained", timeout=DRAIN_TIMEOUT_S))
-                proc.wait_for("result", timeout=60)
-                return tp
+                lat = None
+                if latency_at is not None:
+                    w, rate = latency_at
+                    lat = measure_latency(self.conn, topics.names.input, topics.names.output, w, rate=rate,
+                                          seconds=self.s.latency_s, run_id=f"lat-{uuid.uuid4().hex[:6]}")
+                    proc.stop()
+                else:
+                    proc.wait_for("result", timeout=60)
+                return tp, lat
             except RunnerFailed as exc:
                 if attempt == 2:
                     raise
@@ -192,15 +208,17 @@ class _Bench:
         try:
             pre = preload(self.conn, topics.names.input, w)
             tag = f"{w.name}-g{w.group_size}"
-            passthrough = self.passthrough_run(topics, delivery, pre, tag)
             stage, lat = self.stage_run(topics, delivery, pre, w, latency=True, tag=tag)
+            passthrough, pass_lat = self.passthrough_run(
+                topics, delivery, pre, tag, latency_at=(w, lat.rate) if lat else None
+            )
         finally:
             delete_topics(self.conn, topics.all())
-        r = WorkloadResult(w, delivery, stage, passthrough, lat)
+        r = WorkloadResult(w, delivery, stage, passthrough, lat, pass_lat)
         self.progress(
             f"{w.label()} [{delivery}]: stage {stage.samples_per_s:,.0f}/s, passthrough "
             f"{passthrough.samples_per_s:,.0f}/s, ratio {r.ratio:.2f}, p99 "
-            f"{lat.p99_ms if lat else '-'} ms"
+            f"{lat.p99_ms if lat else '-'} ms (passthrough {pass_lat.p99_ms if pass_lat else '-'} ms)"
         )
         return r
 

@@ -34,6 +34,9 @@ def test_bench_quick_reports_stage_and_passthrough_throughput(kafka_bootstrap):
             assert r[side]["samples"] == r["stage"]["samples"] > 0
         assert r["ratio"] > 0
         assert r["latency"]["seen"] == r["latency"]["groups"] > 0 and r["latency"]["p99_ms"] > 0
+        # the baseline's latency, offered the same paced load as the stage
+        assert r["passthrough_latency"]["rate"] == r["latency"]["rate"]
+        assert r["passthrough_latency"]["seen"] == r["passthrough_latency"]["groups"] > 0
     assert report["memory"] == [] and report["sweep"]["points"] == []  # full runs only
     assert set(report["targets"]) >= {"throughput_ok", "p99_ok", "memory_ok"}
     assert report["machine"]["cpus"] >= 1
