@@ -39,7 +39,6 @@ class Member(msgspec.Struct, frozen=True, gc=False):
     record: InputRecord
     sample: Any
     rollout: object
-    digest: bytes
 
 
 @dataclass(frozen=True, slots=True)

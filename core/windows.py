@@ -18,8 +18,8 @@ from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Ou
 from core.rewards import SharedRewardViolation, normalize_group
 from core.validate import SampleLimits, effective_group_size, rollout_key, validate_sample
 
-__all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "WindowStore", "WindowKey", "replay_id",
-           "REPLAY_ID_HEADER"]
+__all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
+           "replay_id", "REPLAY_ID_HEADER"]
 
 R = DeadLetterReason
 
@@ -47,28 +47,43 @@ class WindowConfig:
     max_group_bytes: int = 1 << 30
 
 
+Rollout = Member | list[Member | None]
+"""A rollout in a window: its one sample, or its `sibling_count` siblings by sibling index (None until
+that sibling arrives). Most rollouts are one sample, and a list per sample would cost 64 bytes each."""
+
+
+def _complete(rollout: Rollout) -> bool:
+    return type(rollout) is Member or None not in rollout  # type: ignore[operator]
+
+
 @dataclass(slots=True)
 class GroupWindow:
-    """An open prompt group: its members by rollout (first-arrival order), each rollout a list of
-    `sibling_count` slots by sibling index (None until that sibling arrives)."""
+    """An open prompt group: its rollouts in first-arrival order."""
 
     key: str
     partition: int
     group_size: int
     deadline_ms: int
-    rollouts: dict[object, list[Member | None]] = field(default_factory=dict)
+    rollouts: dict[object, Rollout] = field(default_factory=dict)
     complete_rollouts: int = 0
     nbytes: int = 0
 
     def members(self) -> list[Member]:
         """Publication order: rollouts by first arrival, siblings by sibling_index."""
-        return [m for siblings in self.rollouts.values() for m in siblings if m is not None]
+        out: list[Member] = []
+        for rollout in self.rollouts.values():
+            if type(rollout) is Member:
+                out.append(rollout)
+            else:
+                out.extend(m for m in rollout if m is not None)  # type: ignore[union-attr]
+        return out
 
     def records(self) -> list[InputRecord]:
         return [m.record for m in self.members()]
 
     def digests(self) -> frozenset[bytes]:
-        return frozenset(m.digest for m in self.members())
+        """Computed when the group closes: while it is open, a copy is told by comparing bytes."""
+        return frozenset(record_digest(m.record.value) for m in self.members())
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +97,10 @@ class ClosedGroup:
     digests: frozenset[bytes]
     digest_algorithm: str = DIGEST_ALGORITHM  # entries restored from an older changelog may differ
 
-    def digest_of(self, record: InputRecord, current: bytes) -> bytes:
-        """`record`'s digest comparable with this group's (`current`: with today's algorithm)."""
+    def digest_of(self, record: InputRecord) -> bytes:
+        """`record`'s digest, comparable with this group's."""
         if self.digest_algorithm == DIGEST_ALGORITHM:
-            return current
+            return record_digest(record.value)
         try:
             return digest_with(self.digest_algorithm, record.value)
         except KeyError:  # written by a newer stage: a copy cannot be recognised, so it is never dropped
@@ -107,7 +122,9 @@ class HeldSample(msgspec.Struct, frozen=True, gc=False):
 
 
 def _held(sample: Sample) -> HeldSample:
-    return HeldSample(sample.reward, sample.rollout_id, sample.index, sample.sibling_index)
+    # index only matters without a rollout_id (SPEC §2.4); not keeping it there saves its int per sample
+    index = sample.index if sample.rollout_id is None else None
+    return HeldSample(sample.reward, sample.rollout_id, index, sample.sibling_index)
 
 
 class WindowStore:
@@ -140,24 +157,22 @@ class WindowStore:
             return self._reject_record(record, gkey, problem, now_ms)
         assert gkey is not None and sample.group_index is not None
         wkey = (record.partition, gkey, replay_id(record))
-        digest = record_digest(record.value)
-
         closed = self.closed.get(wkey)
         if closed is not None:
-            return [self._after_close(record, gkey, closed, digest, now_ms)]
+            return [self._after_close(record, gkey, closed, now_ms)]
 
         window = self.open.get(wkey)
         if window is not None and record.timestamp_ms > window.deadline_ms:
             # Written after the group's deadline: the group was incomplete whatever the wall clock says.
             outcomes: list[Outcome] = [self._close_incomplete(wkey, window, now_ms)]
-            outcomes.append(self._after_close(record, gkey, self.closed[wkey], digest, now_ms))
+            outcomes.append(self._after_close(record, gkey, self.closed[wkey], now_ms))
             return outcomes
         group_size = effective_group_size(sample, cfg.limits)
         assert group_size is not None
         if window is None:
             window = GroupWindow(gkey, record.partition, group_size, record.timestamp_ms + cfg.group_timeout_ms)
             self.open[wkey] = window
-        return self._add(wkey, window, record, sample, digest, group_size, now_ms)
+        return self._add(wkey, window, record, sample, group_size, now_ms)
 
     def expire(self, now_ms: int, partitions: set[int]) -> list[Outcome]:
         """Dead-letter groups past their deadline in partitions whose backlog has been read."""
@@ -192,20 +207,23 @@ class WindowStore:
         window: GroupWindow,
         record: InputRecord,
         sample: Sample,
-        digest: bytes,
         group_size: int,
         now_ms: int,
     ) -> list[Outcome]:
         rkey = rollout_key(sample)
         if rkey is None:
-            # A row without rollout_id or index is a rollout of its own: only its digest can tell a copy.
-            if any(m.digest == digest for m in window.members()):
+            # A row without rollout_id or index is a rollout of its own: only its bytes can tell a copy.
+            if any(m.record.value == record.value for m in window.members()):
                 return [DuplicateDropped(window.key, record)]
             rkey = ("row", record.partition, record.offset)
-        siblings = window.rollouts.get(rkey)
+        rollout = window.rollouts.get(rkey)
+        siblings: list[Member | None] | None = None
+        if rollout is not None:
+            siblings = [rollout] if type(rollout) is Member else rollout  # type: ignore[assignment,list-item]
+        occupant = None
         if siblings is not None and sample.sibling_index < len(siblings):
-            held = siblings[sample.sibling_index]
-            if held is not None and held.digest == digest:
+            occupant = siblings[sample.sibling_index]
+            if occupant is not None and occupant.record.value == record.value:
                 return [DuplicateDropped(window.key, record)]
         if group_size != window.group_size:
             return self._reject_group(
@@ -215,10 +233,11 @@ class WindowStore:
         if siblings is not None and len(siblings) != sample.sibling_count:
             return self._reject_group(
                 wkey, window, record, R.INVALID_SAMPLE,
-                f"siblings of rollout {rkey!r} disagree on sibling_count: {len(siblings)} and {sample.sibling_count}",
+                f"siblings of rollout {rkey!r} disagree on sibling_count: {len(siblings)} and "
+                f"{sample.sibling_count}",
                 now_ms,
             )
-        if siblings is not None and (occupant := siblings[sample.sibling_index]) is not None:
+        if occupant is not None:
             held = occupant.record
             return self._reject_group(
                 wkey, window, record, R.CONFLICTING_DUPLICATE,
@@ -239,12 +258,17 @@ class WindowStore:
                     f"group has more rollouts than its group_size {window.group_size} (extra rollout {rkey!r})",
                     now_ms,
                 )
-            siblings = window.rollouts[rkey] = [None] * sample.sibling_count
-        siblings[sample.sibling_index] = Member(record, _held(sample), rkey, digest)
+        member = Member(record, _held(sample), rkey)
+        if sample.sibling_count == 1:
+            window.rollouts[rkey] = rollout = member
+        else:
+            if rollout is None:
+                rollout = window.rollouts[rkey] = [None] * sample.sibling_count
+            rollout[sample.sibling_index] = member  # type: ignore[index]
         size = record.size
         window.nbytes += size
         self.open_bytes += size
-        if None not in siblings:
+        if _complete(rollout):
             window.complete_rollouts += 1
             if window.complete_rollouts == window.group_size:
                 return [self._finish(wkey, window, now_ms)]
@@ -289,9 +313,9 @@ class WindowStore:
         return [DeadLettered(R.INVALID_SAMPLE, problem, gkey, (record,), now_ms)]
 
     def _after_close(
-        self, record: InputRecord, gkey: str, closed: ClosedGroup, digest: bytes, now_ms: int
+        self, record: InputRecord, gkey: str, closed: ClosedGroup, now_ms: int
     ) -> Outcome:
-        if closed.digest_of(record, digest) in closed.digests:
+        if closed.digest_of(record) in closed.digests:
             return DuplicateDropped(gkey, record)
         if closed.reason is None:
             return DeadLettered(R.LATE_MEMBER, f"group {gkey} was already published", gkey, (record,), now_ms)
@@ -304,7 +328,7 @@ class WindowStore:
 
     def _close_incomplete(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         records = tuple(window.records())
-        rollouts = sum(1 for siblings in window.rollouts.values() if None not in siblings)
+        rollouts = sum(1 for rollout in window.rollouts.values() if _complete(rollout))
         message = (
             f"group {window.key} timed out after {self.config.group_timeout_ms / 1000:g}s with "
             f"{rollouts} of {window.group_size} rollouts complete ({len(records)} samples received)"
