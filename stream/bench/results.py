@@ -38,6 +38,7 @@ class BenchSettings:
     commit_interval_s: float = 0.1  # the worker's default (WorkerConfig.commit_interval_s)
     commit_max_records: int = 5000
     latency_s: float = 4.0
+    repeats: int = 2  # throughput drains per side and workload, alternating; the fastest is reported
     sweep_latency_s: float = 3.0
     memory: bool = True
     compare_delivery: bool = True  # EOS vs ALO on (a) and (b), g8, when only one delivery is benchmarked
@@ -200,6 +201,7 @@ class BenchReport:
                 "commit_interval_s": s.commit_interval_s,
                 "commit_max_records": s.commit_max_records,
                 "latency_s": s.latency_s,
+                "repeats": s.repeats,
             },
             "results": [r.to_json() for r in self.results],
             "delivery_compare": [r.to_json() for r in self.delivery_compare],

@@ -182,8 +182,8 @@ class _Bench:
         """Drain the preloaded backlog; with `latency_at` (workload, rate), then offer that paced load: the
         latency the clients and broker alone give at the rate the stage was measured at."""
         for attempt in (1, 2):
-            spec = self.spec("passthrough", topics, delivery, pre, serve_after=latency_at is not None, tag=tag)
-            proc = RunnerProcess(spec)
+            serve = latency_at is not None
+            proc = RunnerProcess(self.spec("passthrough", topics, delivery, pre, serve_after=serve, tag=tag))
             try:
                 tp = self.throughput("passthrough", pre, proc.wait_for("drained", timeout=DRAIN_TIMEOUT_S))
                 lat = None
@@ -212,6 +212,13 @@ class _Bench:
             passthrough, pass_lat = self.passthrough_run(
                 topics, delivery, pre, tag, latency_at=(w, lat.rate) if lat else None
             )
+            # On a shared machine one drain can be slowed by anything else running: alternate further drains
+            # of the same backlog (fresh consumer groups) and keep each side's fastest.
+            for i in range(2, self.s.repeats + 1):
+                again, _ = self.stage_run(topics, delivery, pre, w, latency=False, tag=f"{tag}-r{i}")
+                stage = max(stage, again, key=lambda t: t.samples_per_s)
+                again, _ = self.passthrough_run(topics, delivery, pre, f"{tag}-r{i}")
+                passthrough = max(passthrough, again, key=lambda t: t.samples_per_s)
         finally:
             delete_topics(self.conn, topics.all())
         r = WorkloadResult(w, delivery, stage, passthrough, lat, pass_lat)
