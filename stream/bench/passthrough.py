@@ -18,6 +18,9 @@ from stream.clients import Connection, make_consumer, make_producer
 
 __all__ = ["Passthrough"]
 
+REJOIN_S = 10.0
+"""No partition for this long after subscribing: rejoin the group."""
+
 
 class Passthrough:
     """Copies every record of the input topic to the output topic; counters readable from other threads."""
@@ -80,9 +83,19 @@ class Passthrough:
         uncommitted = 0
         in_txn = False
         last_commit = time.monotonic()
+        unassigned_since = time.monotonic()
         try:
             while not self._stop.is_set():
                 batch = consumer.poll(timeout_ms=100, max_records=500)
+                if consumer.assignment():
+                    unassigned_since = None
+                elif unassigned_since is None:
+                    unassigned_since = time.monotonic()
+                elif time.monotonic() - unassigned_since >= REJOIN_S:
+                    # kafka-python 3.0 can drop a join (the worker has the same watchdog): join again.
+                    consumer.unsubscribe()
+                    consumer.subscribe([self.input_topic])
+                    unassigned_since = time.monotonic()
                 for tp, records in batch.items():
                     for rec in records:
                         if self.eos and not in_txn:
