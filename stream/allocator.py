@@ -18,8 +18,10 @@ log = logging.getLogger("rollout_stream.allocator")
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
-MMAP_THRESHOLD = 32 * 1024 * 1024
-"""Blocks up to this size come from the heap (glibc's ceiling for the setting on 64-bit)."""
+MMAP_THRESHOLD = 1024 * 1024
+"""Blocks up to this size come from the heap: samples, outputs and producer batches. Larger ones (fetch
+responses of up to 16 MiB, huge samples) keep their own mappings, which go back to the kernel when freed:
+with 32 MiB here, peak RSS of 256-token windows was 1.44-1.48 x their bytes, with 1 MiB 1.25-1.27 x."""
 TRIM_THRESHOLD = 256 * 1024 * 1024
 """Free memory kept at the top of a heap before it is given back."""
 
