@@ -1,0 +1,95 @@
+"""The stage's own work per sample, without Kafka: what `rollout-stream bench` cannot separate.
+
+Feeds benchmark-workload records (as the consumer hands them over) through the real `Worker` record path —
+decode, validation, windowing, shared-reward check, normalization, train-record encoding and the offset
+ledger — with a stub delivery that drops the outputs, and prints µs per sample (best of 3 passes).
+`--profile` adds a cProfile listing of one more pass.
+
+    .venv/bin/python benchmarks/stage_work_bench.py                 # 256 tokens, groups of 8
+    .venv/bin/python benchmarks/stage_work_bench.py --tokens 32768 --groups 80
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+
+from stream.allocator import reuse_freed_buffers
+from stream.bench.workloads import Workload, group_records
+from stream.clients import Connection
+from stream.config import TopicNames, WorkerConfig
+from stream.worker import Worker
+
+ConsumerRecord = namedtuple("ConsumerRecord", "topic partition offset timestamp key value headers")
+
+
+class _Producer:
+    def partitions_for(self, topic: str) -> set[int]:
+        return {0, 1, 2}
+
+
+class _Delivery:
+    """Where the worker's outputs go: nowhere (the Kafka side is what the real bench measures)."""
+
+    producer = _Producer()
+
+    def send(self, out: Any) -> None:
+        pass
+
+
+def records(w: Workload) -> list[ConsumerRecord]:
+    rng = np.random.default_rng(0)
+    now = int(time.time() * 1000)
+    out, offset = [], 0
+    for gi in range(w.groups):
+        for key, value in group_records(w, "run", gi, rng):
+            out.append(ConsumerRecord("rollouts", gi % 3, offset, now, key, value, []))
+            offset += 1
+    return out
+
+
+def one_pass(recs: list[ConsumerRecord]) -> float:
+    config = WorkerConfig(bootstrap_servers="unused:9092", topics=TopicNames(), group_id="work-bench")
+    worker = Worker(config, Connection("unused:9092"))
+    worker._delivery = _Delivery()
+    now = int(time.time() * 1000)
+    started = time.perf_counter()
+    for rec in recs:
+        worker._accept(rec, now)
+    worker.store.drain_changes()
+    seconds = time.perf_counter() - started
+    assert worker.stats.samples_published == len(recs), worker.stats.summary()
+    return seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--siblings", type=int, default=1)
+    ap.add_argument("--groups", type=int, default=3000)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    reuse_freed_buffers()  # as `rollout-stream run` does
+    w = Workload("x", args.tokens, args.group_size, args.siblings, args.groups)
+    recs = records(w)
+    one_pass(recs[: max(1, len(recs) // 10)])  # warm-up: imports, caches
+    best = min(one_pass(recs) for _ in range(3))
+    print(f"{w.label()[2:]}: {best / len(recs) * 1e6:.1f} µs per sample of the stage's own work "
+          f"({len(recs)} samples, best of 3)")
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        one_pass(recs)
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    main()
