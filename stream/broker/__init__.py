@@ -1,34 +1,10 @@
-"""The local development broker: Apache Kafka (KRaft, single node) run from Maven jars. See `local.py`."""
+"""The local development broker: Apache Kafka (KRaft, single node) run from Maven jars. See `local.py`;
+the errors it raises are in `errors.py`."""
 
 from __future__ import annotations
 
-from stream.broker.errors import (
-    BrokerAlreadyRunning,
-    BrokerConfigError,
-    BrokerError,
-    BrokerStartFailed,
-    BrokerStopFailed,
-    JarResolutionFailed,
-    JavaNotFound,
-    MavenNotFound,
-    PortInUse,
-    UnsupportedJava,
-)
+from stream.broker import errors as _errors
+from stream.broker.errors import *  # noqa: F403  one import for callers: the broker and its errors
 from stream.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, BrokerStatus, LocalBroker
 
-__all__ = [
-    "DEFAULT_DATA_DIR",
-    "DEFAULT_PORT",
-    "BrokerStatus",
-    "LocalBroker",
-    "BrokerError",
-    "BrokerConfigError",
-    "JavaNotFound",
-    "UnsupportedJava",
-    "MavenNotFound",
-    "PortInUse",
-    "BrokerAlreadyRunning",
-    "JarResolutionFailed",
-    "BrokerStartFailed",
-    "BrokerStopFailed",
-]
+__all__ = ["DEFAULT_DATA_DIR", "DEFAULT_PORT", "BrokerStatus", "LocalBroker", *_errors.__all__]

@@ -26,14 +26,8 @@ from kafka.errors import KafkaError
 from stream.broker.errors import (
     BrokerAlreadyRunning,
     BrokerConfigError,
-    BrokerError,
     BrokerStartFailed,
-    BrokerStopFailed,
-    JarResolutionFailed,
-    JavaNotFound,
-    MavenNotFound,
     PortInUse,
-    UnsupportedJava,
 )
 from stream.broker.files import failure_cause, file_size, read_json, read_lines_from, write_json
 from stream.broker.jars import KafkaJars, Progress, resolve_jars
@@ -65,17 +59,6 @@ __all__ = [
     "BrokerStatus",
     "LocalBroker",
     "StopOutcome",
-    # errors, re-exported so callers need one import
-    "BrokerError",
-    "BrokerConfigError",
-    "JavaNotFound",
-    "UnsupportedJava",
-    "MavenNotFound",
-    "PortInUse",
-    "BrokerAlreadyRunning",
-    "JarResolutionFailed",
-    "BrokerStartFailed",
-    "BrokerStopFailed",
 ]
 
 DEFAULT_PORT = 9092

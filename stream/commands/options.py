@@ -179,7 +179,7 @@ def resolve_bootstrap(bootstrap: str | None) -> str:
     """The given address, or the local development broker (started when needed)."""
     if bootstrap:
         return bootstrap
-    from stream.broker.local import BrokerError, LocalBroker
+    from stream.broker import BrokerError, LocalBroker
 
     try:
         return LocalBroker(progress=lambda line: print(line, file=sys.stderr)).ensure_running()

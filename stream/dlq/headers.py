@@ -1,4 +1,5 @@
-"""Header names of dead-letter and replayed records: the contract between `dlq replay` and the worker.
+"""Header names of dead-letter and replayed records (defined once, in `codec.headers`) and how the dlq
+commands read header values.
 
 The dead-letter headers are written by stream/outputs.py (SPEC §4.4); the replay headers are written by
 `dlq replay` and read by the worker to window a replayed group apart from its original (docs/dlq.md).
@@ -8,44 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = [
-    "REASON",
-    "MESSAGE",
-    "ORIGINAL_TOPIC",
-    "ORIGINAL_PARTITION",
-    "ORIGINAL_OFFSET",
-    "ORIGINAL_TIMESTAMP",
-    "GROUP_KEY",
-    "STAGE_VERSION",
-    "FAILED_AT",
-    "ORIGINAL_HEADERS",
-    "CARRIED_ON_REPLAY",
-    "FAILURE_HEADERS",
-    "REPLAY_ID",
-    "REPLAY_COUNT",
-    "REPLAYED_FROM",
-    "REPLAY_HEADERS",
-    "header_map",
-]
+from codec import headers as _names
+from codec.headers import *  # noqa: F403  the names, re-exported for the dlq modules
 
-from codec.headers import (  # noqa: F401  re-exported for the dlq modules
-    REASON,
-    MESSAGE,
-    ORIGINAL_TOPIC,
-    ORIGINAL_PARTITION,
-    ORIGINAL_OFFSET,
-    ORIGINAL_TIMESTAMP,
-    GROUP_KEY,
-    STAGE_VERSION,
-    FAILED_AT,
-    ORIGINAL_HEADERS,
-    CARRIED_ON_REPLAY,
-    FAILURE_HEADERS,
-    REPLAY_ID,
-    REPLAY_COUNT,
-    REPLAYED_FROM,
-    REPLAY_HEADERS,
-)
+__all__ = [*_names.__all__, "header_map"]
 
 
 def header_map(headers: Iterable[tuple[str, bytes | None]] | None) -> dict[str, str]:
