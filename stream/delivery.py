@@ -37,13 +37,20 @@ class ChangelogWrite:
     value: bytes | None
 
 
-def partition_of(producer: Any, topic: str, key: bytes) -> int:
+def partition_of(producer: Any, topic: str, key: bytes) -> int | None:
     """The partition the producer's default partitioner gives `key` (the Java client's murmur2 rule).
 
     kafka-python runs murmur2 in pure Python for every send (a quarter of `send()` in the stage's profile);
     members of a group share their key, so the stage computes it once per group and names the partition.
+    None when the topic's partitions are unknown (e.g. not authorized): `send()` then fails the way the
+    delivery checks for.
     """
-    partitions = sorted(producer.partitions_for(topic))
+    try:
+        partitions = sorted(producer.partitions_for(topic) or ())
+    except KafkaError:
+        return None
+    if not partitions:
+        return None
     return partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]
 
 

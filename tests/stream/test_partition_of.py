@@ -44,3 +44,18 @@ def test_partition_of_known_java_values() -> None:
     # murmur2 of the Java client (kafka-python's test vectors): "21" -> -973932308, "foobar" -> -790332482
     assert partition_of(_Producer(1000), "train", b"21") == (-973932308 & 0x7FFFFFFF) % 1000
     assert partition_of(_Producer(1000), "train", b"foobar") == (-790332482 & 0x7FFFFFFF) % 1000
+
+
+def test_unknown_or_refused_topic_leaves_the_choice_to_send() -> None:
+    from kafka.errors import TopicAuthorizationFailedError
+
+    class Refusing:
+        def partitions_for(self, topic: str) -> set[int]:
+            raise TopicAuthorizationFailedError(topic)
+
+    class Unknown:
+        def partitions_for(self, topic: str) -> set[int] | None:
+            return None
+
+    assert partition_of(Refusing(), "train", b"k") is None
+    assert partition_of(Unknown(), "train", b"k") is None
