@@ -93,107 +93,42 @@ class _Bench:
             thread_cpu_s=threads,
         )
 
-    def stage_run(
+    def drain(
         self,
+        mode: str,
         topics: BenchTopics,
         delivery: str,
         pre: Preloaded,
-        w: Workload,
         *,
-        latency: bool,
+        latency_of: Workload | None = None,
+        rate: float | None = None,
+        latency_s: float | None = None,
         interval: float | None = None,
         max_records: int | None = None,
-        latency_s: float | None = None,
         tag: str = "",
     ) -> tuple[Throughput, LatencyResult | None]:
-        """Drain the preloaded backlog (max rate), then offer paced load at half of it."""
+        """Drain the preloaded backlog with one `mode` process (its maximum rate); with `latency_of`, then
+        offer that workload paced at `rate` samples/s (default: half the rate just measured). A process that
+        fails is replaced once."""
         for attempt in (1, 2):
+            spec = self.spec(mode, topics, delivery, pre, serve_after=latency_of is not None,
+                             interval=interval, max_records=max_records, tag=tag)
+            proc = RunnerProcess(spec)
             try:
-                return self._stage_once(
-                    topics,
-                    delivery,
-                    pre,
-                    w,
-                    latency=latency,
-                    interval=interval,
-                    max_records=max_records,
-                    latency_s=latency_s,
-                    tag=tag,
-                )
-            except RunnerFailed as exc:
-                if attempt == 2:
-                    raise
-                self.progress(f"stage run failed, retrying once with a new process: {exc}")
-        raise AssertionError("unreachable")
-
-    def _stage_once(
-        self,
-        topics: BenchTopics,
-        delivery: str,
-        pre: Preloaded,
-        w: Workload,
-        *,
-        latency: bool,
-        interval: float | None,
-        max_records: int | None,
-        latency_s: float | None,
-        tag: str,
-    ) -> tuple[Throughput, LatencyResult | None]:
-        proc = RunnerProcess(
-            self.spec(
-                "stage",
-                topics,
-                delivery,
-                pre,
-                serve_after=latency,
-                interval=interval,
-                max_records=max_records,
-                tag=tag,
-            )
-        )
-        try:
-            drained = proc.wait_for("drained", timeout=DRAIN_TIMEOUT_S, first_record_within=FIRST_RECORD_S)
-            tp = self.throughput("stage", pre, drained)
-            lat = None
-            if latency:
-                lat = measure_latency(
-                    self.conn,
-                    topics.names.input,
-                    topics.names.output,
-                    w,
-                    rate=tp.samples_per_s / 2,
-                    seconds=latency_s or self.s.latency_s,
-                    run_id=f"lat-{uuid.uuid4().hex[:6]}",
-                )
-                proc.stop()
-            else:
-                proc.wait_for("result", timeout=60)
-            return tp, lat
-        finally:
-            proc.kill()
-
-    def passthrough_run(
-        self,
-        topics: BenchTopics,
-        delivery: str,
-        pre: Preloaded,
-        tag: str = "",
-        *,
-        latency_at: tuple[Workload, float] | None = None,
-    ) -> tuple[Throughput, LatencyResult | None]:
-        """Drain the preloaded backlog; with `latency_at` (workload, rate), then offer that paced load: the
-        latency the clients and broker alone give at the rate the stage was measured at."""
-        for attempt in (1, 2):
-            serve = latency_at is not None
-            proc = RunnerProcess(self.spec("passthrough", topics, delivery, pre, serve_after=serve, tag=tag))
-            try:
-                drained = proc.wait_for("drained", timeout=DRAIN_TIMEOUT_S, first_record_within=FIRST_RECORD_S)
-                tp = self.throughput("passthrough", pre, drained)
+                drained = proc.wait_for("drained", timeout=DRAIN_TIMEOUT_S,
+                                        first_record_within=FIRST_RECORD_S)
+                tp = self.throughput(mode, pre, drained)
                 lat = None
-                if latency_at is not None:
-                    w, rate = latency_at
-                    lat = measure_latency(self.conn, topics.names.input, topics.names.output, w, rate=rate,
-                                          seconds=self.s.latency_s, run_id=f"lat-{uuid.uuid4().hex[:6]}")
+                if latency_of is not None:
+                    lat = measure_latency(
+                        self.conn,
+                        topics.names.input,
+                        topics.names.output,
+                        latency_of,
+                        rate=rate or tp.samples_per_s / 2,
+                        seconds=latency_s or self.s.latency_s,
+                        run_id=f"lat-{uuid.uuid4().hex[:6]}",
+                    )
                     proc.stop()
                 else:
                     proc.wait_for("result", timeout=60)
@@ -201,7 +136,7 @@ class _Bench:
             except RunnerFailed as exc:
                 if attempt == 2:
                     raise
-                self.progress(f"passthrough run failed, retrying once with a new process: {exc}")
+                self.progress(f"{mode} run failed, retrying once with a new process: {exc}")
             finally:
                 proc.kill()
         raise AssertionError("unreachable")
@@ -211,16 +146,17 @@ class _Bench:
         try:
             pre = preload(self.conn, topics.names.input, w)
             tag = f"{w.name}-g{w.group_size}"
-            stage, lat = self.stage_run(topics, delivery, pre, w, latency=True, tag=tag)
-            passthrough, pass_lat = self.passthrough_run(
-                topics, delivery, pre, tag, latency_at=(w, lat.rate) if lat else None
+            stage, lat = self.drain("stage", topics, delivery, pre, latency_of=w, tag=tag)
+            # the bare clients' latency at the rate the stage was offered
+            passthrough, pass_lat = self.drain(
+                "passthrough", topics, delivery, pre, latency_of=w, rate=lat.rate if lat else None, tag=tag
             )
             # On a shared machine one drain can be slowed by anything else running: alternate further drains
             # of the same backlog (fresh consumer groups) and keep each side's fastest.
             for i in range(2, self.s.repeats + 1):
-                again, _ = self.stage_run(topics, delivery, pre, w, latency=False, tag=f"{tag}-r{i}")
+                again, _ = self.drain("stage", topics, delivery, pre, tag=f"{tag}-r{i}")
                 stage = max(stage, again, key=lambda t: t.samples_per_s)
-                again, _ = self.passthrough_run(topics, delivery, pre, f"{tag}-r{i}")
+                again, _ = self.drain("passthrough", topics, delivery, pre, tag=f"{tag}-r{i}")
                 passthrough = max(passthrough, again, key=lambda t: t.samples_per_s)
         finally:
             delete_topics(self.conn, topics.all())
@@ -268,16 +204,8 @@ class _Bench:
         topics = create_topics(self.conn, self.s.partitions)
         try:
             pre = preload(self.conn, topics.names.input, w)
-            tp, lat = self.stage_run(
-                topics,
-                delivery,
-                pre,
-                w,
-                latency=True,
-                interval=interval,
-                max_records=max_records,
-                latency_s=self.s.sweep_latency_s,
-            )
+            tp, lat = self.drain("stage", topics, delivery, pre, latency_of=w, interval=interval,
+                                 max_records=max_records, latency_s=self.s.sweep_latency_s)
         finally:
             delete_topics(self.conn, topics.all())
         self.progress(
