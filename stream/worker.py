@@ -39,6 +39,7 @@ from stream.delivery import (
 )
 from stream.logs import log_event
 from stream.outputs import dead_letter_records, train_records
+from stream.rejoin import RejoinWatchdog
 from stream.restore import closed_entry, read_changelog, read_range
 from stream.topics import ensure_changelog
 
@@ -136,7 +137,7 @@ class Worker:
         self.metrics: Any = None  # stream.metrics.LoopMetrics while a metrics endpoint serves this worker
         self.last_tick = 0.0  # monotonic time of the loop's last iteration (liveness)
         self._published_ts: list[int] = []  # per group published since the last commit: newest member's ts
-        self._unassigned_since: float | None = None
+        self._rejoin: Any = None  # RejoinWatchdog, once the consumer exists
         self._overrun = False  # reading past the cap: open windows needed records behind a pause
         self._last_broker_check = 0.0
         self._broker_lost_at: float | None = None  # monotonic time the last broker connection went away
@@ -183,6 +184,7 @@ class Worker:
             producer = make_producer(self.conn, max_record_bytes=cfg.max_record_bytes)
             self._delivery = AtLeastOnce(producer, self._consumer, cfg.topics.input, self.ledger)
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
+        self._rejoin = RejoinWatchdog(self._consumer, cfg.topics.input, UNASSIGNED_REJOIN_S, _Rebalance(self))
         log_event(log, "worker.started", **{k: v for k, v in cfg.effective().items() if k != "topics"},
                   input_topic=cfg.topics.input, output_topic=cfg.topics.output,
                   dead_letter_topic=cfg.topics.dead_letter, bootstrap=self.conn.bootstrap_servers,
@@ -252,19 +254,10 @@ class Worker:
                 os.utime(self.config.heartbeat_file)
 
     def _assignment_watchdog(self, now: float) -> None:
-        """kafka-python 3.0.12 can drop a join that completes while poll() times out: the broker then shows
-        this member owning partitions it never receives. Rejoin when nothing is assigned for too long."""
-        if self._assigned or self._consumer.assignment():
-            self._unassigned_since = None
-            return
-        if self._unassigned_since is None:
-            self._unassigned_since = now
-        elif now - self._unassigned_since >= UNASSIGNED_REJOIN_S:
-            log_event(log, "partitions.none_assigned", logging.WARNING,
-                      seconds=f"{now - self._unassigned_since:.0f}", action="rejoining the consumer group")
-            self._consumer.unsubscribe()
-            self._consumer.subscribe([self.config.topics.input], listener=_Rebalance(self))
-            self._unassigned_since = now
+        waited = self._rejoin.check(now, assigned=bool(self._assigned))
+        if waited is not None:
+            log_event(log, "partitions.none_assigned", logging.WARNING, seconds=f"{waited:.0f}",
+                      action="rejoined the consumer group")
 
     def _shutdown(self) -> None:
         log_event(log, "worker.stopping", open_windows=self.store.open_count())

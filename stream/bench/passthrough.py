@@ -15,6 +15,7 @@ from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from stream.clients import Connection, make_consumer, make_producer
+from stream.rejoin import RejoinWatchdog
 
 __all__ = ["Passthrough"]
 
@@ -83,19 +84,11 @@ class Passthrough:
         uncommitted = 0
         in_txn = False
         last_commit = time.monotonic()
-        unassigned_since = time.monotonic()
+        rejoin = RejoinWatchdog(consumer, self.input_topic, REJOIN_S)  # as the worker does
         try:
             while not self._stop.is_set():
                 batch = consumer.poll(timeout_ms=100, max_records=500)
-                if consumer.assignment():
-                    unassigned_since = None
-                elif unassigned_since is None:
-                    unassigned_since = time.monotonic()
-                elif time.monotonic() - unassigned_since >= REJOIN_S:
-                    # kafka-python 3.0 can drop a join (the worker has the same watchdog): join again.
-                    consumer.unsubscribe()
-                    consumer.subscribe([self.input_topic])
-                    unassigned_since = time.monotonic()
+                rejoin.check(time.monotonic())
                 for tp, records in batch.items():
                     for rec in records:
                         if self.eos and not in_txn:
