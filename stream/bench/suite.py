@@ -8,6 +8,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from kafka import TopicPartition
+
 from stream.bench.latency import LatencyResult, measure_latency
 from stream.bench.proc import RunnerFailed, RunnerProcess
 from stream.bench.results import (
@@ -21,7 +23,7 @@ from stream.bench.results import (
 )
 from stream.bench.runner import RunSpec
 from stream.bench.workloads import BenchTopics, Preloaded, Workload, create_topics, delete_topics, preload
-from stream.clients import Connection
+from stream.clients import Connection, make_consumer
 
 __all__ = ["run_bench", "SWEEP_INTERVALS", "SWEEP_MAX_RECORDS"]
 
@@ -93,6 +95,18 @@ class _Bench:
             thread_cpu_s=threads,
         )
 
+    def catch_up(self, proc: RunnerProcess, topic: str) -> None:
+        """Wait until the process has read all of `topic` as it is now: the passthrough drains after the stage,
+        behind the stage's latency groups, and must not carry that backlog into its own latency phase."""
+        consumer = make_consumer(self.conn, group_id=None)
+        try:
+            tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+            total = sum(consumer.end_offsets(tps).values())  # input records only: no transaction markers
+        finally:
+            consumer.close(autocommit=False)
+        proc.wait_until(lambda st: st["records_in"] >= total, timeout=DRAIN_TIMEOUT_S,
+                        what="the rest of the input read before the latency phase")
+
     def drain(
         self,
         mode: str,
@@ -120,6 +134,7 @@ class _Bench:
                 tp = self.throughput(mode, pre, drained)
                 lat = None
                 if latency_of is not None:
+                    self.catch_up(proc, topics.names.input)
                     lat = measure_latency(
                         self.conn,
                         topics.names.input,
