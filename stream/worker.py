@@ -27,6 +27,7 @@ from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, Published
 from core.rewards import load_reference_kernels
 from core.windows import WindowStore
+from stream.cadence import CommitCadence
 from stream.clients import Connection, make_consumer, make_producer
 from stream.config import WorkerConfig
 from stream.delivery import (
@@ -128,8 +129,7 @@ class Worker:
         self._changelog_positions: dict[int, int] = {}
         self._consumer: Any = None
         self._delivery: Any = None
-        self._uncommitted = 0
-        self._last_commit = 0.0
+        self.cadence = CommitCadence(config.commit_interval_s, config.commit_max_records)
         self._last_expire = 0.0
         self._last_progress = 0.0
         self._last_heartbeat = 0.0
@@ -150,7 +150,7 @@ class Worker:
 
     def commit_soon(self) -> None:
         """Commit at the loop's next tick instead of the cadence's (e.g. a benchmark that drained its input)."""
-        self._last_commit = float("-inf")
+        self.cadence.soon()
 
     @property
     def stopping(self) -> bool:
@@ -192,7 +192,8 @@ class Worker:
                   changelog_topic=self.changelog_topic if self.eos else "-",
                   torch_free_normalization=self.torch_free_normalization)
         now = time.monotonic()
-        self._last_progress = self._last_commit = now
+        self._last_progress = now
+        self.cadence.committed(now)
         self._progress_base = (now, 0)
         # Everything alive now (torch's ~200k objects above all) lives as long as the process: leave it out of
         # the collector's full passes, each of which stopped the loop for ~90 ms (measured with it imported).
@@ -218,7 +219,8 @@ class Worker:
         return 0
 
     def _step(self) -> None:
-        batch = self._consumer.poll(timeout_ms=100, max_records=500)
+        wait_ms = self.cadence.poll_timeout_ms(time.monotonic())
+        batch = self._consumer.poll(timeout_ms=wait_ms, max_records=500)
         self.last_tick = started = time.monotonic()
         self._assignment_watchdog(started)
         if self._to_restore:
@@ -240,8 +242,7 @@ class Worker:
             # Paused, the high watermarks are stale and members may wait behind the pause: expire nothing.
             partitions = set() if self.stats.paused else self._caught_up()
             self._handle(self.store.expire(now_ms, partitions))
-        if mono - self._last_commit >= self.config.commit_interval_s or \
-                self._uncommitted >= self.config.commit_max_records:
+        if self.cadence.due(mono):
             self._commit()
         self._back_pressure()
         if mono - self._last_broker_check >= 1.0:
@@ -287,7 +288,7 @@ class Worker:
 
     def _accept(self, rec: Any, now_ms: int) -> None:
         self.stats.records_in += 1
-        self._uncommitted += 1
+        self.cadence.uncommitted += 1
         self.ledger.hold(rec.partition, rec.offset)
         self._handle(self.store.accept(self._input_record(rec), self._decode(rec), now_ms))
 
@@ -379,9 +380,8 @@ class Worker:
         return writes
 
     def _commit(self, timeout: float | None = None) -> None:
-        self._last_commit = time.monotonic()
-        self._uncommitted = 0
         started = time.monotonic()
+        self.cadence.committed(started)
         try:
             if self.eos:
                 committed = self._delivery.commit(self._assigned - self._to_restore, self._changelog_writes(), timeout)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from stream.cadence import CommitCadence
 from stream.clients import Connection, make_consumer, make_producer
 from stream.rejoin import RejoinWatchdog
 
@@ -44,7 +45,7 @@ class Passthrough:
         self.conn, self.group_id = conn, group_id
         self.input_topic, self.output_topic = input_topic, output_topic
         self.eos = delivery == "exactly-once"
-        self.commit_interval_s, self.commit_max_records = commit_interval_s, commit_max_records
+        self.cadence = CommitCadence(commit_interval_s, commit_max_records)  # the worker's
         self.max_record_bytes, self.session_timeout_s = max_record_bytes, session_timeout_s
         self.transactional_id = transactional_id or f"bench-passthrough-{group_id}"
         self.transaction_timeout_s = transaction_timeout_s
@@ -53,13 +54,12 @@ class Passthrough:
         self.commits = 0
         self.committed: dict[int, int] = {}
         self._stop = threading.Event()
-        self._commit_soon = False
 
     def request_stop(self) -> None:
         self._stop.set()
 
     def commit_soon(self) -> None:
-        self._commit_soon = True
+        self.cadence.soon()
 
     def run(self) -> None:
         consumer = make_consumer(
@@ -81,13 +81,13 @@ class Passthrough:
             producer = make_producer(self.conn, max_record_bytes=self.max_record_bytes)
         consumer.subscribe([self.input_topic])
         positions: dict[int, int] = {}
-        uncommitted = 0
         in_txn = False
-        last_commit = time.monotonic()
+        self.cadence.committed(time.monotonic())
         rejoin = RejoinWatchdog(consumer, self.input_topic, REJOIN_S)  # as the worker does
         try:
             while not self._stop.is_set():
-                batch = consumer.poll(timeout_ms=100, max_records=500)
+                wait_ms = self.cadence.poll_timeout_ms(time.monotonic())
+                batch = consumer.poll(timeout_ms=wait_ms, max_records=500)
                 rejoin.check(time.monotonic())
                 for tp, records in batch.items():
                     for rec in records:
@@ -98,16 +98,10 @@ class Passthrough:
                         positions[tp.partition] = rec.offset + 1
                         self.records_in += 1
                         self.bytes_in += len(rec.value or b"") + len(rec.key or b"")
-                        uncommitted += 1
+                        self.cadence.uncommitted += 1
                 now = time.monotonic()
-                if (
-                    self._commit_soon
-                    or now - last_commit >= self.commit_interval_s
-                    or uncommitted >= self.commit_max_records
-                ):
-                    self._commit_soon = False
-                    last_commit = now
-                    uncommitted = 0
+                if self.cadence.due(now):
+                    self.cadence.committed(now)
                     due = {p: o for p, o in positions.items() if o > self.committed.get(p, -1)}
                     in_txn = self._commit(producer, consumer, due, in_txn)
         finally:
