@@ -5,37 +5,55 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["CommitCadence", "POLL_MS"]
+__all__ = ["CommitCadence", "POLL_MS", "POLL_RECORDS", "CAUGHT_UP_FRACTION"]
 
 POLL_MS = 100
 """The longest a poll waits for records."""
 
+POLL_RECORDS = 500
+"""The most records one poll returns; a poll that returns fewer has read all the input there is."""
+
+CAUGHT_UP_FRACTION = 0.25
+"""Caught up with its input, a loop with outputs waiting commits once this much of the interval has passed."""
+
 
 @dataclass
 class CommitCadence:
-    """Commit every `interval_s`, or sooner once `max_records` records wait; the worker and the benchmark's
-    passthrough share it, so their latencies differ by their work only."""
+    """Commit every `interval_s`, or once `max_records` records wait; and, caught up with the input, as soon
+    as a quarter of the interval has passed with outputs waiting. Under a backlog commits stay one interval
+    apart (each one is a few round trips that the loop waits for); with time to spare, a finished group does
+    not wait for the rest of an interval. The worker and the benchmark's passthrough share it."""
 
     interval_s: float
     max_records: int
     last: float = 0.0  # monotonic time of the last commit
     uncommitted: int = 0  # records read since then
+    outputs: int = 0  # records written since then
 
-    def due(self, now: float) -> bool:
-        return now - self.last >= self.interval_s or self.uncommitted >= self.max_records
+    @property
+    def early_s(self) -> float:
+        return self.interval_s * CAUGHT_UP_FRACTION
+
+    def due(self, now: float, *, caught_up: bool) -> bool:
+        since = now - self.last
+        if since >= self.interval_s or self.uncommitted >= self.max_records:
+            return True
+        return caught_up and self.outputs > 0 and since >= self.early_s
 
     def committed(self, now: float) -> None:
-        self.last, self.uncommitted = now, 0
+        self.last, self.uncommitted, self.outputs = now, 0, 0
 
     def soon(self) -> None:
         """Commit at the loop's next turn, whatever the interval says."""
         self.last = -math.inf
 
     def poll_timeout_ms(self, now: float) -> int:
-        """With records waiting for a commit, wait for more only until that commit is due: on a quiet input a
-        finished group would otherwise wait a whole poll on top of the interval."""
-        if self.due(now):
-            return 0
-        if not self.uncommitted:
+        """Wait for records only until the next commit would be due if none came (an empty poll is caught up):
+        on a quiet input a finished group would otherwise wait a whole poll on top of its commit's time."""
+        if self.outputs:
+            wait_s = self.last + self.early_s - now
+        elif self.uncommitted:
+            wait_s = self.last + self.interval_s - now
+        else:
             return POLL_MS
-        return min(POLL_MS, math.ceil((self.last + self.interval_s - now) * 1000))
+        return 0 if wait_s <= 0 else min(POLL_MS, math.ceil(wait_s * 1000))

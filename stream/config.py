@@ -67,7 +67,7 @@ class WorkerConfig:
     grpo_std_normalization: bool = True
     reward_key: str | None = None
     zero_variance: ZeroVariancePolicy = field(default_factory=ZeroVariancePolicy)
-    commit_interval_s: float = 0.1  # measured: p99 ≈ interval + 30-180 ms, throughput flat (docs/benchmarks.md)
+    commit_interval_s: float = 0.1  # caught up: a quarter of it (stream/cadence.py; docs/benchmarks.md)
     progress_interval_s: float = 10.0
     closed_group_retention_s: float | None = None  # default: max(1 h, 2 × group timeout)
     max_closed_groups: int = 200_000

@@ -27,7 +27,7 @@ from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, Published
 from core.rewards import load_reference_kernels
 from core.windows import WindowStore
-from stream.cadence import CommitCadence
+from stream.cadence import POLL_RECORDS, CommitCadence
 from stream.clients import Connection, make_consumer, make_producer
 from stream.config import WorkerConfig
 from stream.delivery import (
@@ -39,7 +39,7 @@ from stream.delivery import (
     partition_of,
 )
 from stream.logs import log_event
-from stream.outputs import dead_letter_records, train_records
+from stream.outputs import OutputRecord, dead_letter_records, train_records
 from stream.rejoin import RejoinWatchdog
 from stream.restore import closed_entry, read_changelog, read_range
 from stream.topics import ensure_changelog
@@ -220,7 +220,7 @@ class Worker:
 
     def _step(self) -> None:
         wait_ms = self.cadence.poll_timeout_ms(time.monotonic())
-        batch = self._consumer.poll(timeout_ms=wait_ms, max_records=500)
+        batch = self._consumer.poll(timeout_ms=wait_ms, max_records=POLL_RECORDS)
         self.last_tick = started = time.monotonic()
         self._assignment_watchdog(started)
         if self._to_restore:
@@ -242,7 +242,7 @@ class Worker:
             # Paused, the high watermarks are stale and members may wait behind the pause: expire nothing.
             partitions = set() if self.stats.paused else self._caught_up()
             self._handle(self.store.expire(now_ms, partitions))
-        if self.cadence.due(mono):
+        if self.cadence.due(mono, caught_up=sum(map(len, batch.values())) < POLL_RECORDS):
             self._commit()
         self._back_pressure()
         if mono - self._last_broker_check >= 1.0:
@@ -345,7 +345,7 @@ class Worker:
                 topic = policy.topic
         partition = partition_of(self._delivery.producer, topic, group.group_key.encode())
         for out in train_records(group, self.store.config.reward, topic, partition):
-            self._delivery.send(out)
+            self._send(out)
         self.stats.groups_published += 1
         self.stats.samples_published += len(group.members)
         if self.metrics is not None:
@@ -360,7 +360,11 @@ class Worker:
                   records=len(failure.records), partition=first.partition, offset=first.offset,
                   message=failure.message[:500])
         for out in dead_letter_records(failure, self.config.topics.dead_letter):
-            self._delivery.send(out)
+            self._send(out)
+
+    def _send(self, out: OutputRecord) -> None:
+        self._delivery.send(out)
+        self.cadence.outputs += 1
 
     # ---- commit --------------------------------------------------------------------------------
     def _changelog_writes(self) -> list[ChangelogWrite]:

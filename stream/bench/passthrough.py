@@ -14,7 +14,7 @@ from typing import Any, Literal
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from stream.cadence import CommitCadence
+from stream.cadence import POLL_RECORDS, CommitCadence
 from stream.clients import Connection, make_consumer, make_producer
 from stream.rejoin import RejoinWatchdog
 
@@ -87,7 +87,7 @@ class Passthrough:
         try:
             while not self._stop.is_set():
                 wait_ms = self.cadence.poll_timeout_ms(time.monotonic())
-                batch = consumer.poll(timeout_ms=wait_ms, max_records=500)
+                batch = consumer.poll(timeout_ms=wait_ms, max_records=POLL_RECORDS)
                 rejoin.check(time.monotonic())
                 for tp, records in batch.items():
                     for rec in records:
@@ -99,8 +99,9 @@ class Passthrough:
                         self.records_in += 1
                         self.bytes_in += len(rec.value or b"") + len(rec.key or b"")
                         self.cadence.uncommitted += 1
+                        self.cadence.outputs += 1
                 now = time.monotonic()
-                if self.cadence.due(now):
+                if self.cadence.due(now, caught_up=sum(map(len, batch.values())) < POLL_RECORDS):
                     self.cadence.committed(now)
                     due = {p: o for p, o in positions.items() if o > self.committed.get(p, -1)}
                     in_txn = self._commit(producer, consumer, due, in_txn)

@@ -64,8 +64,9 @@ def run(
                                                help="Groups whose rollouts all share one reward: keep, drop, "
                                                "or route:TOPIC. Always counted.")] = "keep",
     commit_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_COMMIT_INTERVAL",
-                                                   help="Seconds between commits (transactions): end-to-end "
-                                                   "latency is about this plus 0.03-0.2 s.")] = 0.1,
+                                                   help="Longest time between commits (transactions) under a "
+                                                   "backlog; caught up with its input, the worker commits a "
+                                                   "quarter of it after publishing.")] = 0.1,
     progress_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_PROGRESS_INTERVAL",
                                                      help="Seconds between progress log lines.")] = 10.0,
     closed_group_retention: Annotated[float | None, typer.Option(envvar="ROLLOUT_STREAM_CLOSED_GROUP_RETENTION",

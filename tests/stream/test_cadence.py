@@ -8,34 +8,51 @@ from hypothesis import strategies as st
 from stream.cadence import POLL_MS, CommitCadence
 
 
-def test_due_by_interval_or_by_records():
+def test_under_a_backlog_commits_are_one_interval_apart_or_max_records():
     c = CommitCadence(interval_s=0.1, max_records=3)
     c.committed(10.0)
-    assert not c.due(10.05)
-    assert c.due(10.11)
+    c.uncommitted = c.outputs = 2
+    assert not c.due(10.05, caught_up=False)
+    assert c.due(10.11, caught_up=False)
     c.uncommitted = 3
-    assert c.due(10.01)
+    assert c.due(10.01, caught_up=False)
     c.committed(10.02)
-    assert c.uncommitted == 0 and not c.due(10.03)
+    assert (c.uncommitted, c.outputs) == (0, 0) and not c.due(10.03, caught_up=False)
     c.soon()
-    assert c.due(10.03) and c.poll_timeout_ms(10.03) == 0
+    assert c.due(10.03, caught_up=False) and c.poll_timeout_ms(10.03) == POLL_MS  # nothing read: no hurry
 
 
-def test_poll_waits_a_full_poll_only_with_nothing_to_commit():
+def test_caught_up_with_outputs_waiting_commits_after_a_quarter_interval():
+    c = CommitCadence(interval_s=0.1, max_records=1000)
+    c.committed(5.0)
+    c.uncommitted = 4  # records read, but only into open windows
+    assert not c.due(5.05, caught_up=True)
+    c.outputs = 4  # a group was published
+    assert not c.due(5.02, caught_up=True)
+    assert c.due(5.03, caught_up=True)
+    assert not c.due(5.03, caught_up=False)  # a full poll: more input waits, commits stay an interval apart
+
+
+def test_poll_waits_only_until_the_next_commit_would_be_due():
     c = CommitCadence(interval_s=0.1, max_records=1000)
     c.committed(5.0)
     assert c.poll_timeout_ms(5.01) == POLL_MS  # nothing read since the commit
     c.uncommitted = 1
-    assert c.poll_timeout_ms(5.01) == 90  # a finished group waits for the commit, not for the poll
+    assert c.poll_timeout_ms(5.01) == 90  # offsets to commit: by the interval
+    c.outputs = 1
+    assert 15 <= c.poll_timeout_ms(5.01) <= 16  # outputs waiting: by a quarter of it (rounded up)
     assert c.poll_timeout_ms(5.2) == 0
 
 
-@given(interval=st.floats(0.001, 10), since=st.floats(0, 20), uncommitted=st.integers(0, 10))
-def test_a_poll_never_outlasts_a_due_commit(interval, since, uncommitted):
-    c = CommitCadence(interval_s=interval, max_records=1 << 30, last=100.0, uncommitted=uncommitted)
+@given(st.floats(0.001, 10), st.floats(0, 20), st.integers(0, 10), st.integers(0, 10))
+def test_a_poll_never_outlasts_the_commit_an_empty_poll_makes_due(interval, since, read, written):
+    c = CommitCadence(interval_s=interval, max_records=1 << 30, last=100.0, uncommitted=read, outputs=written)
     now = 100.0 + since
     timeout = c.poll_timeout_ms(now)
     assert 0 <= timeout <= POLL_MS
-    if uncommitted:
-        # the poll returns by the time the commit is due (rounded up to the next millisecond)
-        assert now + timeout / 1000 <= max(now, 100.0 + interval) + 0.001
+    if timeout < POLL_MS and timeout > 0:
+        assert not c.due(now, caught_up=True)
+    if read or written:
+        # an empty poll returns by the time the commit is due (rounded up to the next millisecond)
+        after = now + timeout / 1000 + 0.001
+        assert c.due(after, caught_up=True) or timeout == POLL_MS
