@@ -201,17 +201,22 @@ def acls_print_hint(principal: str | None, config: WorkerConfig) -> str:
     return "the ACLs it needs: " + " ".join(parts)
 
 
-def check_worker_access(conn: Connection, config: WorkerConfig) -> None:
-    """Raise AccessDenied, naming every missing permission, before the worker reads or writes anything."""
-    permissions = worker_permissions(
+def worker_permissions_of(config: WorkerConfig, *, create_topics: bool = False) -> list[Permission]:
+    """What a worker with this configuration needs (stream.acls.worker_permissions)."""
+    return worker_permissions(
         input_topic=config.topics.input,
         output_topic=config.topics.output,
         dead_letter_topic=config.topics.dead_letter,
         group_id=config.group_id,
         delivery=config.delivery,
         route_topic=config.zero_variance.topic,
-        create_topics=True,
+        create_topics=create_topics,
     )
+
+
+def check_worker_access(conn: Connection, config: WorkerConfig) -> None:
+    """Raise AccessDenied, naming every missing permission, before the worker reads or writes anything."""
+    permissions = worker_permissions_of(config, create_topics=True)
     prefix = transactional_id_prefix(config.group_id)
     missing = missing_permissions(
         conn, permissions, transactional_ids={prefix: transactional_id(config.group_id, config.instance_id)}
@@ -254,14 +259,7 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
         what = "an ACL on a topic"
         if config is not None:
             needs: dict[str, list[str]] = {}
-            for p in worker_permissions(
-                input_topic=config.topics.input,
-                output_topic=config.topics.output,
-                dead_letter_topic=config.topics.dead_letter,
-                group_id=config.group_id,
-                delivery=config.delivery,
-                route_topic=config.zero_variance.topic,
-            ):
+            for p in worker_permissions_of(config):
                 if p.resource == "topic":
                     needs.setdefault(p.name, []).append(p.op_name)
             named = [
