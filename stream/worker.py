@@ -27,7 +27,7 @@ from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, Published
 from core.rewards import load_reference_kernels
 from core.windows import WindowStore
-from stream.cadence import POLL_RECORDS, CommitCadence
+from stream.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.clients import Connection, make_consumer, make_producer
 from stream.config import WorkerConfig
 from stream.delivery import (
@@ -240,9 +240,10 @@ class Worker:
         if mono - self._last_expire >= 0.2:
             self._last_expire = mono
             # Paused, the high watermarks are stale and members may wait behind the pause: expire nothing.
-            partitions = set() if self.stats.paused else self._caught_up()
+            partitions = set() if self.stats.paused else self._partitions_read()
             self._handle(self.store.expire(now_ms, partitions))
-        if self.cadence.due(mono, caught_up=sum(map(len, batch.values())) < POLL_RECORDS):
+        returned = sum(map(len, batch.values()))
+        if self.cadence.due(mono, caught_up=caught_up(self._consumer, returned)):
             self._commit()
         self._back_pressure()
         if mono - self._last_broker_check >= 1.0:
@@ -312,7 +313,7 @@ class Worker:
         position = getattr(state, "position", None) if state is not None else None
         return getattr(position, "offset", -1) if position is not None else -1
 
-    def _caught_up(self) -> set[int]:
+    def _partitions_read(self) -> set[int]:
         """Partitions whose fetched backlog is read: only there may the wall clock expire a group."""
         return {p for p, (pos, high) in self._positions().items() if pos >= high}
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from stream.cadence import POLL_RECORDS, CommitCadence
+from stream.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.clients import Connection, make_consumer, make_producer
 from stream.rejoin import RejoinWatchdog
 
@@ -41,6 +41,7 @@ class Passthrough:
         session_timeout_s: float = 45.0,
         transactional_id: str | None = None,
         transaction_timeout_s: float = 60.0,
+        extra_work_us: float = 0.0,
     ) -> None:
         self.conn, self.group_id = conn, group_id
         self.input_topic, self.output_topic = input_topic, output_topic
@@ -49,6 +50,8 @@ class Passthrough:
         self.max_record_bytes, self.session_timeout_s = max_record_bytes, session_timeout_s
         self.transactional_id = transactional_id or f"bench-passthrough-{group_id}"
         self.transaction_timeout_s = transaction_timeout_s
+        # Calibration only: busy CPU work per record, to find how much the loop absorbs (headroom_bench.py).
+        self.extra_work_s = extra_work_us / 1e6
         self.records_in = 0
         self.bytes_in = 0
         self.commits = 0
@@ -94,6 +97,8 @@ class Passthrough:
                         if self.eos and not in_txn:
                             producer.begin_transaction()
                             in_txn = True
+                        if self.extra_work_s:
+                            _busy(self.extra_work_s)
                         producer.send(self.output_topic, key=rec.key, value=rec.value)
                         positions[tp.partition] = rec.offset + 1
                         self.records_in += 1
@@ -101,7 +106,8 @@ class Passthrough:
                         self.cadence.uncommitted += 1
                         self.cadence.outputs += 1
                 now = time.monotonic()
-                if self.cadence.due(now, caught_up=sum(map(len, batch.values())) < POLL_RECORDS):
+                returned = sum(map(len, batch.values()))
+                if self.cadence.due(now, caught_up=caught_up(consumer, returned)):
                     self.cadence.committed(now)
                     due = {p: o for p, o in positions.items() if o > self.committed.get(p, -1)}
                     in_txn = self._commit(producer, consumer, due, in_txn)
@@ -129,3 +135,10 @@ class Passthrough:
             self.committed.update(due)
             self.commits += 1
         return False
+
+
+def _busy(seconds: float) -> None:
+    """Hold the CPU (and the GIL, as the stage's own Python work does) for `seconds`."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass

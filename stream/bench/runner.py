@@ -19,9 +19,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from stream.allocator import reuse_freed_buffers
 from stream.bench.passthrough import Passthrough
 from stream.bench.procstat import cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes, thread_cpu_seconds
-from stream.allocator import reuse_freed_buffers
 from stream.clients import MAX_RECORD_BYTES, Connection
 
 __all__ = ["RunSpec", "main"]
@@ -45,6 +45,7 @@ class RunSpec:
     timeout_s: float = 300.0
     status_interval_s: float = 0.25
     security: dict[str, Any] | None = None  # SecuritySettings.to_values(); travels on the stdin pipe only
+    extra_work_us: float = 0.0  # passthrough only: CPU work added per record (benchmarks/headroom_bench.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -92,6 +93,7 @@ class _Target:
                 commit_interval_s=spec.commit_interval_s,
                 commit_max_records=spec.commit_max_records,
                 max_record_bytes=MAX_RECORD_BYTES,
+                extra_work_us=spec.extra_work_us,
             )
 
     def records_in(self) -> int:

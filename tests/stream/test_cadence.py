@@ -56,3 +56,37 @@ def test_a_poll_never_outlasts_the_commit_an_empty_poll_makes_due(interval, sinc
         # an empty poll returns by the time the commit is due (rounded up to the next millisecond)
         after = now + timeout / 1000 + 0.001
         assert c.due(after, caught_up=True) or timeout == POLL_MS
+
+
+def test_caught_up_needs_a_short_poll_and_less_than_a_poll_left(kafka_bootstrap, topic_factory):
+    """On a real consumer: what `backlog` reads from kafka-python's subscription state is the lag."""
+    import time
+
+    from kafka import TopicPartition
+
+    from stream.cadence import POLL_RECORDS, backlog, caught_up
+    from stream.clients import Connection, make_consumer, make_producer
+
+    conn = Connection(kafka_bootstrap)
+    topic = topic_factory(1)
+    producer = make_producer(conn)
+    for i in range(POLL_RECORDS + 200):
+        producer.send(topic, key=b"k", value=b"%d" % i)
+    producer.flush()
+    producer.close()
+    consumer = make_consumer(conn, group_id=None)
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        first = consumer.poll(timeout_ms=10_000, max_records=10)
+        assert sum(map(len, first.values())) == 10
+        deadline = time.monotonic() + 10
+        while consumer.highwater(TopicPartition(topic, 0)) is None and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=100, max_records=1)
+        assert backlog(consumer) >= POLL_RECORDS and not caught_up(consumer, returned=10)
+        returned = 0
+        while backlog(consumer) and time.monotonic() < deadline:
+            returned = sum(map(len, consumer.poll(timeout_ms=1000, max_records=POLL_RECORDS).values()))
+        assert backlog(consumer) == 0 and caught_up(consumer, returned=min(returned, POLL_RECORDS - 1))
+        assert not caught_up(consumer, returned=POLL_RECORDS)  # a full poll: more may be on its way
+    finally:
+        consumer.close()
