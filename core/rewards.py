@@ -29,7 +29,7 @@ from codec import Sample
 from core.config import RewardConfig
 
 __all__ = [
-    "load_reference_kernels",
+    "torch_free_normalization",
     "GroupRewards",
     "RewardSelectionError",
     "RolloutKey",
@@ -183,7 +183,7 @@ def normalize_group(
         shared.append(first)
 
     # Over rollouts: torch-free where that is provably bit-identical, else the reference's torch ops.
-    fast = _fast_path_enabled() and not _flushes_subnormals()
+    fast = torch_free_normalization() and not _flushes_subnormals()
     statistics = _fast_statistics(shared, cfg) if fast else None
     values, mean, std, zero_variance = statistics or _torch_statistics(shared, cfg)
     if values is None:
@@ -410,17 +410,13 @@ def _torch_matches_emulation() -> bool:
 _FAST_STATISTICS: bool | None = None  # decided by `_torch_matches_emulation()` on first use
 
 
-def _fast_path_enabled() -> bool:
+def torch_free_normalization() -> bool:
+    """Whether `normalize_group` may use its torch-free path. The first call imports torch and runs the
+    self-check (the stream worker calls it at start, so that cost is not paid in the first group)."""
     global _FAST_STATISTICS
     if _FAST_STATISTICS is None:
         _FAST_STATISTICS = _torch_matches_emulation()
     return _FAST_STATISTICS
-
-
-def load_reference_kernels() -> bool:
-    """Import torch and run the fast path's self-check now rather than in the first group; returns whether
-    the torch-free path is in use. The stream worker calls this at start."""
-    return _fast_path_enabled()
 
 
 def prompt_groups(

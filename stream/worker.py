@@ -25,7 +25,7 @@ from codec import DecodeError, changelog_key, decode_sample, encode_changelog
 from codec.changelog import POSITION_KEY, PartitionPosition
 from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, Published
-from core.rewards import load_reference_kernels
+from core.rewards import torch_free_normalization
 from core.windows import WindowStore
 from stream.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.clients import Connection, make_consumer, make_producer
@@ -117,7 +117,7 @@ class Worker:
         self.clock = clock
         self.stats = WorkerStats()
         self.store = WindowStore(config.windows)
-        self.torch_free_normalization = load_reference_kernels()  # torch now, not in the first group
+        self.torch_free_normalization = torch_free_normalization()  # torch now, not in the first group
         self.ledger = OffsetLedger()
         self.eos = config.delivery == "exactly-once"
         self.changelog_topic = changelog_topic_name(config.group_id, config.topics.input)

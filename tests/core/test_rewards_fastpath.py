@@ -376,7 +376,7 @@ def test_random_groups_in_bulk() -> None:
 
 def test_torch_build_matches_the_emulation() -> None:
     """The import-time probes passed here; a torch whose kernels differ would silently lose the speed-up."""
-    assert rewards_module.load_reference_kernels() and rewards_module._FAST_STATISTICS
+    assert rewards_module.torch_free_normalization() and rewards_module._FAST_STATISTICS
 
 
 @pytest.mark.parametrize("shared", [
@@ -394,7 +394,7 @@ def test_typical_groups_need_no_torch(shared: list[Any], monkeypatch: pytest.Mon
     def forbidden(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("torch was called for a typical group")
 
-    rewards_module.load_reference_kernels()
+    rewards_module.torch_free_normalization()
     monkeypatch.setattr(rewards_module, "torch", type("NoTorch", (), {"__getattr__": forbidden})())
     assert [identity(normalize_group(rollouts(shared), cfg)) for cfg in ALL_CONFIGS] == expected
 
