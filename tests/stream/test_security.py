@@ -206,11 +206,16 @@ def new_topics(cluster: Cluster, group_id: str, partitions: int = 3) -> TopicNam
     return topics
 
 
+# The commands here talk to this module's own brokers: a session broker named in the environment
+# (`--bootstrap-servers`' variable) must not reach them.
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+
+
 def cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 90
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [EXE, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        [EXE, *args], capture_output=True, text=True, timeout=timeout, env={**CHILD_ENV, **(env or {})}
     )
 
 
@@ -379,7 +384,7 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
     args = [*user_flags(cluster, worker), *worker_args(topics, group_id), "--log-level", "debug",
             "--metrics-port", str(metrics_port)]  # fmt: skip
     with open(log, "wb") as out:
-        proc = subprocess.Popen([EXE, "run", *args], stdout=out, stderr=out)
+        proc = subprocess.Popen([EXE, "run", *args], stdout=out, stderr=out, env=CHILD_ENV)
     try:
         reader = TrainDataReader(
             as_user(cluster, trainer),
@@ -512,7 +517,7 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
     log = tmp_path / "worker.log"
     args = [EXE, "run", *user_flags(cluster, user), *worker_args(topics, group_id)]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=out)
+        proc = subprocess.Popen(args, stdout=out, stderr=out, env=CHILD_ENV)
     try:
         assert len(committed_values(cluster.admin, topics.output, timeout=60, want=first)) == first
 
@@ -543,7 +548,7 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
     # granted again, a restarted worker publishes the second batch: nothing was lost
     apply_permissions(cluster.admin, user.principal, [write_output])
     with open(log, "ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=out)
+        proc = subprocess.Popen(args, stdout=out, stderr=out, env=CHILD_ENV)
     try:
         assert (
             len(committed_values(cluster.admin, topics.output, timeout=60, want=first + second))
