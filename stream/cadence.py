@@ -6,7 +6,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CommitCadence", "POLL_MS", "POLL_RECORDS", "CAUGHT_UP_FRACTION", "caught_up", "backlog"]
+from stream.consumer_state import backlog
+
+__all__ = ["CommitCadence", "POLL_MS", "POLL_RECORDS", "CAUGHT_UP_FRACTION", "caught_up"]
 
 POLL_MS = 100
 """The longest a poll waits for records."""
@@ -58,17 +60,6 @@ class CommitCadence:
         else:
             return POLL_MS
         return 0 if wait_s <= 0 else min(POLL_MS, math.ceil(wait_s * 1000))
-
-
-def backlog(consumer: Any) -> int:
-    """Records the consumer knows of and has not returned yet: over its unpaused partitions, last known high
-    watermark − position (its subscription state, as the worker's lag gauge: no network call)."""
-    behind = 0
-    for state in list(consumer._subscription.assignment.values()):
-        if state.paused or state.position is None or state.highwater is None:
-            continue
-        behind += max(0, state.highwater - state.position.offset)
-    return behind
 
 
 def caught_up(consumer: Any, returned: int) -> bool:

@@ -29,6 +29,7 @@ from core.rewards import torch_free_normalization
 from core.windows import WindowStore
 from stream.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.clients import Connection, make_consumer, make_producer
+from stream.consumer_state import fetch_position
 from stream.config import WorkerConfig
 from stream.delivery import (
     AtLeastOnce,
@@ -303,15 +304,8 @@ class Worker:
             tp = TopicPartition(self.config.topics.input, p)
             high = self._consumer.highwater(tp)
             if high is not None:
-                out[p] = (max(tracker.next_offset, self._fetch_position(tp)), high)
+                out[p] = (max(tracker.next_offset, fetch_position(self._consumer, tp)), high)
         return out
-
-    def _fetch_position(self, tp: TopicPartition) -> int:
-        """The consumer's fetch position, which (unlike the last record's offset + 1) also moves past
-        transaction markers. Read from its subscription state: no network call, safe from any thread."""
-        state = self._consumer._subscription.assignment.get(tp)
-        position = getattr(state, "position", None) if state is not None else None
-        return getattr(position, "offset", -1) if position is not None else -1
 
     def _partitions_read(self) -> set[int]:
         """Partitions whose fetched backlog is read: only there may the wall clock expire a group."""

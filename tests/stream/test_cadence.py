@@ -64,8 +64,9 @@ def test_caught_up_needs_a_short_poll_and_less_than_a_poll_left(kafka_bootstrap,
 
     from kafka import TopicPartition
 
-    from stream.cadence import POLL_RECORDS, backlog, caught_up
+    from stream.cadence import POLL_RECORDS, caught_up
     from stream.clients import Connection, make_consumer, make_producer
+    from stream.consumer_state import backlog
 
     conn = Connection(kafka_bootstrap)
     topic = topic_factory(1)
