@@ -53,6 +53,7 @@ from core.assembly import (
 )
 from core.collate import Collated, collate
 from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_consumer
+from stream.consumer_state import unpark_resumed
 from stream.logs import log_event
 from stream.security import SecuritySettings
 
@@ -248,6 +249,7 @@ class _Prefetcher(threading.Thread):
         merger = GroupMerger(partitions, r.partition_idle_ms)
         paused: set[int] = set()
         while not self.stop.is_set():
+            unpark_resumed(c)  # kafka-python keeps a resumed partition's parked records otherwise
             polled = c.poll(timeout_ms=100)
             for tp, records in polled.items():
                 mark = resume.get(tp.partition)

@@ -29,7 +29,7 @@ from core.rewards import torch_free_normalization
 from core.windows import WindowStore
 from stream.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.clients import Connection, make_consumer, make_producer
-from stream.consumer_state import fetch_position
+from stream.consumer_state import fetch_position, unpark_resumed
 from stream.config import WorkerConfig
 from stream.delivery import (
     AtLeastOnce,
@@ -221,6 +221,7 @@ class Worker:
 
     def _step(self) -> None:
         wait_ms = self.cadence.poll_timeout_ms(time.monotonic())
+        unpark_resumed(self._consumer)  # back-pressure pauses partitions (stream.consumer_state)
         batch = self._consumer.poll(timeout_ms=wait_ms, max_records=POLL_RECORDS)
         self.last_tick = started = time.monotonic()
         self._assignment_watchdog(started)

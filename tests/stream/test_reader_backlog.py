@@ -1,0 +1,120 @@
+"""A trainer restarted onto a backlog reads all of it: the reader's back-pressure (pause/resume) never leaves
+a partition with unread records unfetched (issue: 304 of 498 groups, then silence)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+from kafka import TopicPartition
+
+from codec import TrainSample
+from stream.clients import Connection, make_consumer, make_producer
+from stream.consumer_state import unpark_resumed
+from stream.reader import TrainDataReader
+from tests.stream.test_reader import publish, train_sample
+
+GROUPS = 512  # whole batches for every groups_per_batch tested: a partial batch waits for more data
+PARTITIONS = 3
+SAMPLES = 6  # 3 rollouts of 2 siblings
+
+
+def backlog_groups(groups: int = GROUPS) -> list[list[TrainSample]]:
+    return [[train_sample(g, g * 100 + r, sib=s, nsib=2, rollouts=3, samples=SAMPLES, reward=float(r))
+             for r in range(3) for s in range(2)] for g in range(groups)]
+
+
+def fill(bootstrap: str, topic: str, groups: list[list[TrainSample]]) -> None:
+    """Keyed by group, so the groups spread over the partitions, as the stage publishes them."""
+    publish(bootstrap, topic, [s for group in groups for s in group])
+
+
+@pytest.fixture(scope="module")
+def backlog_topic(kafka_bootstrap: str, kafka_admin) -> str:
+    import uuid
+
+    name = f"reader-backlog-{uuid.uuid4().hex[:12]}"
+    kafka_admin.create_topics({name: {"num_partitions": PARTITIONS, "replication_factor": 1}},
+                              timeout_ms=15000, wait_for_metadata=True)
+    fill(kafka_bootstrap, name, backlog_groups())
+    return name
+
+
+@pytest.mark.kafka(timeout=180)
+@pytest.mark.parametrize("groups_per_batch", [1, 8, 64])
+def test_a_fresh_reader_with_default_settings_reads_every_group_of_a_backlog(
+        kafka_bootstrap, backlog_topic, unique_group_id, groups_per_batch):
+    seen: dict[str, int] = defaultdict(int)
+    longest_wait = 0.0
+    with TrainDataReader(kafka_bootstrap, backlog_topic, unique_group_id, groups_per_batch=groups_per_batch,
+                         start="earliest") as reader:
+        while len(seen) < GROUPS:
+            started = time.monotonic()
+            # Every batch of a backlog is there to read: a wait of 20 s is a stall, not a slow broker.
+            batch = reader.next_batch(timeout=20)
+            longest_wait = max(longest_wait, time.monotonic() - started)
+            assert batch is not None, (f"stalled after {len(seen)} of {GROUPS} groups "
+                                       f"(groups_per_batch={groups_per_batch})")
+            for info in batch.groups:
+                seen[info.key] += 1
+    assert len(seen) == GROUPS and set(seen.values()) == {1}
+    assert reader.stats.duplicate_records == reader.stats.decode_errors == 0
+    assert longest_wait < 20
+
+
+@pytest.mark.kafka(timeout=120)
+def test_paused_partitions_never_starve_a_partition_with_unread_records(kafka_bootstrap, topic_factory):
+    """The reader's (and the worker's) back-pressure on a bare consumer: partitions far ahead are paused, and
+    resumed once the others catch up. Every unpaused partition behind its end keeps making progress."""
+    topic = topic_factory(PARTITIONS)
+    producer = make_producer(Connection(kafka_bootstrap), linger_ms=5)
+    for i in range(3000):
+        producer.send(topic, key=None, value=b"x" * 200, partition=i % PARTITIONS)
+    producer.flush()
+    producer.close()
+    consumer = make_consumer(Connection(kafka_bootstrap), group_id=None, max_poll_records=50)
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    ends = consumer.end_offsets(tps)
+    read = dict.fromkeys(range(PARTITIONS), 0)
+    progress_at = dict.fromkeys(range(PARTITIONS), time.monotonic())
+    paused: set[int] = set()
+    try:
+        while any(read[p] < ends[tps[p]] for p in read):
+            unpark_resumed(consumer)
+            for tp, records in consumer.poll(timeout_ms=100).items():
+                if records:
+                    read[tp.partition] += len(records)
+                    progress_at[tp.partition] = time.monotonic()
+            low = min(read.values())
+            for p, tp in enumerate(tps):  # the reader's rule: far ahead of the slowest → pause
+                if p not in paused and read[p] - low > 120:
+                    consumer.pause(tp)
+                    paused.add(p)
+                elif p in paused and read[p] - low <= 40:
+                    consumer.resume(tp)
+                    paused.discard(p)
+                    progress_at[p] = time.monotonic()
+            now = time.monotonic()
+            for p in read:
+                if p not in paused and read[p] < ends[tps[p]]:
+                    assert now - progress_at[p] < 10, (
+                        f"partition {p} is not paused, has {ends[tps[p]] - read[p]} unread records and "
+                        f"has not moved for 10 s (read {read})")
+    finally:
+        consumer.close()
+    assert read == {p: ends[tps[p]] for p in read}
+
+
+@pytest.mark.kafka(timeout=180)
+def test_tail_from_beginning_shows_every_group_of_a_backlog(kafka_bootstrap, backlog_topic):
+    from typer.testing import CliRunner
+
+    from stream.cli import app
+
+    result = CliRunner().invoke(app, ["tail", "--bootstrap-servers", kafka_bootstrap, "--output-topic",
+                                      backlog_topic, "--from-beginning", "--groups", str(GROUPS)])
+    assert result.exit_code == 0, result.output
+    assert f"{GROUPS} group(s) shown" in result.output
