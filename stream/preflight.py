@@ -25,7 +25,7 @@ from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from stream.clients import BrokerUnreachable, Connection
-from stream.security import SecuritySettings, redact
+from stream.security import SecuritySettings
 
 __all__ = [
     "AuthenticationRefused",
@@ -78,8 +78,6 @@ def check_connection(conn: Connection, timeout_s: float = 10.0) -> None:
         try:
             _Session(sock, host, server, security, timeout_s).run()
             return
-        except ConnectionCheckFailed as exc:
-            raise type(exc)(redact(str(exc), security.secrets())) from None
         finally:
             sock.close()
     raise BrokerUnreachable(f"cannot reach Kafka at {conn.bootstrap_servers} ({'; '.join(unreachable)})")

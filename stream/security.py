@@ -27,7 +27,6 @@ __all__ = [
     "SecurityConfigError",
     "SecurityProtocol",
     "SecuritySettings",
-    "redact",
 ]
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -225,10 +224,6 @@ class SecuritySettings:
             return "User:ANONYMOUS"
         return None
 
-    def secrets(self) -> list[str]:
-        """The secret values (for `redact`); never print this."""
-        return [s.get_secret_value() for s in (self.sasl_password, self.ssl_key_password) if s]
-
     def describe(self) -> dict[str, Any]:
         """The settings as logged: paths and names, every secret replaced by **********."""
         out: dict[str, Any] = {"security_protocol": self.protocol}
@@ -393,10 +388,3 @@ def _quiet_wire_logs() -> None:
         if logger.getEffectiveLevel() < logging.INFO:
             logger.setLevel(logging.INFO)
 
-
-def redact(text: str, secrets: list[str]) -> str:
-    """`text` with every occurrence of a secret replaced by **********."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, MASK)
-    return text

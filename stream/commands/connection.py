@@ -31,7 +31,6 @@ from stream.security import (
     SecretStr,
     SecurityConfigError,
     SecuritySettings,
-    redact,
 )
 
 __all__ = [
@@ -189,9 +188,9 @@ def connection_from_options(
         try:
             check_connection(conn)
         except BrokerUnreachable as exc:
-            fail(f"{redact(str(exc), security.secrets())}; is the broker running?", 1)
+            fail(f"{exc}; is the broker running?", 1)
         except ConnectionCheckFailed as exc:
-            fail(redact(str(exc), security.secrets()), 2)
+            fail(str(exc), 2)
     return conn
 
 

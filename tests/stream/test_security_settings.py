@@ -28,7 +28,6 @@ from stream.security import (
     SecretStr,
     SecurityConfigError,
     SecuritySettings,
-    redact,
 )
 
 PASSWORD = "pa55-w0rd-that-must-not-leak"
@@ -73,7 +72,6 @@ def test_secret_values_are_masked_everywhere_they_could_be_printed(pki):
     assert settings.describe()["sasl_password"] == MASK
     assert conn.client_settings()["sasl_plain_password"] == PASSWORD  # what kafka-python gets is the real one
     assert settings.sasl_password.get_secret_value() == PASSWORD
-    assert redact(f"x {PASSWORD} y", settings.secrets()) == f"x {MASK} y"
 
 
 def test_a_plain_str_password_is_refused():
