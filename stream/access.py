@@ -26,7 +26,8 @@ from kafka.errors import (
     TransactionalIdNotFoundError,
 )
 
-from stream.acls import Permission, transactional_id, transactional_id_prefix, worker_permissions
+from stream.acls import Permission, worker_permissions
+from stream.names import transactional_id, transactional_id_prefix
 from stream.clients import Connection, make_admin
 from stream.config import WorkerConfig
 
@@ -218,7 +219,7 @@ def check_worker_access(conn: Connection, config: WorkerConfig) -> None:
     permissions = worker_permissions_of(config, create_topics=True)
     prefix = transactional_id_prefix(config.group_id)
     missing = missing_permissions(
-        conn, permissions, transactional_ids={prefix: transactional_id(config.group_id, config.instance_id)}
+        conn, permissions, transactional_ids={prefix: transactional_id(config.group_id, config.instance_id or "")}
     )
     if missing:
         principal = conn.security.principal
@@ -272,7 +273,7 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
         what = f"READ on group {config.group_id!r}" if config else "READ on the consumer group"
     elif kind == "the transactional id":
         what = (
-            f"WRITE on transactional id {transactional_id(config.group_id, config.instance_id)!r}"
+            f"WRITE on transactional id {transactional_id(config.group_id, config.instance_id or '')!r}"
             if config
             else "WRITE on the transactional id"
         )

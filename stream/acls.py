@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from stream.names import changelog_topic_name, transactional_id_prefix
 from kafka.admin import (
     ACL,
     ACLOperation,
@@ -34,12 +35,9 @@ from kafka.admin import (
 __all__ = [
     "Permission",
     "Role",
-    "changelog_topic",
     "producer_permissions",
     "reader_permissions",
     "render_kafka_acls",
-    "transactional_id",
-    "transactional_id_prefix",
     "worker_permissions",
 ]
 
@@ -92,24 +90,6 @@ class Permission:
         )
 
 
-# -- names the worker derives (stream/worker.py builds the same ones) ---------------------------------------
-def changelog_topic(group_id: str, input_topic: str) -> str:
-    from stream.worker import changelog_topic_name
-
-    return changelog_topic_name(group_id, input_topic)
-
-
-def transactional_id_prefix(group_id: str) -> str:
-    """Every instance of a worker group uses `rollout-stream-<group>-<instance>` as its transactional id."""
-    return f"rollout-stream-{group_id}-"
-
-
-def transactional_id(group_id: str, instance_id: str | None) -> str:
-    import socket
-
-    return f"{transactional_id_prefix(group_id)}{instance_id or socket.gethostname()}"
-
-
 # -- the lists -----------------------------------------------------------------------------------------------
 def worker_permissions(
     *,
@@ -133,7 +113,7 @@ def worker_permissions(
         out.append(Permission("topic", route_topic, "Write", "publish routed zero-variance groups"))
     data_topics = [input_topic, output_topic, dead_letter_topic, *([route_topic] if route_topic else [])]
     if delivery == "exactly-once":
-        changelog = changelog_topic(group_id, input_topic)
+        changelog = changelog_topic_name(group_id, input_topic)
         out += [
             Permission("topic", changelog, "Read", "restore window state after an assignment"),
             Permission("topic", changelog, "Write", "record window state in the same transaction"),

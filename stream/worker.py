@@ -9,8 +9,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import re
-import socket
 import threading
 import time
 from collections import Counter
@@ -39,7 +37,9 @@ from stream.delivery import (
     ProduceFailed,
     partition_of,
 )
+from stream.instance import InstanceClaim, claim_instance
 from stream.logs import log_event
+from stream.names import changelog_topic_name, transactional_id
 from stream.outputs import OutputRecord, dead_letter_records, train_records
 from stream.rejoin import RejoinWatchdog
 from stream.restore import closed_entry, read_changelog, read_range
@@ -54,11 +54,6 @@ UNASSIGNED_REJOIN_S = 30.0
 
 PAUSE_STALL_S = 1.0
 """A pause at the open-group cap during which no window closed ends in an overrun (see _back_pressure)."""
-
-
-def changelog_topic_name(group_id: str, input_topic: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", group_id)
-    return f"{safe}-{input_topic}-windows-changelog"[:249]
 
 
 @dataclass
@@ -112,8 +107,10 @@ class _Rebalance(AsyncConsumerRebalanceListener):
 class Worker:
     """Consumes rollout samples, windows them by prompt group, publishes or dead-letters whole groups."""
 
-    def __init__(self, config: WorkerConfig, conn: Connection, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: WorkerConfig, conn: Connection, *, clock: Callable[[], float] = time.time,
+                 claim: InstanceClaim | None = None) -> None:
         self.config = config
+        self.claim = claim  # this worker's instance id, held while it runs (stream/instance.py)
         self.conn = conn
         self.clock = clock
         self.stats = WorkerStats()
@@ -164,6 +161,18 @@ class Worker:
 
     def run(self) -> None:
         """Process until stop is requested; then commit what is resolved and leave the group."""
+        if self.claim is None:
+            self.claim = claim_instance(self.conn.bootstrap_servers, self.config.group_id, self.config.instance_id)
+        try:
+            self._run()
+        finally:
+            self.claim.release()
+
+    @property
+    def instance_id(self) -> str | None:
+        return self.claim.instance_id if self.claim is not None else self.config.instance_id
+
+    def _run(self) -> None:
         cfg = self.config
         self._consumer = make_consumer(self.conn, group_id=cfg.group_id, max_record_bytes=cfg.max_record_bytes,
                                        session_timeout_ms=int(cfg.session_timeout_s * 1000),
@@ -174,10 +183,9 @@ class Worker:
             return
         if self.eos:
             ensure_changelog(self.conn, self.changelog_topic, partitions)
-            instance = cfg.instance_id or socket.gethostname()
             producer = make_producer(
                 self.conn, max_record_bytes=cfg.max_record_bytes,
-                transactional_id=f"rollout-stream-{cfg.group_id}-{instance}",
+                transactional_id=transactional_id(cfg.group_id, self.instance_id),
                 transaction_timeout_ms=int(cfg.transaction_timeout_s * 1000),
             )
             self._delivery = ExactlyOnce(producer, self._consumer, cfg.topics.input, self.ledger, self.changelog_topic)
@@ -186,7 +194,8 @@ class Worker:
             self._delivery = AtLeastOnce(producer, self._consumer, cfg.topics.input, self.ledger)
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
         self._rejoin = RejoinWatchdog(self._consumer, cfg.topics.input, UNASSIGNED_REJOIN_S, _Rebalance(self))
-        log_event(log, "worker.started", **{k: v for k, v in cfg.effective().items() if k != "topics"},
+        log_event(log, "worker.started", **{k: v for k, v in cfg.effective().items() if k not in ("topics", "instance_id")},
+                  instance_id=self.instance_id,
                   input_topic=cfg.topics.input, output_topic=cfg.topics.output,
                   dead_letter_topic=cfg.topics.dead_letter, bootstrap=self.conn.bootstrap_servers,
                   security=str(self.conn.security),  # masked: no password or key material

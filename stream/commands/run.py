@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import signal
+from dataclasses import replace
 from typing import Annotated
 
 import typer
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, ProducerFencedError
 
 from stream.access import AccessDenied, check_worker_access, explain_denial
 from stream.allocator import reuse_freed_buffers
@@ -26,7 +27,9 @@ from stream.commands.options import (
     grouped_options,
 )
 from stream.config import ConfigError, TopicNames, WorkerConfig, parse_zero_variance
+from stream.instance import InstanceInUse, claim_instance
 from stream.logs import configure_logging, log_event
+from stream.names import transactional_id
 from stream.topics import TopicMismatch, TopicSettings, ensure_topics
 from stream.worker import ProduceFailed, Worker
 
@@ -85,8 +88,9 @@ def run(
                                           "at-least-once (duplicates possible after a crash).")] = "exactly-once",
     instance_id: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_INSTANCE_ID",
                                                     help="Stable name of this worker instance; its transactional "
-                                                    "id. Give each concurrent worker its own (default: host "
-                                                    "name); reuse it on restart.", show_default=False)] = None,
+                                                    "id. Default: the first free <host>-N on this host (a "
+                                                    "restarted worker gets its own back). A second live worker "
+                                                    "with the same id is refused.", show_default=False)] = None,
     commit_max_records: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_COMMIT_MAX_RECORDS",
                                                     help="Also commit after this many input records.")] = 5000,
     max_open_groups: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_MAX_OPEN_GROUPS",
@@ -155,6 +159,11 @@ def run(
     signal.signal(signal.SIGTERM, _early_stop)
     signal.signal(signal.SIGINT, _early_stop)
     conn = connection_from_options(config.bootstrap_servers, security)
+    try:  # before anything else: a second live worker with this id would fence this one's transactions
+        claim = claim_instance(conn.bootstrap_servers, config.group_id, config.instance_id)
+    except InstanceInUse as exc:
+        fail(str(exc), 2)
+    config = replace(config, instance_id=claim.instance_id)
     if conn.security.protocol != "PLAINTEXT":
         try:  # every missing ACL named now, before anything is read or written
             check_worker_access(conn, config)
@@ -175,7 +184,7 @@ def run(
     if created:
         log_event(log, "topics.created", topics=",".join(created))
     reuse_freed_buffers()
-    worker = Worker(config, conn)
+    worker = Worker(config, conn, claim=claim)
     metrics_server = None
     if config.metrics_port is not None:
         from stream.metrics import serve_metrics
@@ -200,6 +209,10 @@ def run(
         fail(str(exc), 2)
     except ProduceFailed as exc:
         fail(f"stopping without committing past an unpublished record: {exc}", 1)
+    except ProducerFencedError:
+        fail(f"another worker took over instance id {config.instance_id!r} of group {config.group_id!r} (its "
+             f"transactional id {transactional_id(config.group_id, config.instance_id or '')!r}): two live "
+             "workers must not share an id; give each its own --instance-id, or omit it on one host", 1)
     except KafkaError as exc:
         if denial := explain_denial(exc, conn, config):  # an ACL missing or revoked while running
             fail(denial, 2)

@@ -19,7 +19,7 @@ from stream.commands.options import (
     grouped_options,
 )
 from stream.topics import TopicMismatch, TopicSettings, ensure_changelog, ensure_topics
-from stream.worker import changelog_topic_name
+from stream.names import changelog_topic_name
 
 topics_app = typer.Typer(cls=CommandGroup, help="Manage the stage's Kafka topics.", no_args_is_help=True)
 

@@ -31,12 +31,12 @@ from kafka.admin import UserScramCredentialUpsertion
 from stream.access import apply_permissions
 from stream.acls import (
     Permission,
-    changelog_topic,
     producer_permissions,
     reader_permissions,
     worker_permissions,
 )
 from stream.broker.errors import BrokerError, PortInUse
+from stream.names import changelog_topic_name
 from stream.broker.local import LocalBroker
 from stream.broker.pki import issue, new_ca
 from stream.broker.process import free_port
@@ -202,7 +202,7 @@ def new_topics(cluster: Cluster, group_id: str, partitions: int = 3) -> TopicNam
         dead_letter_topics=[topics.dead_letter],
         settings=TopicSettings(partitions=partitions),
     )
-    ensure_changelog(cluster.admin, changelog_topic(group_id, topics.input), partitions)
+    ensure_changelog(cluster.admin, changelog_topic_name(group_id, topics.input), partitions)
     return topics
 
 
@@ -322,7 +322,7 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
     )
     outputs += [created.stdout, created.stderr]
     assert created.returncode == 0, created.stderr
-    assert f"{changelog_topic(group_id, topics.input)}: created" in created.stdout
+    assert f"{changelog_topic_name(group_id, topics.input)}: created" in created.stdout
 
     worker, producer, trainer = (new_user(cluster, tmp_path, p) for p in ("worker", "producer", "trainer"))
     granted = cli(
@@ -442,7 +442,7 @@ def _without(
         "input": topics.input,
         "output": topics.output,
         "dead_letter": topics.dead_letter,
-        "changelog": changelog_topic(group_id, topics.input),
+        "changelog": changelog_topic_name(group_id, topics.input),
         "group": group_id,
         "txn": f"rollout-stream-{group_id}-",
     }[name_of]
