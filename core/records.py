@@ -64,6 +64,9 @@ class DeadLettered:
     group_key: str | None
     records: tuple[InputRecord, ...]
     first_failed_at_ms: int = 0
+    # A later member of a group already dead-lettered for this reason: one more record of that group, not
+    # another rejected group (metrics count the group once; the log says it at debug level).
+    straggler: bool = False
 
 
 @dataclass(frozen=True, slots=True)

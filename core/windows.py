@@ -305,7 +305,7 @@ class WindowStore:
             if closed.reason is not None and closed.reason is not R.INCOMPLETE_GROUP \
                     and record.timestamp_ms <= closed.deadline_ms:
                 return [DeadLettered(closed.reason, f"group already dead-lettered: {closed.message}", gkey,
-                                     (record,), now_ms)]
+                                     (record,), now_ms, straggler=True)]
             return [DeadLettered(R.INVALID_SAMPLE, problem, gkey, (record,), now_ms)]
         # The group's first record is already invalid: reject the group so its later members carry this reason.
         deadline = record.timestamp_ms + self.config.group_timeout_ms
@@ -324,7 +324,8 @@ class WindowStore:
                 R.LATE_MEMBER, f"group {gkey} was already dead-lettered as {closed.reason.value}", gkey, (record,), now_ms
             )
         # One reason per rejected group: later members carry the group's reason until its deadline.
-        return DeadLettered(closed.reason, f"group already dead-lettered: {closed.message}", gkey, (record,), now_ms)
+        return DeadLettered(closed.reason, f"group already dead-lettered: {closed.message}", gkey, (record,), now_ms,
+                            straggler=True)
 
     def _close_incomplete(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         records = tuple(window.records())

@@ -359,11 +359,15 @@ class Worker:
     def _dead_letter(self, failure: DeadLettered) -> None:
         reason = failure.reason.value
         self.stats.dead_lettered[reason] += len(failure.records)
-        self.stats.dead_letter_groups[reason] += 1
         first = failure.records[0]
-        log_event(log, "dead_letter", logging.WARNING, reason=reason, group=failure.group_key,
-                  records=len(failure.records), partition=first.partition, offset=first.offset,
-                  message=failure.message[:500])
+        if failure.straggler:  # its group was counted and logged when it was rejected
+            log_event(log, "dead_letter.straggler", logging.DEBUG, reason=reason, group=failure.group_key,
+                      partition=first.partition, offset=first.offset)
+        else:
+            self.stats.dead_letter_groups[reason] += 1
+            log_event(log, "dead_letter", logging.WARNING, reason=reason, group=failure.group_key,
+                      records=len(failure.records), partition=first.partition, offset=first.offset,
+                      message=failure.message[:500])
         for out in dead_letter_records(failure, self.config.topics.dead_letter):
             self._send(out)
 

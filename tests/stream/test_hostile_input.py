@@ -44,8 +44,8 @@ class _Recent(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         fields = getattr(record, "fields", {})
-        if record.getMessage() not in ("dead_letter", "duplicate.dropped"):
-            self.lines.append(f"{record.getMessage()} {fields}")
+        if getattr(record, "event", record.getMessage()) not in ("dead_letter", "dead_letter.straggler", "duplicate.dropped"):
+            self.lines.append(f"{getattr(record, 'event', record.getMessage())} {fields}")
 
 
 @dataclass

@@ -157,3 +157,32 @@ def test_healthz_reports_a_stalled_loop(kafka_bootstrap):
         assert status == 503 and "stalled" in text
     finally:
         server.stop()
+
+
+def test_a_rejected_group_is_counted_once_however_many_stragglers_follow(kafka_bootstrap, caplog):
+    """Three groups of four rollouts: rollout 0 sent twice with different rewards (conflicting_duplicate) before
+    the rest arrive. Every record is dead-lettered; each group is one rejected group and one warning."""
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="stragglers")
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2, group_timeout_s=60.0)
+    worker = Worker(config, Connection(kafka_bootstrap))
+    server = serve_metrics(worker, free_port(), host="127.0.0.1")
+    caplog.set_level("INFO", logger="rollout_stream")
+    try:
+        with running(worker) as w:
+            wait_until(lambda: w.ready, 30, "partitions assigned")
+            with RolloutProducer(kafka_bootstrap, topic=topics.input) as producer:
+                for gi in range(3):
+                    producer.send(sample(gi, 0, 1.0, size=4))
+                    producer.send(sample(gi, 0, 0.5, size=4))  # same rollout and sibling, other content
+                    for rid in (1, 2, 3):
+                        producer.send(sample(gi, rid, 0.0, size=4))  # stragglers of a rejected group
+            wait_until(lambda: w.stats.records_in == 15 and w.stats.commits > 0, 30, "records processed")
+            wait_until(lambda: value(scrape(server.port), "rollout_stream_commits_total") >= 1, 10, "a scrape")
+            m = scrape(server.port)
+    finally:
+        server.stop()
+    assert value(m, "rollout_stream_dead_letters_total", reason="conflicting_duplicate") == 15
+    assert value(m, "rollout_stream_dead_letter_groups_total", reason="conflicting_duplicate") == 3
+    warnings = [r for r in caplog.records if getattr(r, "event", "") == "dead_letter"]
+    assert len(warnings) == 3 and {r.fields["group"] for r in warnings} == {"m/0", "m/1", "m/2"}
