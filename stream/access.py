@@ -214,9 +214,9 @@ def worker_permissions_of(config: WorkerConfig, *, create_topics: bool = False) 
     )
 
 
-def check_worker_access(conn: Connection, config: WorkerConfig) -> None:
+def check_worker_access(conn: Connection, config: WorkerConfig, *, create_topics: bool = True) -> None:
     """Raise AccessDenied, naming every missing permission, before the worker reads or writes anything."""
-    permissions = worker_permissions_of(config, create_topics=True)
+    permissions = worker_permissions_of(config, create_topics=create_topics)
     prefix = transactional_id_prefix(config.group_id)
     missing = missing_permissions(
         conn, permissions, transactional_ids={prefix: transactional_id(config.group_id, config.instance_id or "")}

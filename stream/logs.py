@@ -18,20 +18,39 @@ class _Formatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = getattr(record, "fields", {})
+        event = getattr(record, "event", None) or record.getMessage()
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
         if self.json:
-            return json.dumps({"ts": ts, "level": record.levelname.lower(), "event": record.getMessage(), **fields},
+            return json.dumps({"ts": ts, "level": record.levelname.lower(), "event": event, **fields},
                               default=str)
-        parts = [ts, record.levelname.lower().ljust(5), f"event={record.getMessage()}"]
-        for k, v in fields.items():
-            text = str(v)
-            if not text or any(c in text for c in ' ="'):
-                text = json.dumps(text)
-            parts.append(f"{k}={text}")
+        parts = [ts, record.levelname.lower().ljust(5), f"event={event}", *_pairs(fields)]
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+def _pairs(fields: dict[str, Any]) -> list[str]:
+    out = []
+    for k, v in fields.items():
+        text = str(v)
+        if not text or any(c in text for c in ' ="'):
+            text = json.dumps(text)
+        out.append(f"{k}={text}")
+    return out
+
+
+class _Line:
+    """The message of an event: `name key=value …`, rendered only if a handler other than ours formats it (a
+    library user's logging, or Python's last-resort handler: `topic.waiting` alone named no topic)."""
+
+    __slots__ = ("event", "fields")
+
+    def __init__(self, event: str, fields: dict[str, Any]) -> None:
+        self.event, self.fields = event, fields
+
+    def __str__(self) -> str:
+        return " ".join([self.event, *_pairs(self.fields)])
 
 
 def configure_logging(fmt: str = "text", level: str = "info") -> None:
@@ -45,4 +64,5 @@ def configure_logging(fmt: str = "text", level: str = "info") -> None:
 
 
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
-    logger.log(level, event, extra={"fields": fields})
+    if logger.isEnabledFor(level):
+        logger.log(level, _Line(event, fields), extra={"fields": fields, "event": event})

@@ -10,7 +10,9 @@ from kafka.errors import AuthorizationError
 
 from codec import Sample, encode_sample, group_key
 from stream.clients import Connection, make_producer
+from stream.preflight import check_connection
 from stream.security import SecuritySettings
+from stream.topics import require_topics
 
 __all__ = ["RolloutProducer"]
 
@@ -23,15 +25,24 @@ class RolloutProducer:
     """
 
     def __init__(self, bootstrap_servers: str | Connection, topic: str = "rollouts", *,
-                 security: SecuritySettings | None = None, **producer_settings: Any) -> None:
+                 security: SecuritySettings | None = None, check: bool = True, **producer_settings: Any) -> None:
         """`bootstrap_servers`: an address, or a Connection (address and TLS/SASL settings); `security`
-        applies to an address (e.g. SecuritySettings.from_env())."""
+        applies to an address (e.g. SecuritySettings.from_env()).
+
+        Fails at once, naming what is wrong, where kafka-python would block for its max_block_ms on the first
+        send: BrokerUnreachable (no server at the address), ConnectionCheckFailed (TLS/SASL refused; skipped
+        with `check=False` when the caller has just checked), MissingTopic (`topic` does not exist).
+        """
         self.topic = topic
         if isinstance(bootstrap_servers, Connection):
             conn = replace(bootstrap_servers, client_id="rollout-stream-producer")
         else:
             conn = Connection(bootstrap_servers, client_id="rollout-stream-producer",
                               security=security or SecuritySettings())
+        if check:
+            check_connection(conn)
+        require_topics(conn, {topic: ""}, hint="create it with `rollout-stream topics create` (check the name "
+                       "for a typo)")
         self._producer = make_producer(conn, **producer_settings)
 
     def send(self, sample: Sample, *, timestamp_ms: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> Any:

@@ -10,7 +10,8 @@ from kafka.errors import TopicAlreadyExistsError
 
 from stream.clients import MAX_RECORD_BYTES, Connection, make_admin
 
-__all__ = ["TopicSettings", "ensure_topics", "ensure_changelog", "TopicMismatch"]
+__all__ = ["TopicSettings", "ensure_topics", "ensure_changelog", "TopicMismatch", "MissingTopic", "require_topics",
+           "missing_topics"]
 
 log = logging.getLogger("rollout_stream.topics")
 
@@ -49,6 +50,34 @@ def ensure_topics(
         return created
     finally:
         admin.close()
+
+
+class MissingTopic(LookupError):
+    """A topic a command reads or writes does not exist (the local and compose brokers never auto-create)."""
+
+    def __init__(self, missing: dict[str, str], bootstrap: str, hint: str) -> None:
+        self.missing = missing
+        names = ", ".join(f"{name!r} ({option})" if option else repr(name) for name, option in missing.items())
+        plural = "s" if len(missing) > 1 else ""
+        verb = "do" if len(missing) > 1 else "does"
+        super().__init__(f"topic{plural} {names} {verb} not exist on {bootstrap}: {hint}")
+
+
+def missing_topics(conn: Connection, topics: list[str]) -> list[str]:
+    admin = make_admin(conn)
+    try:
+        existing = set(admin.list_topics())
+    finally:
+        admin.close()
+    return [t for t in dict.fromkeys(topics) if t not in existing]
+
+
+def require_topics(conn: Connection, topics: dict[str, str], *,
+                   hint: str = "create it with `rollout-stream topics create` (check the name for a typo)") -> None:
+    """Raise MissingTopic naming every topic of `topics` (name → the option that named it) that is missing."""
+    missing = missing_topics(conn, list(topics))
+    if missing:
+        raise MissingTopic({name: topics[name] for name in missing}, conn.bootstrap_servers, hint)
 
 
 class TopicMismatch(RuntimeError):

@@ -36,6 +36,9 @@ _SINGLE_NODE_DEFAULTS: dict[str, str] = {
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
+    # A typo in a topic name must be an error naming the topic, not a new one-partition topic; the tools
+    # create only the topics they own, and only when asked (the compose broker does the same).
+    "auto.create.topics.enable": "false",
     "log.cleaner.dedupe.buffer.size": str(2 * 1024 * 1024),  # default allocates 128 MiB at start
     "message.max.bytes": str(MAX_MESSAGE_BYTES),
     "replica.fetch.max.bytes": str(MAX_MESSAGE_BYTES),

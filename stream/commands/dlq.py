@@ -16,6 +16,7 @@ from rich.console import Console, RenderableType
 from codec import DeadLetterReason
 from stream.clients import Connection, make_consumer
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from stream.topics import MissingTopic, require_topics
 from stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -301,6 +302,10 @@ def replay_(
     if to is not None and to == dead_letter_topic:
         fail("--to must not be the dead-letter topic itself")
     conn = _connect(bootstrap_servers, security)
+    try:  # before the ledger topic (<dead-letter topic>.replays) is created for it
+        require_topics(conn, {dead_letter_topic: "--dead-letter-topic", **({to: "--to"} if to else {})})
+    except MissingTopic as exc:
+        fail(str(exc), 2)
     options = ReplayOptions(
         dead_letter_topic, selection, to=to, max_replays=max_replays, rate=rate, dry_run=dry_run
     )

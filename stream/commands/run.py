@@ -30,7 +30,7 @@ from stream.config import ConfigError, TopicNames, WorkerConfig, parse_zero_vari
 from stream.instance import InstanceInUse, claim_instance
 from stream.logs import configure_logging, log_event
 from stream.names import transactional_id
-from stream.topics import TopicMismatch, TopicSettings, ensure_topics
+from stream.topics import MissingTopic, TopicMismatch, TopicSettings, ensure_topics, require_topics
 from stream.worker import ProduceFailed, Worker
 
 log = logging.getLogger("rollout_stream.run")
@@ -80,8 +80,12 @@ def run(
     session_timeout: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_SESSION_TIMEOUT",
                                                    help="Consumer group session timeout in seconds: how long a "
                                                    "silent worker keeps its partitions.")] = 45.0,
+    create_topics: Annotated[bool, typer.Option(
+        "--create-topics", envvar="ROLLOUT_STREAM_CREATE_TOPICS",
+        help="Create the input, output and dead-letter topics if missing (default: a missing topic is an error "
+        "naming it; `rollout-stream topics create` makes them).")] = False,
     partitions: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_PARTITIONS",
-                                            help="Partitions for topics this command has to create.")] = 3,
+                                            help="Partitions for the topics --create-topics creates.")] = 3,
     delivery: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_DELIVERY",
                                           help="exactly-once (outputs, dead-letters, window changelog and input "
                                           "offsets in one transaction; consumers read with read_committed) or "
@@ -166,17 +170,28 @@ def run(
     config = replace(config, instance_id=claim.instance_id)
     if conn.security.protocol != "PLAINTEXT":
         try:  # every missing ACL named now, before anything is read or written
-            check_worker_access(conn, config)
+            check_worker_access(conn, config, create_topics=create_topics)
         except AccessDenied as exc:
             fail(str(exc), 2)
+    named = {config.topics.input: "--input-topic", config.topics.output: "--output-topic",
+             config.topics.dead_letter: "--dead-letter-topic"}
+    if config.zero_variance.topic:
+        named[config.zero_variance.topic] = "--zero-variance route:"
+    created: list[str] = []
     try:
-        created = ensure_topics(
-            conn,
-            data_topics=[config.topics.input, config.topics.output]
-            + ([config.zero_variance.topic] if config.zero_variance.topic else []),
-            dead_letter_topics=[config.topics.dead_letter],
-            settings=TopicSettings(partitions=partitions),
-        )
+        if create_topics:
+            created = ensure_topics(
+                conn,
+                data_topics=[config.topics.input, config.topics.output]
+                + ([config.zero_variance.topic] if config.zero_variance.topic else []),
+                dead_letter_topics=[config.topics.dead_letter],
+                settings=TopicSettings(partitions=partitions),
+            )
+        else:
+            require_topics(conn, named, hint="create them with `rollout-stream topics create` (check the names "
+                           "for a typo), or pass --create-topics")
+    except MissingTopic as exc:
+        fail(str(exc), 2)
     except KafkaError as exc:
         if denial := explain_denial(exc, conn, config):
             fail(denial, 2)

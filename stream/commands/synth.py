@@ -12,6 +12,7 @@ from kafka.errors import AuthorizationError
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, GroupSize, InputTopic, fail, grouped_options
 from stream.producer import RolloutProducer
+from stream.topics import MissingTopic
 from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, default_run_id, plan_groups
 
 Rate = Annotated[float, typer.Option(min=0.0, max=1.0)]
@@ -61,7 +62,7 @@ def synth(
     total = Expected()
     limiter = RateLimiter(rate)
     try:
-        with RolloutProducer(conn, topic=input_topic) as producer:
+        with RolloutProducer(conn, topic=input_topic, check=False) as producer:
             for i, (records, expected) in enumerate(plan_groups(plan, groups, start_index)):
                 for rec in records:
                     limiter.wait()
@@ -69,6 +70,8 @@ def synth(
                 total.add(expected)
                 if (i + 1) % 1000 == 0:
                     print(f"synth: {i + 1}/{groups} groups sent", file=sys.stderr)
+    except MissingTopic as exc:
+        fail(str(exc), 2)
     except AuthorizationError as exc:
         fail(f"the broker refused {conn.security.principal or 'this client'}: missing WRITE on topic {input_topic!r} "
              f"({type(exc).__name__}); grant it: rollout-stream acls apply --role producer --input-topic "

@@ -15,7 +15,8 @@ from rich.text import Text
 from codec import TrainSample
 from core.validate import rollout_key
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, grouped_options
+from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, fail, grouped_options
+from stream.topics import MissingTopic, require_topics
 
 if TYPE_CHECKING:
     from stream.reader import GroupInfo
@@ -101,6 +102,10 @@ def tail(
 
     console = Console()
     conn = connection_from_options(bootstrap_servers, security)
+    try:
+        require_topics(conn, {output_topic: "--output-topic"})
+    except MissingTopic as exc:
+        fail(str(exc), 2)
     shown = 0
     reader = TrainDataReader(conn, output_topic, f"rollout-stream-tail-{uuid.uuid4().hex[:8]}",
                              groups_per_batch=1, start="earliest" if from_beginning else "latest",
