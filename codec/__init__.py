@@ -1,6 +1,6 @@
 """Wire format of rollout-stream: msgspec records, packed arrays, reason codes."""
 
-from codec.arrays import Array
+from codec.arrays import Array, ShapedArray
 from codec.changelog import (
     ClosedGroupEntry,
     PartitionPosition,
@@ -34,6 +34,7 @@ __all__ = [
     "Reward",
     "SCHEMA_VERSION",
     "Sample",
+    "ShapedArray",
     "TrainSample",
     "decode_sample",
     "decode_train_sample",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
 
-__all__ = ["Array", "array_enc_hook", "array_ext_hook", "array_dec_hook"]
+__all__ = ["Array", "ShapedArray", "array_enc_hook", "array_ext_hook", "array_dec_hook"]
 
 # Ext type codes are part of the wire format: never renumber, only add.
 _CODE_BY_DTYPE: dict[np.dtype, int] = {
@@ -138,6 +139,41 @@ class Array:
 
     def __repr__(self) -> str:
         return f"Array({self.values.dtype}, len={len(self)})"
+
+
+class ShapedArray(msgspec.Struct, kw_only=True):
+    """An n-dimensional array (MoE routing replay, indexer top-k): its values packed flat, row-major.
+
+    On the wire a map `{values: <packed Array>, shape: [d0, d1, ...]}`; `numpy()` restores the shape.
+    """
+
+    values: Array
+    shape: tuple[Annotated[int, msgspec.Meta(ge=0)], ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.values, Array):
+            self.values = Array(self.values)
+        self.shape = tuple(self.shape)
+        count = math.prod(self.shape)
+        if count != len(self.values):
+            # Also runs on decode: msgspec reports it as a validation error with the field's path.
+            raise ValueError(f"shape {list(self.shape)} holds {count} items, not {len(self.values)}")
+
+    @classmethod
+    def of(cls, values: Any) -> ShapedArray:
+        """Pack an array of any shape (an ndarray keeps its dtype; nested lists get `Array`'s inference)."""
+        if isinstance(values, np.ndarray):
+            return cls(values=Array(np.ascontiguousarray(values).reshape(-1)), shape=values.shape)
+        arr = np.asarray(values)
+        return cls(values=Array(arr.reshape(-1).tolist()), shape=arr.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.values.dtype
+
+    def numpy(self) -> np.ndarray:
+        """The values in their shape (a read-only, zero-copy view for a decoded record)."""
+        return self.values.numpy().reshape(self.shape)
 
 
 def _values_equal(a: np.ndarray, b: np.ndarray) -> bool:

@@ -6,7 +6,8 @@ from typing import Any
 
 import msgspec
 
-from codec.arrays import Array
+from codec.arrays import Array, ShapedArray
+from codec.miles_sample import miles_sample_fields
 
 __all__ = ["SCHEMA_VERSION", "Sample", "TrainSample", "Reward"]
 
@@ -40,6 +41,12 @@ class Sample(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type
     sibling_count: int = 1
     sibling_index: int = 0
     run_id: str | None = None
+    # Fields miles trainers read (docs/miles.md). Added later: None in records of older producers.
+    teacher_log_probs: Array | None = None  # on-policy distillation
+    opd_reverse_kl: Array | None = None  # precomputed per-token OPD reverse-KL estimate
+    rollout_routed_experts: ShapedArray | None = None  # MoE routing replay, (tokens - 1, layers, top-k)
+    rollout_indexer_topk: ShapedArray | None = None  # sparse-attention indexer replay, like the experts
+    train_metadata: dict[str, Any] | None = None  # per-sample training options (e.g. which loss)
 
     def __post_init__(self) -> None:
         # Accept plain lists/ndarrays from callers; decoded records already hold Arrays.
@@ -49,6 +56,40 @@ class Sample(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type
             self.loss_mask = Array(self.loss_mask)
         if self.rollout_log_probs is not None and not isinstance(self.rollout_log_probs, Array):
             self.rollout_log_probs = Array(self.rollout_log_probs)
+        if self.teacher_log_probs is not None and not isinstance(self.teacher_log_probs, Array):
+            self.teacher_log_probs = Array(self.teacher_log_probs)
+        if self.opd_reverse_kl is not None and not isinstance(self.opd_reverse_kl, Array):
+            self.opd_reverse_kl = Array(self.opd_reverse_kl)
+        experts, topk = self.rollout_routed_experts, self.rollout_indexer_topk
+        if experts is not None and not isinstance(experts, ShapedArray):
+            self.rollout_routed_experts = ShapedArray.of(experts)
+        if topk is not None and not isinstance(topk, ShapedArray):
+            self.rollout_indexer_topk = ShapedArray.of(topk)
+
+    @classmethod
+    def from_miles(
+        cls,
+        obj: Any,
+        *,
+        group_size: int | None = None,
+        sibling_count: int = 1,
+        sibling_index: int = 0,
+        run_id: str | None = None,
+    ) -> Sample:
+        """A rollout sample from a miles/slime `Sample`, or a dict with its field names (`Sample.to_dict()`).
+
+        `status` may be the `Sample.Status` enum or its value; `reward` a number or a mapping of numbers.
+        The streaming fields are not miles' and are given here. Raises ValueError for what the wire
+        cannot carry (multimodal train inputs, LoRA adapters, non-numeric rewards); see docs/miles.md.
+        """
+        fields = miles_sample_fields(obj)
+        return cls(
+            **fields,
+            group_size=group_size,
+            sibling_count=sibling_count,
+            sibling_index=sibling_index,
+            run_id=run_id,
+        )
 
 
 class TrainSample(msgspec.Struct, kw_only=True, tag="train_sample", tag_field="type"):
