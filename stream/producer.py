@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+import msgspec
 from kafka.errors import AuthorizationError
 
 from codec import Sample, encode_sample, group_key
@@ -14,7 +15,7 @@ from stream.preflight import check_connection
 from stream.security import SecuritySettings
 from stream.topics import require_topics
 
-__all__ = ["RolloutProducer"]
+__all__ = ["RolloutProducer", "numbered_group"]
 
 
 class RolloutProducer:
@@ -58,6 +59,17 @@ class RolloutProducer:
     def send_group(self, samples: Iterable[Sample]) -> list[Any]:
         return [self.send(s) for s in samples]
 
+    def send_many(self, samples: Iterable[Any], *, group_size: int | None = None,
+                  run_id: str | None = None) -> list[Any]:
+        """Publish one finished prompt group in one call: `samples` are this package's `Sample`s or miles-like
+        samples (objects or dicts, `Sample.from_miles`), all of one `group_index`.
+
+        The streaming fields are filled for the group: `group_size` (default: the number of rollouts, by
+        `rollout_id`, else `index`), and each rollout's `sibling_count` and `sibling_index` in the order given.
+        """
+        group = numbered_group(samples, group_size=group_size, run_id=run_id)
+        return [self.send(s) for s in group]
+
     def flush(self, timeout: float | None = None) -> None:
         self._producer.flush(timeout=timeout)
 
@@ -70,6 +82,28 @@ class RolloutProducer:
     def __exit__(self, *exc: object) -> None:
         self.flush()
         self.close()
+
+
+def numbered_group(samples: Iterable[Any], *, group_size: int | None = None,
+                   run_id: str | None = None) -> list[Sample]:
+    """One prompt group with its streaming fields set (see `RolloutProducer.send_many`)."""
+    group = [s if isinstance(s, Sample) else Sample.from_miles(s) for s in samples]
+    if not group:
+        raise ValueError("send_many needs at least one sample")
+    if len({s.group_index for s in group}) != 1 or group[0].group_index is None:
+        raise ValueError(f"send_many publishes one prompt group: group_index values {sorted({str(s.group_index) for s in group})}")
+    siblings: dict[object, list[int]] = {}
+    for row, s in enumerate(group):
+        key = s.rollout_id if s.rollout_id is not None else (s.index if s.index is not None else ("row", row))
+        siblings.setdefault(key, []).append(row)
+    size = group_size if group_size is not None else len(siblings)
+    out: list[Sample] = [group[0]] * len(group)
+    for rows in siblings.values():
+        for position, row in enumerate(rows):
+            out[row] = msgspec.structs.replace(
+                group[row], group_size=size, sibling_count=len(rows), sibling_index=position,
+                run_id=run_id if run_id is not None else group[row].run_id)
+    return out
 
 
 def _refused_at_once(future: Any) -> Any:

@@ -27,7 +27,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -77,6 +77,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("rollout_stream.reader")
 
 Start = Literal["committed", "earliest", "latest"]
+Layout = Literal["tensors", "miles"]
 
 
 class ReaderError(RuntimeError):
@@ -291,6 +292,9 @@ class Batch:
     skipped_invalid: int
     global_samples: int  # samples of the whole batch, over all ranks
     global_loss_tokens: int  # tokens with a non-zero loss mask in the whole batch (for DP loss normalization)
+    # layout="miles": this rank's finished shard of the batch (core.miles: train_data → split_by_dp →
+    # trainer_shard), what a miles trainer rank receives in-process; `samples` are then its rows.
+    rollout_data: dict[str, Any] | None = None
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -366,7 +370,13 @@ class TrainDataReader:
         idle_timeout_s: float | None = None,
         partition_idle_ms: int | None = 2000,
         max_record_bytes: int = MAX_RECORD_BYTES,
+        layout: Layout = "tensors",
+        balance_data: bool = False,
     ) -> None:
+        if layout not in ("tensors", "miles"):
+            raise ValueError(f"layout must be tensors or miles, got {layout!r}")
+        if balance_data and layout != "miles":
+            raise ValueError("balance_data applies to layout='miles' (balance_tokens shards the tensor layout)")
         if groups_per_batch < 1:
             raise ValueError(f"groups_per_batch must be >= 1, got {groups_per_batch}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -396,6 +406,8 @@ class TrainDataReader:
         self.idle_timeout_s = idle_timeout_s
         self.partition_idle_ms = partition_idle_ms
         self.max_record_bytes = max_record_bytes
+        self.layout = layout
+        self.balance_data = balance_data
         self.stats = ReaderStats()
         self.weight_version: int | None = None
         self._queue: queue.Queue[_Item] = queue.Queue(maxsize=prefetch * groups_per_batch)
@@ -468,6 +480,9 @@ class TrainDataReader:
                       partition=group.partition, offset=group.first_offset,
                       problem=group.problem or group.version_problem)
         mine = list(plan.samples)
+        rollout_data = None
+        if self.layout == "miles":
+            mine, rollout_data = self._miles_shard(plan.groups)
         index = self._next_index if self._next_index is not None else 0
         self._next_index = index + 1
         batch = Batch(
@@ -476,12 +491,23 @@ class TrainDataReader:
             tensors=collate(mine, pad_token_id=self.pad_token_id),
             skipped_stale=plan.skipped_stale, skipped_invalid=plan.skipped_invalid,
             global_samples=plan.global_samples, global_loss_tokens=plan.global_loss_tokens,
+            rollout_data=rollout_data,
         )
         self._yielded = (index, items[-1][1])
         self.stats.batches += 1
         self.stats.skipped_stale_groups += batch.skipped_stale
         self.stats.skipped_invalid_groups += batch.skipped_invalid
         return batch
+
+    def _miles_shard(self, groups: Sequence[AssembledGroup]) -> tuple[list[TrainSample], dict[str, Any]]:
+        """This rank's rows and finished shard, as miles splits the batch's global sample list over DP ranks
+        (strided, or Karmarkar–Karp on total lengths with `balance_data`; not whole rollouts per rank)."""
+        from core.miles import split_by_dp, train_data, trainer_shard
+
+        everything = [s for g in groups for s in g.samples]
+        data = train_data(everything, prompt_group_sizes=[len(g.samples) for g in groups])
+        shard = split_by_dp(data, self.world_size, balance_data=self.balance_data)[self.rank]
+        return [everything[row] for row in shard["partition"]], trainer_shard(shard)
 
     # ---- commit / lifecycle --------------------------------------------------------------------
     def commit(self) -> bool:
