@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from core import RewardConfig
+from core.dead_letter_limit import MAX_WINDOW, DeadLetterLimit
 from core.validate import SampleLimits
 from core.windows import WindowConfig
 
@@ -82,6 +83,10 @@ class WorkerConfig:
     max_open_bytes: int = 1 << 30
     session_timeout_s: float = 45.0
     metrics_port: int | None = None  # Prometheus /metrics, /healthz, /readyz on this port
+    # Stop (exit 3) once more than this share of the last `dead_letter_window` resolved records were
+    # dead-lettered: a bad producer deploy or a wrong --group-size, never one bad record (README).
+    max_dead_letter_ratio: float = 0.4
+    dead_letter_window: int = 10_000
 
     def __post_init__(self) -> None:
         for option, name in (
@@ -131,6 +136,12 @@ class WorkerConfig:
             raise ConfigError(f"--instance-id {self.instance_id!r} may use letters, digits, '.', '_', '-' only")
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ConfigError(f"--metrics-port must be between 1 and 65535, got {self.metrics_port}")
+        if not 0 <= self.max_dead_letter_ratio <= 1:
+            raise ConfigError(f"--max-dead-letter-ratio must be between 0 and 1 (1: never stop), "
+                              f"got {self.max_dead_letter_ratio:g}")
+        if not 1 <= self.dead_letter_window <= MAX_WINDOW:
+            raise ConfigError(f"--dead-letter-window must be between 1 and {MAX_WINDOW} records, "
+                              f"got {self.dead_letter_window}")
         if self.bootstrap_servers is not None and not self.bootstrap_servers.strip():
             raise ConfigError("--bootstrap-servers must not be empty (omit it to use the local broker)")
 
@@ -159,6 +170,10 @@ class WorkerConfig:
             max_closed_groups=self.max_closed_groups,
             max_group_bytes=self.max_open_bytes,
         )
+
+    @property
+    def dead_letter_limit(self) -> DeadLetterLimit:
+        return DeadLetterLimit(self.max_dead_letter_ratio, self.dead_letter_window)
 
     def effective(self) -> dict[str, Any]:
         """The configuration as logged at start (nothing secret lives here)."""

@@ -135,6 +135,15 @@ class WorkerCollector(Collector):
         yield counter("restores", "Partition state restores.", s.restores)
         yield gauge("open_windows", "Prompt groups currently open.", w.store.open_count())
         yield gauge("open_window_bytes", "Bytes of input records held in open windows.", w.store.open_bytes)
+        yield gauge("open_windows_limit", "--max-open-groups: fetching pauses at this many open groups.",
+                    w.config.max_open_groups)
+        yield gauge("open_window_bytes_limit", "--max-open-mib in bytes: fetching pauses at this many bytes.",
+                    w.config.max_open_bytes)
+        yield gauge("dead_letter_window_ratio",
+                    "Dead-lettered share of the last --dead-letter-window resolved input records.",
+                    w.dead_letters.ratio)
+        yield gauge("dead_letter_ratio_limit", "--max-dead-letter-ratio: the worker stops above this share.",
+                    w.config.max_dead_letter_ratio)
         yield gauge(
             "closed_groups_remembered",
             "Resolved groups remembered to recognise late members.",

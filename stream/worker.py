@@ -21,6 +21,7 @@ from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 
 from codec import DecodeError, changelog_key, decode_sample, encode_changelog
 from codec.changelog import POSITION_KEY, PartitionPosition
+from core.dead_letter_limit import DeadLetterWindow, LimitExceeded
 from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, Published
 from core.rewards import torch_free_normalization
@@ -45,7 +46,7 @@ from stream.rejoin import RejoinWatchdog
 from stream.restore import closed_entry, read_changelog, read_range
 from stream.topics import ensure_changelog
 
-__all__ = ["Worker", "WorkerStats", "ProduceFailed", "changelog_topic_name"]
+__all__ = ["Worker", "WorkerStats", "ProduceFailed", "DeadLetterLimitExceeded", "changelog_topic_name"]
 
 log = logging.getLogger("rollout_stream.worker")
 
@@ -54,6 +55,18 @@ UNASSIGNED_REJOIN_S = 30.0
 
 PAUSE_STALL_S = 1.0
 """A pause at the open-group cap during which no window closed ends in an overrun (see _back_pressure)."""
+
+
+class DeadLetterLimitExceeded(RuntimeError):
+    """The worker stopped because too much of its recent input was dead-lettered (core.dead_letter_limit)."""
+
+    def __init__(self, verdict: LimitExceeded, input_topic: str, dead_letter_topic: str) -> None:
+        self.verdict = verdict
+        super().__init__(
+            f"dead-letter limit: {verdict.describe()}; stopped rather than drain {input_topic!r} into "
+            f"{dead_letter_topic!r}, with everything before this point committed. Find the cause with "
+            "`rollout-stream dlq stats` (a bad producer deploy, a wrong --group-size or --reward-key), "
+            "fix it and restart; --max-dead-letter-ratio 1 never stops")
 
 
 @dataclass
@@ -141,6 +154,8 @@ class Worker:
         self._broker_lost_at: float | None = None  # monotonic time the last broker connection went away
         self._broker_last_said = 0.0
         self._paused_at = 0.0
+        self.dead_letters = DeadLetterWindow(config.dead_letter_limit)  # stop when mostly dead-lettering
+        self.limit_exceeded: LimitExceeded | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -167,6 +182,9 @@ class Worker:
             self._run()
         finally:
             self.claim.release()
+        if self.limit_exceeded is not None:  # raised after the shutdown committed what came before
+            raise DeadLetterLimitExceeded(self.limit_exceeded, self.config.topics.input,
+                                          self.config.topics.dead_letter)
 
     @property
     def instance_id(self) -> str | None:
@@ -194,10 +212,12 @@ class Worker:
             self._delivery = AtLeastOnce(producer, self._consumer, cfg.topics.input, self.ledger)
         self._consumer.subscribe([cfg.topics.input], listener=_Rebalance(self))
         self._rejoin = RejoinWatchdog(self._consumer, cfg.topics.input, UNASSIGNED_REJOIN_S, _Rebalance(self))
-        log_event(log, "worker.started", **{k: v for k, v in cfg.effective().items() if k not in ("topics", "instance_id")},
-                  instance_id=self.instance_id,
+        # bootstrap_servers: the address connected to (the configured one is None for the local broker).
+        log_event(log, "worker.started", **{k: v for k, v in cfg.effective().items()
+                                            if k not in ("topics", "instance_id", "bootstrap_servers")},
+                  instance_id=self.instance_id, bootstrap_servers=self.conn.bootstrap_servers,
                   input_topic=cfg.topics.input, output_topic=cfg.topics.output,
-                  dead_letter_topic=cfg.topics.dead_letter, bootstrap=self.conn.bootstrap_servers,
+                  dead_letter_topic=cfg.topics.dead_letter,
                   security=str(self.conn.security),  # masked: no password or key material
                   changelog_topic=self.changelog_topic if self.eos else "-",
                   torch_free_normalization=self.torch_free_normalization)
@@ -244,6 +264,8 @@ class Worker:
             if tp.partition in skip or tp.partition not in self._assigned:
                 continue
             for rec in records:
+                if self.limit_exceeded is not None:  # the rest stays uncommitted, for after the fix
+                    break
                 self._accept(rec, now_ms)
         mono = time.monotonic()
         if self.metrics is not None and batch:
@@ -326,13 +348,25 @@ class Worker:
         for outcome in outcomes:
             if isinstance(outcome, Published):
                 self._publish(outcome)
+                self._judge(self.dead_letters.published(len(outcome.members)))
             elif isinstance(outcome, DeadLettered):
                 self._dead_letter(outcome)
+                self._judge(self.dead_letters.dead_lettered_as(outcome.reason.value, len(outcome.records)))
             elif isinstance(outcome, DuplicateDropped):
                 self.stats.duplicates += 1
                 self.ledger.resolve(outcome.record.partition, (outcome.record.offset,))
                 log_event(log, "duplicate.dropped", logging.DEBUG, group=outcome.group_key,
                           partition=outcome.record.partition, offset=outcome.record.offset)
+
+    def _judge(self, verdict: LimitExceeded | None) -> None:
+        """Past the dead-letter limit: stop taking records; the shutdown commits what was resolved."""
+        if verdict is None or self.limit_exceeded is not None:
+            return
+        self.limit_exceeded = verdict
+        log_event(log, "dead_letter.limit_exceeded", logging.ERROR, dead_lettered=verdict.dead_lettered,
+                  resolved=verdict.resolved, max_ratio=verdict.limit.max_ratio,
+                  reasons=",".join(f"{r}:{n}" for r, n in verdict.by_reason), action="stopping")
+        self._stop.set()
 
     def _publish(self, group: Published) -> None:
         policy = self.config.zero_variance

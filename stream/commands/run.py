@@ -31,7 +31,7 @@ from stream.instance import InstanceInUse, claim_instance
 from stream.logs import configure_logging, log_event
 from stream.names import transactional_id
 from stream.topics import MissingTopic, TopicMismatch, TopicSettings, ensure_topics, require_topics
-from stream.worker import ProduceFailed, Worker
+from stream.worker import DeadLetterLimitExceeded, ProduceFailed, Worker
 
 log = logging.getLogger("rollout_stream.run")
 
@@ -111,6 +111,15 @@ def run(
         envvar="ROLLOUT_STREAM_METRICS_PORT", show_default=False,
         help="Serve Prometheus /metrics, /healthz (loop alive) and /readyz (partitions assigned and "
         "restored) on this port.")] = None,
+    max_dead_letter_ratio: Annotated[float, typer.Option(
+        envvar="ROLLOUT_STREAM_MAX_DEAD_LETTER_RATIO",
+        help="Stop (exit 3) once more than this share of the last --dead-letter-window resolved records was "
+        "dead-lettered (a bad producer deploy, a wrong --group-size), instead of draining the input into the "
+        "dead-letter topic. 1: never stop.")] = 0.4,
+    dead_letter_window: Annotated[int, typer.Option(
+        envvar="ROLLOUT_STREAM_DEAD_LETTER_WINDOW",
+        help="Resolved input records (published or dead-lettered) the dead-letter limit looks back over; "
+        "nothing is judged before this many.")] = 10_000,
     log_format: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_FORMAT", help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_LEVEL", help="debug, info, warning.")]
     = "info",
@@ -119,7 +128,8 @@ def run(
     """Run the stream worker: window rollouts by prompt group, check shared rewards, publish or dead-letter.
 
     Exits 0 on SIGTERM/SIGINT after flushing outputs and committing every resolved input offset.
-    Bad records never stop it; bad configuration does, at start, with one line (exit 2).
+    Bad records never stop it; bad configuration does, at start, with one line (exit 2); so does input that is
+    mostly dead-lettered (--max-dead-letter-ratio, exit 3), after committing what came before.
     """
     if log_format not in ("text", "json"):
         fail(f"--log-format must be text or json, got {log_format!r}")
@@ -148,6 +158,8 @@ def run(
             max_open_groups=max_open_groups,
             max_open_bytes=max_open_mib * 1024 * 1024,
             metrics_port=metrics_port,
+            max_dead_letter_ratio=max_dead_letter_ratio,
+            dead_letter_window=dead_letter_window,
         )
     except ConfigError as exc:
         fail(str(exc))
@@ -222,6 +234,8 @@ def run(
         worker.run()
     except TopicMismatch as exc:
         fail(str(exc), 2)
+    except DeadLetterLimitExceeded as exc:
+        fail(str(exc), 3)
     except ProduceFailed as exc:
         fail(f"stopping without committing past an unpublished record: {exc}", 1)
     except ProducerFencedError:

@@ -49,8 +49,8 @@ def test_the_verdict_names_counts_and_reasons_most_frequent_first():
     assert (verdict.dead_lettered, verdict.resolved, verdict.ratio) == (12, 20, 0.6)
     assert verdict.by_reason == (("invalid_sample", 9), ("late_member", 2), ("decode_error", 1))
     assert verdict.describe() == (
-        "12 of the last 20 resolved input records were dead-lettered (60.0%: invalid_sample 9, late_member 2, "
-        "decode_error 1), more than the limit of 40%"
+        "12 of the last 20 resolved input records were dead-lettered "
+        "(60.0%: invalid_sample 9, late_member 2, decode_error 1), more than the limit of 40%"
     )
 
 
