@@ -11,10 +11,12 @@ import pytest
 from codec import DeadLetterReason as R
 from codec import Sample, encode_sample, group_key
 from core import RewardConfig, post_process_rewards
+from stream.clients import Connection
 from stream.config import WorkerConfig, ZeroVariancePolicy
 from stream.outputs import DLQ_HEADERS
 from stream.producer import RolloutProducer
 from stream.synth import Expected, FaultRates, SynthPlan, plan_groups
+from stream.topics import TopicSettings, ensure_topics
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = pytest.mark.kafka
@@ -142,6 +144,9 @@ def test_group_size_fallback_from_the_stage_setting(kafka_bootstrap):
 def test_zero_variance_modes(kafka_bootstrap, mode):
     topics = new_topics(kafka_bootstrap, partitions=1)
     route = f"{topics.input}-zv"
+    if mode == "route":  # topics are never auto-created: `run` requires the route topic to exist, too
+        ensure_topics(Connection(kafka_bootstrap), data_topics=[route], dead_letter_topics=[],
+                      settings=TopicSettings(partitions=1))
     policy = ZeroVariancePolicy(mode, route if mode == "route" else None)  # type: ignore[arg-type]
     config = cfg(kafka_bootstrap, topics, zero_variance=policy)
     with running_worker(config) as worker:
