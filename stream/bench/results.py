@@ -179,15 +179,16 @@ class BenchReport:
     seconds: float = 0.0
 
     def targets(self) -> dict[str, Any]:
+        """Each target met (True), not met (False), or not measured (None: e.g. memory in a --quick run)."""
         main = [r for r in self.results if r.workload.name in ("a", "b")]
         lat = [r.latency.p99_ms for r in self.results if r.latency and r.latency.p99_ms is not None]
         return {
-            "throughput_ratio_min_ab": round(min((r.ratio for r in main), default=0.0), 3),
-            "throughput_ok": bool(main) and all(r.ratio >= THROUGHPUT_TARGET for r in main),
+            "throughput_ratio_min_ab": round(min(r.ratio for r in main), 3) if main else None,
+            "throughput_ok": all(r.ratio >= THROUGHPUT_TARGET for r in main) if main else None,
             "p99_ms_max": max(lat, default=None),
-            "p99_ok": bool(lat) and all(x <= P99_TARGET_MS for x in lat),
-            "memory_ratio_max": round(max((m.ratio for m in self.memory), default=0.0), 3),
-            "memory_ok": bool(self.memory) and all(m.ok for m in self.memory),
+            "p99_ok": all(x <= P99_TARGET_MS for x in lat) if lat else None,
+            "memory_ratio_max": round(max(m.ratio for m in self.memory), 3) if self.memory else None,
+            "memory_ok": all(m.ok for m in self.memory) if self.memory else None,
         }
 
     def to_json(self) -> dict[str, Any]:

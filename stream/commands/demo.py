@@ -8,9 +8,10 @@ import uuid
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from stream.allocator import reuse_freed_buffers
 from stream.commands.connection import (
@@ -20,6 +21,7 @@ from stream.commands.connection import (
 )
 from stream.commands.options import Bootstrap, grouped_options
 from stream.config import TopicNames, WorkerConfig
+from stream.layout import Flow, output_console, titled
 from stream.logs import configure_logging
 from stream.producer import RolloutProducer
 from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, plan_groups
@@ -27,9 +29,9 @@ from stream.topics import TopicSettings, ensure_topics
 from stream.worker import Worker
 
 
-def _table(expected: Expected, worker: Worker, sent: int, title: str) -> Table:
+def _table(expected: Expected, worker: Worker, sent: int, title: str) -> Group:
     st = worker.stats
-    table = Table(title=title)
+    table = Table()
     table.add_column("outcome")
     table.add_column("expected", justify="right")
     table.add_column("stage", justify="right")
@@ -41,7 +43,24 @@ def _table(expected: Expected, worker: Worker, sent: int, title: str) -> Table:
                       str(st.dead_lettered.get(reason, 0)))
     table.add_row("identical duplicates dropped", str(expected.duplicates), str(st.duplicates))
     table.add_row("open windows", "0", str(worker.store.open_count()))
-    return table
+    return titled(Text(title, style="bold"), table)
+
+
+class _FinalOnly:
+    """Live's stand-in when the output is not a terminal: no frames, the last one printed once (rich's Live
+    leaves its last frame without a line end, so the next line would start on the table's bottom border)."""
+
+    def __init__(self, console: Console, renderable: RenderableType) -> None:
+        self.console, self.renderable = console, renderable
+
+    def update(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __enter__(self) -> _FinalOnly:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.console.print(self.renderable)
 
 
 def _accounted(expected: Expected, worker: Worker) -> bool:
@@ -63,14 +82,15 @@ def demo(
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Start the local broker, the worker and a synthetic producer; show live progress and a final summary."""
-    console = Console(stderr=True)
+    console = output_console(stderr=True)
     conn = connection_from_options(bootstrap_servers, security)
     tag = uuid.uuid4().hex[:6]
     topics = TopicNames(f"demo-{tag}-rollouts", f"demo-{tag}-train-data", f"demo-{tag}-rollouts-dlq")
     ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
                   settings=TopicSettings(partitions=3))
-    console.print(f"[bold]broker[/] {conn.bootstrap_servers}   [bold]topics[/] {topics.input} → "
-                  f"{topics.output} (dead-letter {topics.dead_letter})")
+    console.print(Flow(Text.from_markup(f"[bold]broker[/] {conn.bootstrap_servers}   [bold]topics[/] "
+                                        f"{topics.input} → {topics.output} (dead-letter {topics.dead_letter})"),
+                       indent=4))
     configure_logging("text", "error")
     config = WorkerConfig(bootstrap_servers=conn.bootstrap_servers, topics=topics, group_id=f"demo-{tag}",
                           group_timeout_s=group_timeout, progress_interval_s=3600)
@@ -85,8 +105,10 @@ def demo(
     limiter = RateLimiter(rate)
     started = time.monotonic()
     try:
-        with Live(_table(expected, worker, sent, "rollout-stream demo: sending"), console=console,
-                  refresh_per_second=4) as live, RolloutProducer(conn, topic=topics.input) as producer:
+        first = _table(expected, worker, sent, "rollout-stream demo: sending")
+        display = (Live(first, console=console, refresh_per_second=4) if console.is_terminal
+                   else _FinalOnly(console, first))
+        with display as live, RolloutProducer(conn, topic=topics.input) as producer:
             for records, exp in plan_groups(plan, groups):
                 for r in records:
                     limiter.wait()
@@ -106,10 +128,10 @@ def demo(
         thread.join(timeout=60)
     elapsed = time.monotonic() - started
     ok = _accounted(expected, worker)
-    console.print(f"{sent} records in {elapsed:.1f}s; every record accounted for: "
-                  f"{'[green]yes[/]' if ok else '[red]NO[/]'}")
-    console.print(f"Inspect: kafka consumers on {topics.output} (train samples) and {topics.dead_letter} "
-                  "(headers x-dlq-reason, x-dlq-message, …).")
+    console.print(Flow(Text.from_markup(f"{sent} records in {elapsed:.1f}s; every record accounted for: "
+                                        f"{'[green]yes[/]' if ok else '[red]NO[/]'}"), indent=4))
+    console.print(Flow(f"Inspect: kafka consumers on {topics.output} (train samples) and {topics.dead_letter} "
+                       "(headers x-dlq-reason, x-dlq-message, …).", indent=4))
     if not ok:
         raise typer.Exit(1)
 

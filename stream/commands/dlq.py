@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 from kafka.errors import KafkaError
-from rich.console import Console, RenderableType
+from rich.console import RenderableType
 
 from codec import DeadLetterReason
 from stream.clients import Connection, make_consumer
@@ -29,7 +29,7 @@ from stream.commands.options import (
 from stream.dlq.inspect import RecordNotFound, compare_rewards, decode_value, fetch_record, group_members
 from stream.dlq.render import (
     json_line,
-    list_table,
+    list_view,
     replay_document,
     replay_view,
     show_document,
@@ -40,6 +40,7 @@ from stream.dlq.replay import ReplayFailed, ReplayOptions, run_replay
 from stream.dlq.scan import DeadLetterScanner, ScanStalled, TopicMissing
 from stream.dlq.selection import Selection, SelectionError, parse_coordinates
 from stream.dlq.stats import DeadLetterStats
+from stream.layout import output_console
 
 dlq_app = typer.Typer(
     cls=CommandGroup,
@@ -121,7 +122,7 @@ def _print(doc: dict[str, Any], json_out: bool, view: Callable[[dict[str, Any]],
     if json_out:
         print(json_line(doc))
     else:
-        Console().print(view(doc))
+        output_console().print(view(doc))
 
 
 @contextmanager
@@ -180,7 +181,7 @@ def list_(
     """One row per record, by partition then offset: coordinates, time, reason, group, rollout, message."""
     selection = _selection(filters, limit)
     conn = _connect(bootstrap_servers, security)
-    console = Console()
+    console = output_console()
     rows: list[dict[str, Any]] = []
     shown = 0
     with _scanner(conn, dead_letter_topic, progress) as scanner:
@@ -194,13 +195,13 @@ def list_(
             else:
                 rows.append(record.summary())
                 if len(rows) >= 1000:  # a table needs its rows up front: print a long listing in chunks
-                    console.print(list_table(rows, console.width))
+                    console.print(list_view(rows, console.width))
                     rows = []
             if selection.limit is not None and shown >= selection.limit:
                 break
     if not json_out:
         if rows or not shown:
-            console.print(list_table(rows, console.width))
+            console.print(list_view(rows, console.width))
         more = " (--limit reached)" if selection.limit is not None and shown >= selection.limit else ""
         console.print(
             f"{shown} record(s) of {dead_letter_topic}, {selection.describe()}{more}", highlight=False

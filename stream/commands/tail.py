@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console, Group
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -16,6 +18,7 @@ from codec import TrainSample
 from core.validate import rollout_key
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, fail, grouped_options
+from stream.layout import Fit, Flow, output_console
 from stream.topics import MissingTopic, require_topics
 
 if TYPE_CHECKING:
@@ -42,17 +45,13 @@ def _reward(value: float) -> str:
     return f"{value:+.4f}"
 
 
-def group_block(info: GroupInfo, samples: Sequence[TrainSample]) -> Panel:
-    """One prompt group: a row per rollout (raw reward → processed reward), its sibling samples under it."""
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    table.add_column("rollout")
-    table.add_column("raw → processed", justify="right")
-    table.add_column("sample")
-    table.add_column("tokens", justify="right")
-    table.add_column("response", justify="right")
-    table.add_column("loss tokens", justify="right")
-    table.add_column("versions")
-    table.add_column("status")
+_HEADERS = ("rollout", "raw → processed", "sample", "tokens", "response", "loss tokens", "versions", "status")
+
+
+def _cells(samples: Sequence[TrainSample]) -> list[list[str]]:
+    """A row per sample, rollouts in order of first appearance, siblings by index; the rollout and its
+    reward only on its first row."""
+    rows = []
     for rollout in _rollouts(samples):
         first = rollout[0]
         for j, s in enumerate(sorted(rollout, key=lambda t: t.sample.sibling_index)):
@@ -60,7 +59,7 @@ def group_block(info: GroupInfo, samples: Sequence[TrainSample]) -> Panel:
             mask = sample.loss_mask
             loss_tokens = 0 if sample.remove_sample else (
                 sample.response_length if mask is None else int((mask.numpy() != 0).sum()))
-            table.add_row(
+            rows.append([
                 str(rollout_key(first.sample)) if j == 0 else "",
                 f"{s.raw_reward:g} → {_reward(s.reward)}" if j == 0 else "",
                 f"{'└ ' if len(rollout) > 1 else ''}{sample.sibling_index + 1}/{sample.sibling_count}",
@@ -69,7 +68,68 @@ def group_block(info: GroupInfo, samples: Sequence[TrainSample]) -> Panel:
                 str(loss_tokens),
                 ",".join(sample.weight_versions) or "-",
                 sample.status + (" (removed)" if sample.remove_sample else ""),
-            )
+            ])
+    return rows
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], keep: Sequence[int]) -> Table:
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for i in keep:
+        table.add_column(headers[i], justify="right" if i in (1, 3, 4, 5) else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*(escape(row[i]) for i in keep))
+    return table
+
+
+def _narrow(rows: Sequence[Sequence[str]]) -> Group:
+    """Shorter headers, and versions and status as a legend when every sample has the same."""
+    headers = ("rollout", "raw → processed", "sample", "tokens", "resp", "loss", "versions", "status")
+    keep = [0, 1, 2, 3, 4, 5]
+    same = []
+    for i, name in ((6, "weight versions"), (7, "status")):
+        values = {row[i] for row in rows}
+        if len(values) == 1:
+            same.append(f"{name} {values.pop()}")
+        else:
+            keep.append(i)
+    legend = "resp: response tokens, loss: tokens in the loss mask" + (
+        f"; every sample has {' and '.join(same)}" if same else "")
+    return Group(_table(headers, rows, keep), Flow(legend, indent=2, style="dim"))
+
+
+def _stacked(rows: Sequence[Sequence[str]]) -> Group:
+    lines: list[RenderableType] = []
+    for rollout, reward, sample, tokens, response, loss, versions, status in rows:
+        if rollout:
+            lines.append(Flow(f"rollout {rollout}: {reward}", indent=4))
+        lines.append(Flow(f"{sample}  {tokens} tokens, response {response}, loss {loss}, versions {versions}, "
+                          f"{status}", first=2, indent=6))
+    return Group(*lines)
+
+
+class _GroupBlock:
+    """A panel per group; its title goes inside when the border has no room for all of it (rich would cut it)."""
+
+    def __init__(self, info: GroupInfo, body: RenderableType, expand: bool) -> None:
+        self.info, self.body, self.expand = info, body, expand
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        info = self.info
+        title = f"group {info.key}"
+        where = f"partition {info.partition}, offsets {info.first_offset}–{info.last_offset}"
+        room = options.max_width - 6  # corners, a rule character and a space on each side
+        title_inside, where_inside = cell_len(title) > room, cell_len(where) > room
+        inside = [Flow(Text(title, style="bold"), indent=2)] if title_inside else []
+        inside += [Flow(where, indent=2)] if where_inside else []
+        yield Panel(Group(*inside, self.body), title=None if title_inside else f"[bold]{escape(title)}[/]",
+                    subtitle=None if where_inside else escape(where), title_align="left", subtitle_align="right",
+                    expand=self.expand)
+
+
+def group_block(info: GroupInfo, samples: Sequence[TrainSample], *, expand: bool = True) -> RenderableType:
+    """One prompt group: a row per rollout (raw reward → processed reward), its sibling samples under it;
+    fewer columns with a legend, or a paragraph per rollout, where the table does not fit."""
+    rows = _cells(samples)
     oldest = info.oldest_weight_version
     stats = Text.assemble(
         (f"{info.rollouts} rollouts, {info.samples} samples", "bold"),
@@ -77,9 +137,8 @@ def group_block(info: GroupInfo, samples: Sequence[TrainSample]) -> Panel:
         ("   zero variance" if info.zero_variance else "", "yellow"),
         f"   oldest weight version {oldest if oldest is not None else '-'}",
     )
-    where = f"partition {info.partition}, offsets {info.first_offset}–{info.last_offset}"
-    return Panel(Group(stats, table), title=f"[bold]group {info.key}[/]", subtitle=where, title_align="left",
-                 subtitle_align="right")
+    body = Group(Flow(stats, indent=2), Fit(_table(_HEADERS, rows, range(8)), _narrow(rows), _stacked(rows)))
+    return _GroupBlock(info, body, expand)
 
 
 @grouped_options
@@ -100,7 +159,7 @@ def tail(
     """
     from stream.reader import TrainDataReader  # imports torch: only when tail runs, not for every command
 
-    console = Console()
+    console = output_console()
     conn = connection_from_options(bootstrap_servers, security)
     try:
         require_topics(conn, {output_topic: "--output-topic"})
@@ -113,7 +172,7 @@ def tail(
     try:
         for batch in reader:
             if batch.groups:
-                console.print(group_block(batch.groups[0], batch.samples))
+                console.print(group_block(batch.groups[0], batch.samples, expand=console.is_terminal))
                 shown += 1
             if batch.skipped_invalid:
                 console.print(f"[yellow]skipped {batch.skipped_invalid} group(s) that cannot be collated[/]")

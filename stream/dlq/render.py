@@ -1,4 +1,8 @@
-"""How the dlq commands print: rich tables for people, JSON documents (or JSON lines) for scripts."""
+"""How the dlq commands print: rich tables for people, JSON documents (or JSON lines) for scripts.
+
+Each table gives way to one block per row where it does not fit the width (stream/layout.py): keys, reasons
+and coordinates are never cut.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ from codec import DecodeError, Sample
 from stream.dlq.inspect import RolloutRewards, hexdump, sample_fields
 from stream.dlq.record import DeadLetterRecord, SampleHead, iso_ms
 from stream.dlq.replay import ReplayReport
+from stream.layout import Fit, Flow, titled
 
 __all__ = [
     "json_line",
-    "list_table",
+    "list_view",
     "stats_view",
     "show_document",
     "show_view",
@@ -42,8 +47,13 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def list_table(rows: Sequence[dict[str, Any]], width: int = 120) -> Table:
-    """`dlq list`: one line per record (`DeadLetterRecord.summary()`); the message is cut to fit `width`."""
+# Below this many columns for the message, `dlq list` shows one block per record instead of a table.
+_MIN_MESSAGE = 24
+
+
+def list_view(rows: Sequence[dict[str, Any]], width: int = 120) -> RenderableType:
+    """`dlq list`: one line per record (`DeadLetterRecord.summary()`), the message cut to fit `width`; one
+    block per record, the message in full, where the other columns leave it less than a few words."""
     names = ["p:offset", "dead-lettered (UTC)", "reason", "group", "rollout", "sib", "replays", "message"]
     cells = [
         [
@@ -64,7 +74,9 @@ def list_table(rows: Sequence[dict[str, Any]], width: int = 120) -> Table:
             c.pop(6)
     widths = [max([len(name), *(len(c[i]) for c in cells)]) for i, name in enumerate(names)]
     # Box drawing takes 3 characters per column plus 1; the message gets what is left.
-    room = max(12, width - sum(widths[:-1]) - 3 * len(names) - 1)
+    room = width - sum(widths[:-1]) - 3 * len(names) - 1
+    if room < min(_MIN_MESSAGE, widths[-1]):
+        return Group(*(_list_block(r) for r in rows))
     table = Table()
     for name in names:
         table.add_column(
@@ -78,57 +90,90 @@ def list_table(rows: Sequence[dict[str, Any]], width: int = 120) -> Table:
     return table
 
 
+def _list_block(r: dict[str, Any]) -> RenderableType:
+    head = Text.assemble((f"{r['partition']}:{r['offset']}", "bold"), "  ", r["reason"])
+    if r["group_key"] is not None:
+        head.append(f"  group {r['group_key']}")
+    facts = [f"dead-lettered {r['dead_lettered_at'][:19].replace('T', ' ')} UTC"]
+    if r["rollout"] is not None:
+        facts.append(f"rollout {r['rollout']}")
+    if r["sibling_index"] is not None:
+        facts.append(f"sibling {r['sibling_index']}")
+    if r["replay_count"]:
+        facts.append(f"replay count {r['replay_count']}")
+    message = (r["message"] or "").replace("\n", " ")
+    return Group(
+        Flow(head, indent=4),
+        Flow(", ".join(facts), first=4, indent=4),
+        *([Flow(message, first=4, indent=4)] if message else []),
+    )
+
+
 def stats_view(doc: dict[str, Any]) -> RenderableType:
     """`dlq stats`: reasons, time span, top groups and partitions of a `DeadLetterStats.to_dict()`."""
     parts: list[RenderableType] = []
     head = Text.assemble((f"{doc['topic']}", "bold"), f": {doc['matched']} dead-letter records")
     if doc["scanned"] != doc["matched"]:
         head.append(f" match the filters ({doc['scanned']} scanned)")
-    parts.append(head)
+    parts.append(Flow(head, indent=4))
     if doc["matched"]:
-        old, new = doc["oldest"], doc["newest"]
-        parts.append(
-            Text(
-                f"oldest {old['dead_lettered_at']}  {old['partition']}:{old['offset']}  {old['reason']}\n"
-                f"newest {new['dead_lettered_at']}  {new['partition']}:{new['offset']}  {new['reason']}"
+        for which in ("oldest", "newest"):
+            r = doc[which]
+            parts.append(
+                Flow(f"{which} {r['dead_lettered_at']}  {r['partition']}:{r['offset']}  {r['reason']}", indent=4)
             )
-        )
-    reasons = Table(title="by reason", title_justify="left")
+    reasons = Table()
     reasons.add_column("reason")
     reasons.add_column("records", justify="right")
     reasons.add_column("share", justify="right")
+    lines = []
     for reason, n in doc["by_reason"].items():
-        reasons.add_row(reason, str(n), f"{100 * n / max(doc['matched'], 1):.1f}%")
-    parts.append(reasons)
+        share = f"{100 * n / max(doc['matched'], 1):.1f}%"
+        reasons.add_row(reason, str(n), share)
+        lines.append(Flow(f"{reason}: {n} records, {share}", first=2, indent=4))
+    parts.append(titled("by reason", Fit(reasons, Group(*lines))))
     exact = (
         ""
         if doc["top_groups_exact"]
         else f" (approximate: counts may be up to {doc['top_groups_max_undercount']} low)"
     )
     distinct = f", {doc['distinct_groups']} groups in all" if doc["distinct_groups"] is not None else ""
-    groups = Table(title=f"top groups{distinct}{exact}", title_justify="left")
+    groups = Table()
     for name, justify in (
         ("group", "left"),
         ("records", "right"),
         ("reasons", "left"),
         ("first failure", "left"),
     ):
-        groups.add_column(name, justify=justify)  # type: ignore[arg-type]
+        groups.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    blocks: list[RenderableType] = []
     for g in doc["top_groups"]:
         groups.add_row(
             escape(g["group_key"]), str(g["records"]), ", ".join(g["reasons"]), g["first_failed_at"]
         )
-    parts.append(groups)
+        blocks.append(
+            Flow(
+                f"{g['group_key']}: {g['records']} records, first failure {g['first_failed_at']}; "
+                f"{', '.join(g['reasons'])}",
+                first=2,
+                indent=4,
+            )
+        )
+    parts.append(titled(f"top groups{distinct}{exact}", Fit(groups, Group(*blocks))))
     if len(doc["by_original_topic"]) > 1:
-        topics = Table(title="by original topic", title_justify="left")
-        topics.add_column("topic")
+        topics = Table()
+        topics.add_column("topic", no_wrap=True)
         topics.add_column("records", justify="right")
+        per_topic = []
         for t, n in doc["by_original_topic"].items():
             topics.add_row(escape(t), str(n))
-        parts.append(topics)
-    parts_table = Table(title="partitions (offsets: log start, end at scan start)", title_justify="left")
-    for name in ("partition", "log start", "end", "scanned from", "matched", "first matched", "last matched"):
-        parts_table.add_column(name, justify="right")
+            per_topic.append(Flow(f"{t}: {n} records", first=2, indent=4))
+        parts.append(titled("by original topic", Fit(topics, Group(*per_topic))))
+    parts_table = Table()
+    names = ("partition", "log start", "end", "scanned from", "matched", "first matched", "last matched")
+    for name in names:
+        parts_table.add_column(name, justify="right", no_wrap=True)
+    per_partition = []
     for p in doc["partitions"]:
         parts_table.add_row(
             str(p["partition"]),
@@ -139,11 +184,24 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
             _cell(p["first_matched_offset"]),
             _cell(p["last_matched_offset"]),
         )
-    parts.append(parts_table)
-    if doc["replayed_before"]:
-        parts.append(
-            Text(f"{doc['replayed_before']} of these failed again after a replay (x-replay-count set)")
+        matched = (
+            f"{p['matched']} matched, offsets {p['first_matched_offset']}–{p['last_matched_offset']}"
+            if p["matched"]
+            else "none matched"
         )
+        per_partition.append(
+            Flow(
+                f"partition {p['partition']}: log start {p['low']}, end {p['end']}, scanned from "
+                f"{p['scanned_from']}; {matched}",
+                first=2,
+                indent=4,
+            )
+        )
+    parts.append(
+        titled("partitions (offsets: log start, end at scan start)", Fit(parts_table, Group(*per_partition)))
+    )
+    if doc["replayed_before"]:
+        parts.append(Flow(f"{doc['replayed_before']} of these failed again after a replay (x-replay-count set)"))
     return Group(*parts)
 
 
@@ -205,51 +263,51 @@ def show_document(
 
 
 def show_view(doc: dict[str, Any]) -> RenderableType:
-    parts: list[RenderableType] = [
-        Text.assemble(
-            (f"{doc['topic']} {doc['partition']}:{doc['offset']}", "bold"),
-            "  ",
-            (doc["reason"], "bold red"),
-            f"  group {doc['group_key']}",
-        ),
-        Text(doc["message"]),
-    ]
-    headers = Table(title="headers", title_justify="left", show_header=False)
-    headers.add_column("name", style="cyan")
+    head = Text.assemble((f"{doc['topic']} {doc['partition']}:{doc['offset']}", "bold"), "  ")
+    head.append(doc["reason"], "bold red")
+    head.append(f"  group {doc['group_key']}")
+    parts: list[RenderableType] = [Flow(head, indent=4), Flow(doc["message"] or "", indent=4)]
+    headers = Table(show_header=False)
+    headers.add_column("name", style="cyan", no_wrap=True)
     headers.add_column("value", overflow="fold")
     for k, v in doc["headers"]:
         headers.add_row(escape(k), escape(v))
-    parts.append(headers)
+    parts.append(titled("headers", headers))
     if "sample" in doc:
-        fields = Table(title="decoded sample", title_justify="left", show_header=False)
-        fields.add_column("field", style="cyan")
+        fields = Table(show_header=False)
+        fields.add_column("field", style="cyan", no_wrap=True)
         fields.add_column("value", overflow="fold")
         for k, v in doc["sample"].items():
             fields.add_row(k, escape(_array_text(v)))
-        parts.append(fields)
+        parts.append(titled("decoded sample", fields))
     else:
-        parts.append(Text(f"does not decode: {doc['decode_error']}", style="yellow"))
+        parts.append(Flow(f"does not decode: {doc['decode_error']}", indent=4, style="yellow"))
         parts.append(Text(f"{doc['value_bytes'] or 0} bytes:\n" + "\n".join(doc["hex_preview"])))
     if doc.get("sibling_rewards"):
-        rewards = Table(
-            title="sibling rewards by rollout (all siblings of a rollout must share one reward)",
-            title_justify="left",
-        )
-        rewards.add_column("rollout", justify="right")
-        rewards.add_column("siblings", justify="right")
-        rewards.add_column("reward of each sibling (by sibling_index)")
-        rewards.add_column("")
+        rewards = Table()
+        rewards.add_column("rollout", justify="right", no_wrap=True)
+        rewards.add_column("siblings", justify="right", no_wrap=True)
+        rewards.add_column("reward of each sibling (by sibling_index)", no_wrap=True)
+        rewards.add_column("", no_wrap=True)
+        blocks: list[RenderableType] = []
         for r in doc["sibling_rewards"]:
             cells = "   ".join(f"s{x['sibling_index']}={x['reward']}" for x in r["rewards"])
             verdict = Text("ok", style="green") if r["consistent"] else Text("MISMATCH", style="bold red")
-            rewards.add_row(
-                escape(str(r["rollout"])), f"{len(r['rewards'])}/{r['sibling_count']}", escape(cells), verdict
+            count = f"{len(r['rewards'])}/{r['sibling_count']}"
+            rewards.add_row(escape(str(r["rollout"])), count, escape(cells), verdict)
+            blocks.append(Flow(Text.assemble(f"rollout {r['rollout']}, {count} siblings: ", verdict), first=2))
+            blocks.append(Flow(cells, first=4, indent=4))
+        parts.append(
+            titled(
+                "sibling rewards by rollout (all siblings of a rollout must share one reward)",
+                Fit(rewards, Group(*blocks)),
             )
-        parts.append(rewards)
+        )
     elif len(doc["group_members"]) > 1:
-        members = Table(title="members of the group dead-lettered with it", title_justify="left")
+        members = Table()
         for name in ("p:offset", "rollout", "sibling", "reward"):
-            members.add_column(name, justify="right")
+            members.add_column(name, justify="right", no_wrap=True)
+        lines = []
         for m in doc["group_members"]:
             sib = f"{m['sibling_index']}/{m['sibling_count']}" if m["sibling_index"] is not None else "-"
             members.add_row(
@@ -258,7 +316,15 @@ def show_view(doc: dict[str, Any]) -> RenderableType:
                 sib,
                 escape(_cell(m["reward"])),
             )
-        parts.append(members)
+            lines.append(
+                Flow(
+                    f"{m['partition']}:{m['offset']}  rollout {_cell(m['rollout'])}, sibling {sib}, "
+                    f"reward {_cell(m['reward'])}",
+                    first=2,
+                    indent=4,
+                )
+            )
+        parts.append(titled("members of the group dead-lettered with it", Fit(members, Group(*lines))))
     return Group(*parts)
 
 
@@ -309,23 +375,25 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
         for name in ("p:offset", "reason", "group", "replay count", "action", "to, or why not"):
             table.add_column(
                 name,
-                no_wrap=name != "to, or why not",
-                overflow="fold",
+                no_wrap=True,
                 justify="right" if name in ("p:offset", "replay count") else "left",
             )
+        blocks: list[RenderableType] = []
         for r in shown:
+            action = Text(r["action"].replace("_", " "), style=_ACTION_STYLE[r["action"]])
             table.add_row(
                 f"{r['partition']}:{r['offset']}",
                 r["reason"],
                 escape(_cell(r["group_key"])),
                 str(r["replay_count"]),
-                Text(r["action"].replace("_", " "), style=_ACTION_STYLE[r["action"]]),
+                action,
                 escape(r["to"] or r["why"] or ""),
             )
-        parts.append(table)
+            blocks.append(_replay_block(r, action))
+        parts.append(Fit(table, Group(*blocks)))
         if len(doc["records"]) > len(shown) or doc["records_truncated"]:
             parts.append(
-                Text(f"… {doc['matched'] - len(shown)} more (--json lists up to {len(doc['records'])})")
+                Flow(f"… {doc['matched'] - len(shown)} more (--json lists up to {len(doc['records'])})")
             )
     verb = "would replay" if doc["dry_run"] else "replayed"
     where = ", ".join(f"{n} to {t}" for t, n in doc["to_topics"].items()) or "nothing"
@@ -334,10 +402,25 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
     if doc["replayed"] and (doc["resumed"] or not doc["dry_run"]):
         run = f"; replay id {doc['replay_id']}" + (" (resumed)" if doc["resumed"] else "")
     parts.append(
-        Text(
+        Flow(
             f"{verb} {doc['replayed']} record(s) ({where}); refused {doc['refused']}{already}; "
             f"{doc['scanned']} scanned past the cursor {doc['cursor']}{run}"
-            + ("; dry run: nothing written" if doc["dry_run"] else "")
+            + ("; dry run: nothing written" if doc["dry_run"] else ""),
+            indent=4,
         )
     )
     return Group(*parts)
+
+
+def _replay_block(r: dict[str, Any], action: Text) -> RenderableType:
+    """One record of a replay where its table row does not fit: coordinates, reason, group; then what
+    became of it."""
+    head = Text.assemble((f"{r['partition']}:{r['offset']}", "bold"), f"  {r['reason']}")
+    if r["group_key"] is not None:
+        head.append(f"  group {r['group_key']}")
+    what = action.copy()
+    if r["to"]:
+        what.append(f" to {r['to']}, replay count {r['replay_count']}")
+    elif r["why"]:
+        what.append(f": {r['why']}")
+    return Group(Flow(head, indent=4), Flow(what, first=4, indent=6))
