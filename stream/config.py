@@ -99,7 +99,8 @@ class WorkerConfig:
         if self.zero_variance.topic:
             names.append(self.zero_variance.topic)
         if self.topics.input in names[1:]:
-            raise ConfigError(f"the input topic {self.topics.input!r} cannot also be an output or dead-letter topic")
+            raise ConfigError(f"--input-topic {self.topics.input!r} must differ from --output-topic, "
+                              "--dead-letter-topic and the --zero-variance route topic")
         if self.topics.output == self.topics.dead_letter:
             raise ConfigError("--output-topic and --dead-letter-topic must differ")
         if not self.group_id:
@@ -116,6 +117,9 @@ class WorkerConfig:
             raise ConfigError("--reward-key must not be empty")
         if not self.commit_interval_s > 0:
             raise ConfigError(f"--commit-interval must be positive, got {self.commit_interval_s}")
+        if not self.progress_interval_s > 0:
+            raise ConfigError(f"--progress-interval must be a positive number of seconds, got "
+                              f"{self.progress_interval_s:g}")
         if not 6 <= self.session_timeout_s <= 1800:
             raise ConfigError(f"--session-timeout must be between 6 and 1800 seconds (the broker's default "
                               f"group.min/max.session.timeout.ms), got {self.session_timeout_s:g}")
@@ -123,11 +127,12 @@ class WorkerConfig:
             raise ConfigError(f"--delivery must be exactly-once or at-least-once, got {self.delivery!r}")
         if self.commit_max_records < 1:
             raise ConfigError(f"--commit-max-records must be at least 1, got {self.commit_max_records}")
-        if self.max_open_groups < 1 or self.max_open_bytes < 1024 * 1024:
-            raise ConfigError("--max-open-groups must be >= 1 and --max-open-mib >= 1")
-        if self.max_open_bytes < self.max_record_bytes:
-            raise ConfigError(f"--max-open-mib ({self.max_open_bytes >> 20}) must hold at least one record of "
-                              f"{self.max_record_bytes} bytes")
+        if self.max_open_groups < 1:
+            raise ConfigError(f"--max-open-groups must be at least 1, got {self.max_open_groups}")
+        smallest = max(self.max_record_bytes, 1 << 20)
+        if self.max_open_bytes < smallest:
+            raise ConfigError(f"--max-open-mib must be at least {smallest / (1 << 20):g} (room for one record "
+                              f"of the largest size), got {self.max_open_bytes / (1 << 20):g}")
         if self.closed_group_retention_s is not None and self.closed_group_retention_s < 2 * self.group_timeout_s:
             raise ConfigError(
                 f"--closed-group-retention ({self.closed_group_retention_s:g}s) must be at least twice "

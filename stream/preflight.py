@@ -24,7 +24,7 @@ from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
-from stream.clients import BrokerUnreachable, Connection
+from stream.clients import BrokerUnreachable, Connection, bootstrap_addresses, format_address
 from stream.security import SecuritySettings
 
 __all__ = [
@@ -67,12 +67,11 @@ def check_connection(conn: Connection, timeout_s: float = 10.0) -> None:
     """
     security = conn.security
     unreachable: list[str] = []
-    for server in conn.client_settings()["bootstrap_servers"]:
-        host, _, port_text = server.rpartition(":")
-        host = host.strip("[]") or "localhost"
+    for host, port in bootstrap_addresses(conn.bootstrap_servers):
+        server = format_address(host, port)
         try:
-            sock = socket.create_connection((host, int(port_text)), timeout=timeout_s)
-        except (OSError, ValueError) as exc:
+            sock = socket.create_connection((host, port), timeout=timeout_s)
+        except OSError as exc:
             unreachable.append(f"{server}: {exc}")
             continue
         try:

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from stream.client_properties import load_properties
-from stream.clients import BrokerUnreachable, Connection
+from stream.clients import BadBootstrap, BrokerUnreachable, Connection
 from stream.commands.options import fail, option_group, resolve_bootstrap
 from stream.preflight import ConnectionCheckFailed, check_connection
 from stream.security import (
@@ -85,7 +85,7 @@ class SecurityOptions:
             "sasl_password",
             "SASL password. Prefer --sasl-password-file or the environment "
             "variable: a flag is visible in the process list.",
-            metavar="TEXT",
+            metavar="<str>",
             parser=SecretStr,
         ),
     ] = None
@@ -183,7 +183,14 @@ def connection_from_options(
     if not bootstrap:
         bootstrap = resolve_bootstrap(None)
         _refuse_plaintext_to_secure_local_broker(security)
-    conn = Connection(bootstrap, client_id=client_id, security=security)
+    try:
+        conn = Connection(bootstrap, client_id=client_id, security=security)
+    except BadBootstrap as exc:
+        given = (
+            "--bootstrap-servers (or KAFKA_BOOTSTRAP_SERVERS)" if bootstrap_servers
+            else f"bootstrap.servers in {options.kafka_config}"
+        )
+        fail(f"{given}: {exc}; give host:port[,host:port...] (a missing port is 9092)", 2)
     if check:
         try:
             check_connection(conn)

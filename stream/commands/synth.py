@@ -4,38 +4,57 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from kafka.errors import AuthorizationError
 
+from core.validate import SampleLimits
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import DEFAULT_TOPICS, Bootstrap, GroupSize, InputTopic, fail, grouped_options
+from stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, fail, grouped_options
 from stream.producer import RolloutProducer
 from stream.topics import MissingTopic
 from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, default_run_id, plan_groups
 
-Rate = Annotated[float, typer.Option(min=0.0, max=1.0)]
+
+def _rate(groups: str) -> Any:
+    """A --*-rate option: the share of groups sent with one kind of fault."""
+    return typer.Option(min=0.0, max=1.0, help=f"Share of groups {groups}.")
+
+
+# synth's own --group-size (what it sends), on the worker's variable so one setting makes both agree.
+SentGroupSize = Annotated[int, typer.Option(
+    "--group-size", envvar="ROLLOUT_STREAM_GROUP_SIZE", min=1, max=SampleLimits().max_group_size,
+    help="Rollouts per prompt group to send; written into each record's group_size unless "
+    "--omit-group-size.")]
 
 
 @grouped_options
 def synth(
     bootstrap_servers: Bootstrap = None,
     input_topic: InputTopic = DEFAULT_TOPICS.input,
-    groups: Annotated[int, typer.Option(help="Prompt groups to send (total count).")] = 100,
-    group_size: GroupSize = 4,
-    max_siblings: Annotated[int, typer.Option(help="Samples per rollout are drawn from 1..N (agentic fan-out).")] = 1,
-    tokens: Annotated[int, typer.Option(help="Tokens per sample.")] = 64,
-    rate: Annotated[float, typer.Option(help="Samples per second (0: as fast as possible).")] = 0.0,
-    fault_rate: Annotated[float | None, typer.Option(help="Set every fault rate below at once.",
-                                                      show_default=False)] = None,
-    malformed_rate: Rate = 0.0,
-    invalid_rate: Rate = 0.0,
-    shared_reward_rate: Rate = 0.0,
-    conflicting_duplicate_rate: Rate = 0.0,
-    incomplete_rate: Rate = 0.0,
-    late_rate: Rate = 0.0,
-    duplicate_rate: Rate = 0.0,
+    groups: Annotated[int, typer.Option(min=0, help="Prompt groups to send (total count).")] = 100,
+    group_size: SentGroupSize = 4,
+    max_siblings: Annotated[int, typer.Option(
+        min=1, help="Samples per rollout are drawn from 1..N (agentic fan-out).")] = 1,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens per sample.")] = 64,
+    rate: Annotated[float, typer.Option(min=0.0, help="Samples per second (0: as fast as possible).")] = 0.0,
+    fault_rate: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, show_default=False,
+        help=f"Set each of the {len(FaultRates.__slots__)} --*-rate options below to this share (their sum, "
+        "at most one fault per group, must stay <= 1).")] = None,
+    malformed_rate: Annotated[float, _rate("with an extra undecodable record (decode_error)")] = 0.0,
+    invalid_rate: Annotated[float, _rate("with a member whose reward is NaN (invalid_sample)")] = 0.0,
+    shared_reward_rate: Annotated[float, _rate(
+        "whose first rollout's siblings disagree on the reward (shared_reward_violation)")] = 0.0,
+    conflicting_duplicate_rate: Annotated[float, _rate(
+        "with a member sent twice, with different tokens (conflicting_duplicate)")] = 0.0,
+    incomplete_rate: Annotated[float, _rate(
+        "missing a member (incomplete_group, once the worker's --group-timeout passes)")] = 0.0,
+    late_rate: Annotated[float, _rate(
+        "followed by an extra rollout after they are complete (late_member)")] = 0.0,
+    duplicate_rate: Annotated[float, _rate(
+        "with a member sent twice, identical (dropped and counted)")] = 0.0,
     omit_group_size: Annotated[bool, typer.Option(help="Leave group_size unset (the worker's --group-size applies).")]
     = False,
     run_id: Annotated[str | None, typer.Option(help="Namespace of the group keys (default: random).",
@@ -53,11 +72,9 @@ def synth(
         malformed_rate, invalid_rate, shared_reward_rate, conflicting_duplicate_rate, incomplete_rate, late_rate,
         duplicate_rate)
     if faults.total() > 1.0:
-        fail(f"fault rates add up to {faults.total():g}; at most one fault per group, so the sum must be <= 1")
-    if groups < 0 or tokens < 1 or max_siblings < 1 or (group_size is not None and group_size < 1):
-        fail("--groups must be >= 0; --tokens, --max-siblings and --group-size >= 1")
-    plan = SynthPlan(group_size=group_size or 4, max_siblings=max_siblings, tokens=tokens, faults=faults, seed=seed,
-                     run_id=run_id or default_run_id(), write_group_size=not omit_group_size)
+        fail(_too_many_faults(faults, fault_rate))
+    plan = SynthPlan(group_size=group_size, max_siblings=max_siblings, tokens=tokens, faults=faults,
+                     seed=seed, run_id=run_id or default_run_id(), write_group_size=not omit_group_size)
     conn = connection_from_options(bootstrap_servers, security)
     total = Expected()
     limiter = RateLimiter(rate)
@@ -82,6 +99,19 @@ def synth(
         "expected_dead_letters": {str(k): v for k, v in sorted(total.dead_letters.items())},
         "expected_duplicates": total.duplicates,
     }))
+
+
+def _too_many_faults(faults: FaultRates, fault_rate: float | None) -> str:
+    """Why these fault rates are refused: the flags that set them and their sum."""
+    kinds = len(FaultRates.__slots__)
+    if fault_rate is not None:
+        return (f"--fault-rate {fault_rate:g} gives each of the {kinds} kinds of fault that share of groups, "
+                f"{faults.total():g} in all; at most one fault per group: use --fault-rate <= 1/{kinds} "
+                f"({int(1e4 / kinds) / 1e4:g})")
+    given = [f"--{name.replace('_', '-')}-rate {getattr(faults, name):g}" for name in FaultRates.__slots__
+             if getattr(faults, name)]
+    return (f"{', '.join(given)} add up to {faults.total():g}; at most one fault per group, so the --*-rate "
+            "options must add up to <= 1")
 
 
 def register(app: typer.Typer) -> None:
