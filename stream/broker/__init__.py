@@ -5,6 +5,6 @@ from __future__ import annotations
 
 from stream.broker import errors as _errors
 from stream.broker.errors import *  # noqa: F403  one import for callers: the broker and its errors
-from stream.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, BrokerStatus, LocalBroker
+from stream.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, BrokerStatus, LocalBroker, running_brokers
 
-__all__ = ["DEFAULT_DATA_DIR", "DEFAULT_PORT", "BrokerStatus", "LocalBroker", *_errors.__all__]
+__all__ = ["DEFAULT_DATA_DIR", "DEFAULT_PORT", "BrokerStatus", "LocalBroker", "running_brokers", *_errors.__all__]

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stream.broker.local import BrokerStatus
 
 __all__ = [
     "BrokerError",
@@ -54,7 +58,15 @@ class MavenNotFound(BrokerConfigError):
 
 
 class PortInUse(BrokerConfigError):
-    """The broker port on 127.0.0.1 is taken by another process."""
+    """The broker port on 127.0.0.1 is taken by another process.
+
+    `holder`: the local broker (its BrokerStatus, from another data dir) listening there, when it is one.
+    """
+
+    def __init__(self, message: str, *, port: int, holder: BrokerStatus | None = None) -> None:
+        super().__init__(message)
+        self.port = port
+        self.holder = holder
 
 
 class BrokerAlreadyRunning(BrokerConfigError):

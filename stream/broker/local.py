@@ -34,6 +34,7 @@ from stream.broker.jars import KafkaJars, Progress, resolve_jars
 from stream.broker.java import JavaRuntime, find_java
 from stream.broker.process import (
     StopOutcome,
+    arguments_after,
     command_line,
     exclusive,
     free_port,
@@ -59,6 +60,7 @@ __all__ = [
     "BrokerStatus",
     "LocalBroker",
     "StopOutcome",
+    "running_brokers",
 ]
 
 DEFAULT_PORT = 9092
@@ -198,28 +200,49 @@ class LocalBroker:
     def _start(self, timeout: float, *, any_port: bool) -> str:
         if not 0 < self.port < 65536:
             raise BrokerConfigError(f"port {self.port} is not a TCP port: use 1..65535")
+        # Whatever can refuse the start is asked before the data dir exists: a refused start leaves nothing.
+        if (running := self._running_address(any_port)) is not None:
+            return running
+        self._require_free_port()
+        java = find_java()
+        jars = resolve_jars(self.cache_dir, progress=self.progress)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with exclusive(self.data_dir / ".start.lock"):  # two callers of ensure_running start one broker
-            current = self.status()
-            if current.running and current.bootstrap:
-                if any_port or current.port == self.port:
-                    return current.bootstrap
-                raise BrokerAlreadyRunning(
-                    f"a broker from {self.data_dir} already runs on port {current.port} (pid {current.pid}): "
-                    f"use --port {current.port}, or stop it first (rollout-stream broker stop --data-dir "
-                    f"{self.data_dir})"
-                )
+            if (running := self._running_address(any_port)) is not None:
+                return running
             self._state_path.unlink(missing_ok=True)
-            if not port_is_free(self.port):
-                raise PortInUse(
-                    f"port {self.port} on 127.0.0.1 is already in use (another Kafka? see `ss -ltnp "
-                    f"'sport = :{self.port}'`): pick another with --port, or stop that process"
-                )
-            java = find_java()
-            jars = resolve_jars(self.cache_dir, progress=self.progress)
+            self._require_free_port()
             self._rotate_log()
             controller_port = self._prepare(java, jars)
             return self._launch(java, jars, controller_port, timeout)
+
+    def _running_address(self, any_port: bool) -> str | None:
+        """The address of the broker running from this data dir if it may serve this start; None: none runs."""
+        current = self.status()
+        if not (current.running and current.bootstrap):
+            return None
+        if any_port or current.port == self.port:
+            return current.bootstrap
+        raise BrokerAlreadyRunning(
+            f"a broker from {self.data_dir} already runs on port {current.port} (pid {current.pid}): "
+            f"use --port {current.port}, or stop it first (rollout-stream broker stop --data-dir "
+            f"{self.data_dir})"
+        )
+
+    def _require_free_port(self) -> None:
+        if port_is_free(self.port):
+            return
+        holder = next((b for b in running_brokers() if b.port == self.port), None)
+        if holder is not None:
+            raise PortInUse(
+                f"port {self.port} on 127.0.0.1 is in use by the local broker from {holder.data_dir} (pid "
+                f"{holder.pid}): pick another with --port, or stop that broker (rollout-stream broker stop "
+                f"--data-dir {holder.data_dir})", port=self.port, holder=holder,
+            )  # fmt: skip
+        raise PortInUse(
+            f"port {self.port} on 127.0.0.1 is already in use (another Kafka? see `ss -ltnp "
+            f"'sport = :{self.port}'`): pick another with --port, or stop that process", port=self.port,
+        )  # fmt: skip
 
     # -- steps of a start ---------------------------------------------------------------------------
     def _say(self, line: str) -> None:
@@ -371,3 +394,15 @@ class LocalBroker:
         cause = failure_cause(lines)
         message = f"{what}: {cause} (last {_TAIL_LINES} log lines: tail -n {_TAIL_LINES} {self.log_path})"
         return BrokerStartFailed(message, log_path=self.log_path, log_tail=tail)
+
+
+def running_brokers() -> list[BrokerStatus]:
+    """The local brokers running on this machine, whatever their data dir (found by their command lines)."""
+    found = []
+    for _pid, properties in arguments_after(_MAIN_CLASS):
+        path = Path(properties)
+        if path.name == "server.properties" and path.is_absolute():
+            status = LocalBroker(data_dir=path.parent).status()
+            if status.running:
+                found.append(status)
+    return found

@@ -18,6 +18,7 @@ from stream.broker.errors import BrokerStopFailed
 
 __all__ = [
     "StopOutcome",
+    "arguments_after",
     "command_line",
     "exclusive",
     "free_port",
@@ -75,6 +76,34 @@ def command_line(pid: int) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.strip() or None
+
+
+def arguments_after(word: str) -> Iterator[tuple[int, str]]:
+    """(pid, argument) of every live process whose command line has `word` followed by an argument.
+
+    Reads /proc (Linux); elsewhere `ps`, whose command lines are joined by spaces, so an argument with a
+    space in it comes back cut at the space.
+    """
+    proc = Path("/proc")
+    if proc.is_dir():
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().rstrip(b"\0").decode(errors="replace").split("\0")
+                if word in argv[:-1]:
+                    yield int(entry.name), argv[argv.index(word) + 1]
+        return
+    try:
+        listing = subprocess.run(["ps", "-axo", "pid=,command="], capture_output=True, text=True, timeout=10,
+                                 check=False).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    for line in listing.splitlines():
+        pid, _, command = line.strip().partition(" ")
+        args = command.split()
+        if pid.isdigit() and word in args[:-1]:
+            yield int(pid), args[args.index(word) + 1]
 
 
 def _wait_dead(pid: int, timeout: float) -> bool:

@@ -176,12 +176,29 @@ class CommandGroup(TyperGroup):
 
 
 def resolve_bootstrap(bootstrap: str | None) -> str:
-    """The given address, or the local development broker (started when needed)."""
+    """The given address, or the local development broker of ./.kafka-data (started when needed).
+
+    Exit 2 when it cannot start until something changes (its port is taken, no Java), 1 otherwise. A taken
+    port is explained for a command that has no --port: the address to pass instead, and whose port it is.
+    """
     if bootstrap:
         return bootstrap
-    from stream.broker import BrokerError, LocalBroker
+    from stream.broker import BrokerConfigError, BrokerError, LocalBroker, PortInUse
 
+    broker = LocalBroker(progress=lambda line: print(line, file=sys.stderr))
     try:
-        return LocalBroker(progress=lambda line: print(line, file=sys.stderr)).ensure_running()
+        return broker.ensure_running()
+    except PortInUse as exc:
+        here = f"no --bootstrap-servers given and no local broker runs from {broker.data_dir}"
+        holder = exc.holder
+        if holder is None:
+            fail(f"{here}; it cannot start there: port {exc.port} on 127.0.0.1 is in use by another process "
+                 f"(if that is Kafka, pass --bootstrap-servers 127.0.0.1:{exc.port})", 2)
+        use = (f"--kafka-config {holder.data_dir / 'secure' / 'worker.properties'}" if holder.secure
+               else f"--bootstrap-servers 127.0.0.1:{exc.port}")
+        fail(f"{here}; port {exc.port} is taken by the local broker from {holder.data_dir} "
+             f"(pid {holder.pid}): to use that one, pass {use}", 2)
+    except BrokerConfigError as exc:
+        fail(f"no --bootstrap-servers given and the local broker cannot start: {exc}", 2)
     except BrokerError as exc:
         fail(f"no --bootstrap-servers given and the local broker could not start: {exc}", 1)
