@@ -62,7 +62,7 @@ def _cells(samples: Sequence[TrainSample]) -> list[list[str]]:
             rows.append([
                 str(rollout_key(first.sample)) if j == 0 else "",
                 f"{s.raw_reward:g} → {_reward(s.reward)}" if j == 0 else "",
-                f"{'└ ' if len(rollout) > 1 else ''}{sample.sibling_index + 1}/{sample.sibling_count}",
+                f"{'└ ' if len(rollout) > 1 else ''}{sample.sibling_index}/{sample.sibling_count}",
                 str(len(sample.tokens) if sample.tokens is not None else 0),
                 str(sample.response_length),
                 str(loss_tokens),

@@ -428,7 +428,7 @@ def test_tail_shows_one_block_per_group_with_rewards_and_siblings(kafka_bootstra
     assert "group r/5" in out and "group r/6" not in out
     assert "2 rollouts, 3 samples" in out
     assert "1 → +0.5000" in out and "0.25 → -0.2500" in out  # raw → processed, once per rollout
-    assert out.count("0.25 → ") == 1 and "└ 1/2" in out and "└ 2/2" in out  # siblings under their rollout
+    assert out.count("0.25 → ") == 1 and "└ 0/2" in out and "└ 1/2" in out  # by sibling_index
     assert "1 group(s) shown" in out
 
 
