@@ -27,6 +27,7 @@ from stream.commands.options import (
     option_group,
 )
 from stream.dlq.inspect import RecordNotFound, compare_rewards, decode_value, fetch_record, group_members
+from stream.dlq.record import readable_header
 from stream.dlq.render import (
     json_line,
     list_view,
@@ -256,7 +257,12 @@ def show(
         if record.reason == DeadLetterReason.SHARED_REWARD_VIOLATION
         else None
     )
-    _print(show_document(record, decoded, members, rewards), json_out, show_view)
+    _print(show_document(record, decoded, members, rewards), json_out, _show_view_readable)
+
+
+def _show_view_readable(doc: dict[str, Any]) -> RenderableType:
+    """show_view with header values for a person (epoch milliseconds also as a time); JSON keeps them raw."""
+    return show_view({**doc, "headers": [[k, readable_header(k, v)] for k, v in doc["headers"]]})
 
 
 @dlq_app.command("replay")

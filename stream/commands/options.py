@@ -13,19 +13,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, get_type_hints
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from stream.config import TopicNames
 
 if TYPE_CHECKING:
     # typer's (vendored click) Context: not exported, and only CommandGroup's signatures need it.
-    from typer._click.core import Context
+    from typer._click.core import Command, Context, Parameter
 
 __all__ = [
     "DEFAULT_TOPICS",
@@ -151,12 +152,41 @@ def _usage_errors_in_one_line(command_path: Callable[[], str]) -> Iterator[None]
         raise typer.Exit(exc.exit_code) from None
 
 
+def _uniform_value_names(params: list[Parameter], ctx: Context) -> list[Parameter]:
+    """Name every option's value in `--help` as typer's `<type>` does, and only values.
+
+    A flag takes no value, so it shows none (typer prints `<bool>`); a repeatable option shows the type of one
+    value (`<str>`, not `<list[str]>`); a metavar given in words (`KEY=VALUE`) is written the same way
+    (`<key=value>`). Idempotent: the parameters are typer's own objects, named once.
+    """
+    for param in params:
+        if not isinstance(param, TyperOption):
+            continue
+        if param.is_flag:
+            param.metavar = ""
+        elif param.metavar is None and param.multiple:
+            param.metavar = re.sub(r"^<list\[(.*)\]>$", r"<\1>", param.display_type(ctx))
+        elif param.metavar and not param.metavar.startswith("<"):
+            param.metavar = f"<{param.metavar.lower()}>"
+    return params
+
+
 class CommandGroup(TyperGroup):
-    """The class of every command group (`Typer(cls=CommandGroup)`): usage errors in one line.
+    """The class of every command group (`Typer(cls=CommandGroup)`): usage errors in one line, and one
+    way of naming values in every command's `--help`.
 
     A group parses its own arguments in `make_context` and has each subcommand parse its own in `invoke`,
     so the group that catches an error knows which command was being parsed.
     """
+
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        return _uniform_value_names(super().get_params(ctx), ctx)
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _uniform_value_names(command.get_params(ctx), ctx)
+        return command
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: Context | None = None, **extra: Any

@@ -18,6 +18,7 @@ from stream.commands.connection import (
     connection_from_options,
 )
 from stream.commands.options import (
+    DEFAULT_TOPICS,
     Bootstrap,
     DeadLetterTopic,
     GroupSize,
@@ -39,9 +40,9 @@ log = logging.getLogger("rollout_stream.run")
 @grouped_options
 def run(
     bootstrap_servers: Bootstrap = None,
-    input_topic: InputTopic = "rollouts",
-    output_topic: OutputTopic = "train-data",
-    dead_letter_topic: DeadLetterTopic = "rollouts-dlq",
+    input_topic: InputTopic = DEFAULT_TOPICS.input,
+    output_topic: OutputTopic = DEFAULT_TOPICS.output,
+    dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
     group_id: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_GROUP_ID",
                                           help="Kafka consumer group of the workers (scale out by starting more).")]
     = "rollout-stream",
@@ -121,7 +122,8 @@ def run(
         help="Resolved input records (published or dead-lettered) the dead-letter limit looks back over; "
         "nothing is judged before this many.")] = 10_000,
     log_format: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_FORMAT", help="text or json.")] = "text",
-    log_level: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_LEVEL", help="debug, info, warning.")]
+    log_level: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_LEVEL",
+                                           help="debug, info, warning or error.")]
     = "info",
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:

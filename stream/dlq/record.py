@@ -11,7 +11,15 @@ import msgspec
 from codec import DeadLetterReason
 from stream.dlq import headers as H
 
-__all__ = ["DeadLetterRecord", "SampleHead", "parse_record", "parse_iso_ms", "iso_ms", "sample_head"]
+__all__ = [
+    "DeadLetterRecord",
+    "SampleHead",
+    "iso_ms",
+    "parse_iso_ms",
+    "parse_record",
+    "readable_header",
+    "sample_head",
+]
 
 
 class SampleHead(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type"):
@@ -67,6 +75,18 @@ def iso_ms(ms: int) -> str:
         .isoformat(timespec="milliseconds")
         .replace("+00:00", "Z")
     )
+
+
+def readable_header(name: str, value: str) -> str:
+    """A header value for a person: the epoch milliseconds of x-original-timestamp also as an ISO-8601 UTC
+    time, the form x-failed-at has (the header itself stays as the worker wrote it)."""
+    ms = _int(value) if name == H.ORIGINAL_TIMESTAMP else None
+    if ms is None:
+        return value
+    try:
+        return f"{value} ({iso_ms(ms)})"
+    except (OverflowError, OSError, ValueError):  # not a time a datetime holds: show the value alone
+        return value
 
 
 def _int(text: str | None) -> int | None:

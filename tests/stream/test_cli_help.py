@@ -68,9 +68,9 @@ def test_a_wide_terminal_keeps_typers_side_by_side_table():
 
 def test_a_narrow_terminal_puts_each_help_under_its_flag():
     text = _help(("run",), 80)
-    assert re.search(r"│ --no-rewards-normalization <bool> +│\n│     Publish raw rewards unchanged\. +│\n"
+    assert re.search(r"│ --no-rewards-normalization +│\n│     Publish raw rewards unchanged\. +│\n"
                      r"│     \[env var: ROLLOUT_STREAM_NO_REWARDS_NORMALIZATION\] +│", text), text
-    assert re.search(r"│ --progress --no-progress <bool> +│", _help(("dlq", "list"), 80))
+    assert re.search(r"│ --progress --no-progress +│", _help(("dlq", "list"), 80))
 
 
 def test_the_command_list_stays_a_table_at_80_columns():
