@@ -1,6 +1,7 @@
 # rollout-stream developer entry points. `make test` is what CI runs (.ci/run).
 #   make venv   create .venv (Python 3.11) and install the package editable with its test extras
 #   make jars   prefetch the pinned Kafka broker jars into ${ROLLOUT_STREAM_CACHE:-~/.cache/rollout-stream}
+#   make promtool  Prometheus' promtool (checks deploy/prometheus/) into the same cache, unless on PATH
 #   make test   the whole test suite; the Kafka tests start a local broker (or use KAFKA_BOOTSTRAP_SERVERS)
 #   make demo   local broker + worker + synthetic producer, with live progress
 
@@ -8,7 +9,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv jars test demo
+.PHONY: venv jars promtool test demo
 
 venv: $(VENV)/.installed
 
@@ -25,7 +26,23 @@ $(VENV)/.installed: pyproject.toml
 jars: venv
 	$(BIN)/rollout-stream broker fetch-jars
 
-test: venv jars
+# promtool comes from Debian's `prometheus` package: only the binary is unpacked from the .deb into the cache
+# (installing the package would add a Prometheus server and its service, which nothing here needs). The
+# package lists are refreshed only when apt cannot find the package (a fresh machine). Tests look for
+# $PROMTOOL, then promtool on PATH, then this file.
+ROLLOUT_STREAM_CACHE ?= $(HOME)/.cache/rollout-stream
+PROMTOOL := $(ROLLOUT_STREAM_CACHE)/bin/promtool
+promtool: $(PROMTOOL)
+$(PROMTOOL):
+	@mkdir -p $(dir $@)
+	@if command -v promtool >/dev/null 2>&1; then ln -sf "$$(command -v promtool)" $@; exit 0; fi; \
+	set -e; tmp=$$(mktemp -d); chmod 755 $$tmp; trap 'rm -rf "$$tmp"' EXIT; cd $$tmp; \
+	echo "promtool: unpacking it from Debian's prometheus package into $@"; \
+	apt-get download -q prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download -q prometheus; }; \
+	dpkg-deb -x prometheus_*.deb root; install -m 755 root/usr/bin/promtool $@.tmp; mv $@.tmp $@
+	$@ --version | head -1
+
+test: venv jars promtool
 	$(BIN)/pytest -q
 
 demo: venv jars
