@@ -1,94 +1,45 @@
-"""The `rollout-stream` command line: one typer app, one sub-app or command per module in stream/commands."""
+"""The `rollout-stream` command line: the entry point, which says so when Ctrl-C comes while it starts.
+
+The application itself (typer, rich and every command module, a second or more to import) is in
+stream/app.py.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import signal
+import sys
+import threading
 
-import typer
-import typer.rich_utils
-from rich.columns import Columns
-from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
-from rich.measure import Measurement
-from rich.padding import Padding
-from rich.table import Table
-from rich.text import Text
+__all__ = ["app", "main"]
 
-from stream.commands import register_all
-from stream.commands.options import CommandGroup
+_STARTING = "rollout-stream: interrupted while starting; nothing was done"
 
 
-class _HelpTable(Table):
-    """typer's table of options (flag, type, help) that never cuts a flag or an env var name short.
-
-    Side by side when every word fits: the flag and type columns keep their width and only the help column
-    wraps. Else (an 80-column terminal: `--no-rewards-normalization` beside
-    `ROLLOUT_STREAM_NO_REWARDS_NORMALIZATION` takes more) one entry after the other, help indented below
-    its flag, where rich would otherwise end the words with "…".
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._cells: list[tuple[RenderableType, ...]] = []
-
-    def add_row(self, *renderables: RenderableType | None, **kwargs: Any) -> None:
-        self._cells.append(tuple("" if r is None else r for r in renderables))
-        super().add_row(*renderables, **kwargs)
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if self._side_by_side_fits(console, options):
-            for column in self.columns[:-1]:
-                column.no_wrap = True  # so rich narrows the help column alone
-            yield from super().__rich_console__(console, options)
-            return
-        for *head, help_text in self._cells:
-            yield Text(" ").join(cell for cell in head if isinstance(cell, Text) and cell.plain)
-            yield Padding(help_text, (0, 0, 0, 4))
-
-    def _side_by_side_fits(self, console: Console, options: ConsoleOptions) -> bool:
-        if not self._cells:
-            return True
-        *head, help_column = zip(*self._cells, strict=True)
-        heads = [max(Measurement.get(console, options, cell).maximum for cell in column) for column in head]
-        help_words = max(_longest_word(console, options, cell) for cell in help_column)
-        _, right, _, left = self.padding
-        padding = (left + right) * len(self._cells[0]) - (0 if self.pad_edge else left + right)
-        return sum(heads) + help_words + padding <= options.max_width
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    # Nothing has been done while modules load: one line and exit 130 (128 + SIGINT), not a KeyboardInterrupt
+    # traceback from deep inside an import.
+    print(_STARTING, file=sys.stderr, flush=True)
+    raise SystemExit(130)
 
 
-def _longest_word(console: Console, options: ConsoleOptions, cell: RenderableType) -> int:
-    # typer's help cell: Columns of the help text, [env var: …] and [default: …]; a Text measures its
-    # longest word as its minimum width.
-    parts = cell.renderables if isinstance(cell, Columns) else [cell]
-    return max((Measurement.get(console, options, part).minimum for part in parts), default=0)
-
-
-# typer builds its help panels from `Table` in typer.rich_utils (looked up when help is printed).
-typer.rich_utils.Table = _HelpTable  # type: ignore[misc]
-
-app = typer.Typer(
-    name="rollout-stream",
-    cls=CommandGroup,  # usage errors as one line, not typer's rich box
-    help=(
-        "Kafka stream stage between RL rollout workers and asynchronous trainers: windows rollout samples "
-        "by prompt group, refuses groups whose siblings disagree on reward (dead-letter topic), and "
-        "publishes group-normalized rewards (GRPO/GSPO/REINFORCE++ baseline) to a train-data topic."
-    ),
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-
-
-@app.callback()
-def _root() -> None:
-    """Kafka stream stage for RL rollouts: see `rollout-stream COMMAND --help`."""
-
-
-register_all(app)
+# Only over Python's own handler: an ignored SIGINT (a background job) stays ignored.
+_sigint = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+_guard = _sigint is signal.default_int_handler
+if _guard:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+try:
+    from stream.app import app
+finally:  # importing this module (tests, `python -m`) leaves Ctrl-C as it found it
+    if _guard:
+        signal.signal(signal.SIGINT, _sigint)
 
 
 def main() -> None:
-    app()
+    try:
+        app()  # a command interrupted while it runs exits 130 (typer), having said what it did
+    except KeyboardInterrupt:  # while typer builds the command line, before any command runs
+        print(_STARTING, file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
+from kafka import TopicPartition
 from kafka.errors import KafkaError
 from rich.console import RenderableType
 
@@ -26,6 +27,7 @@ from stream.commands.options import (
     grouped_options,
     option_group,
 )
+from stream.dlq.cursor import cursor_name, resume_state
 from stream.dlq.inspect import RecordNotFound, compare_rewards, decode_value, fetch_record, group_members
 from stream.dlq.record import readable_header
 from stream.dlq.render import (
@@ -318,6 +320,8 @@ def replay_(
     )
     try:
         report = run_replay(conn, options, progress=progress)
+    except KeyboardInterrupt:
+        _replay_interrupted(conn, options, json_out)
     except (TopicMissing, ScanStalled, ReplayFailed) as exc:
         fail(str(exc), 1)
     except KafkaError as exc:
@@ -327,6 +331,52 @@ def replay_(
             1,
         )
     _print(replay_document(report), json_out, lambda doc: replay_view(doc, rows))
+
+
+def _replay_interrupted(conn: Connection, options: ReplayOptions, json_out: bool) -> NoReturn:
+    """Ctrl-C during a replay: where its cursor stands (read back from the broker once the open transaction
+    was aborted) and that the next identical run resumes there; exit 130."""
+    cursor = cursor_name(options.selection, options.dead_letter_topic, options.to)
+    doc: dict[str, Any] = {"interrupted": True, "dry_run": options.dry_run, "cursor": cursor}
+    if options.dry_run:
+        line = "dlq replay: interrupted; dry run: nothing was written"
+    else:
+        try:
+            positions = _cursor_positions(conn, options.dead_letter_topic, cursor)
+        except (KafkaError, KeyboardInterrupt) as exc:
+            positions = None
+            unread = f"could not be read back ({type(exc).__name__})"
+        state = resume_state(positions or {})
+        at = {p: om.offset for p, om in sorted((positions or {}).items()) if om is not None and om.offset >= 0}
+        doc.update(positions=at, replay_id=state.replay_id if state else None)
+        if positions is None:
+            where = f"cursor {cursor} {unread}"
+        elif at:
+            where = f"cursor {cursor} stands at " + ", ".join(f"partition {p} offset {o}" for p, o in at.items())
+            where += " (the records before it were replayed, once)"
+        else:
+            where = f"cursor {cursor} has not moved: nothing was replayed"
+        run = f" under replay id {state.replay_id}" if state else ""
+        line = (
+            f"dlq replay: interrupted; the open transaction was aborted (its records are not published); {where}; "
+            f"the same command resumes from there{run}"
+        )
+    print(line, file=sys.stderr)
+    if json_out:
+        print(json_line(doc), flush=True)
+    raise typer.Exit(130)
+
+
+def _cursor_positions(conn: Connection, topic: str, cursor: str) -> dict[int, Any]:
+    """The committed offsets (with metadata) of a replay cursor, by partition of the dead-letter topic."""
+    consumer = make_consumer(conn, group_id=cursor)
+    try:
+        return {
+            p: consumer.committed(TopicPartition(topic, p), metadata=True)
+            for p in sorted(consumer.partitions_for_topic(topic) or ())
+        }
+    finally:
+        consumer.close(autocommit=False)
 
 
 def register(app: typer.Typer) -> None:

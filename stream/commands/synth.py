@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from kafka.errors import AuthorizationError
@@ -14,7 +14,16 @@ from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, con
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, fail, grouped_options
 from stream.producer import RolloutProducer
 from stream.topics import MissingTopic
-from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, default_run_id, plan_groups
+from stream.synth import (
+    FaultRates,
+    RateLimiter,
+    SendProgress,
+    SynthPlan,
+    default_run_id,
+    expectation_document,
+    interruption_summary,
+    send_groups,
+)
 
 
 def _rate(groups: str) -> Any:
@@ -76,29 +85,35 @@ def synth(
     plan = SynthPlan(group_size=group_size, max_siblings=max_siblings, tokens=tokens, faults=faults,
                      seed=seed, run_id=run_id or default_run_id(), write_group_size=not omit_group_size)
     conn = connection_from_options(bootstrap_servers, security)
-    total = Expected()
-    limiter = RateLimiter(rate)
+    progress = SendProgress(plan)
     try:
         with RolloutProducer(conn, topic=input_topic, check=False) as producer:
-            for i, (records, expected) in enumerate(plan_groups(plan, groups, start_index)):
-                for rec in records:
-                    limiter.wait()
-                    producer.send_raw(rec.key, rec.value)
-                total.add(expected)
-                if (i + 1) % 1000 == 0:
-                    print(f"synth: {i + 1}/{groups} groups sent", file=sys.stderr)
+            try:
+                send_groups(producer.send_raw, plan, groups, progress, start_index=start_index,
+                            limiter=RateLimiter(rate),
+                            report=lambda n: print(f"synth: {n}/{groups} groups sent", file=sys.stderr))
+            except KeyboardInterrupt:
+                producer.flush()  # what was handed over reaches the broker (a second Ctrl-C stops this too)
+                _interrupted(progress, groups)
+    except KeyboardInterrupt:  # while connecting, or a second Ctrl-C while delivering the last records
+        _interrupted(progress, groups, delivered=False)
     except MissingTopic as exc:
         fail(str(exc), 2)
     except AuthorizationError as exc:
         fail(f"the broker refused {conn.security.principal or 'this client'}: missing WRITE on topic {input_topic!r} "
              f"({type(exc).__name__}); grant it: rollout-stream acls apply --role producer --input-topic "
              f"{input_topic} --principal ...", 2)
-    print(json.dumps({
-        "run_id": plan.run_id, "groups": groups, "records": total.records,
-        "expected_published_samples": total.published_samples, "expected_published_groups": total.published_groups,
-        "expected_dead_letters": {str(k): v for k, v in sorted(total.dead_letters.items())},
-        "expected_duplicates": total.duplicates,
-    }))
+    print(json.dumps(expectation_document(progress, groups)))
+
+
+def _interrupted(progress: SendProgress, groups: int, *, delivered: bool = True) -> NoReturn:
+    """Ctrl-C: what was sent on stderr, the expectation for it on stdout (as a whole run's), exit 130."""
+    line = interruption_summary(progress)
+    if progress.records and not delivered:
+        line += " (interrupted again while they were delivered: some may not have reached the broker)"
+    print(line, file=sys.stderr)
+    print(json.dumps(expectation_document(progress, groups, interrupted=True)), flush=True)
+    raise typer.Exit(130)
 
 
 def _too_many_faults(faults: FaultRates, fault_rate: float | None) -> str:
