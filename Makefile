@@ -32,13 +32,14 @@ jars: venv
 # $PROMTOOL, then promtool on PATH, then this file.
 ROLLOUT_STREAM_CACHE ?= $(HOME)/.cache/rollout-stream
 PROMTOOL := $(ROLLOUT_STREAM_CACHE)/bin/promtool
+APT_DOWNLOAD := -q -o APT::Sandbox::User=root download prometheus  # into a private temporary directory
 promtool: $(PROMTOOL)
 $(PROMTOOL):
 	@mkdir -p $(dir $@)
 	@if command -v promtool >/dev/null 2>&1; then ln -sf "$$(command -v promtool)" $@; exit 0; fi; \
 	set -e; tmp=$$(mktemp -d); chmod 755 $$tmp; trap 'rm -rf "$$tmp"' EXIT; cd $$tmp; \
 	echo "promtool: unpacking it from Debian's prometheus package into $@"; \
-	apt-get download -q prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download -q prometheus; }; \
+	apt-get $(APT_DOWNLOAD) >/dev/null 2>&1 || { apt-get update -qq && apt-get $(APT_DOWNLOAD); }; \
 	dpkg-deb -x prometheus_*.deb root; install -m 755 root/usr/bin/promtool $@.tmp; mv $@.tmp $@
 	$@ --version | head -1
 
