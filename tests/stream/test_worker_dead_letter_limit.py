@@ -1,6 +1,6 @@
 """The dead-letter limit on the real broker: input that is mostly refused stops the worker (exit 3, one
 line) after it committed what came before, instead of draining the input into the dead-letter topic; a
-restart with the limit off resumes exactly where it stopped."""
+restart with the limit off resumes exactly where it stopped. And the limit's flags, checked at start."""
 
 from __future__ import annotations
 
@@ -9,15 +9,44 @@ import threading
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from typer.testing import CliRunner
 
 from codec import Sample
+from stream.cli import app
 from stream.clients import Connection
-from stream.config import WorkerConfig
+from stream.config import ConfigError, WorkerConfig
 from stream.producer import RolloutProducer
 from stream.worker import DeadLetterLimitExceeded, Worker
 from tests.stream.helpers import new_topics, read_topic, spawn_worker, train_samples, wait_until
 
-pytestmark = pytest.mark.kafka(timeout=180)
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--max-dead-letter-ratio", "1.5"], {},
+         "--max-dead-letter-ratio must be between 0 and 1 (1: never stop), got 1.5"),
+        ([], {"ROLLOUT_STREAM_MAX_DEAD_LETTER_RATIO": "-0.1"},
+         "--max-dead-letter-ratio must be between 0 and 1 (1: never stop), got -0.1"),
+        (["--dead-letter-window", "0"], {},
+         "--dead-letter-window must be between 1 and 1000000 records, got 0"),
+        ([], {"ROLLOUT_STREAM_DEAD_LETTER_WINDOW": "2000000"},
+         "--dead-letter-window must be between 1 and 1000000 records, got 2000000"),
+    ],
+)
+def test_a_limit_out_of_range_is_refused_at_start_naming_its_flag(args, env, message):
+    result = CliRunner().invoke(app, ["run", "--bootstrap-servers", "127.0.0.1:1", *args],
+                                env={"COLUMNS": "200", "KAFKA_BOOTSTRAP_SERVERS": None, **env})
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [f"error: {message}"]
+
+
+def test_the_defaults_and_the_limit_they_make():
+    config = WorkerConfig()
+    assert (config.max_dead_letter_ratio, config.dead_letter_window) == (0.4, 10_000)
+    assert config.dead_letter_limit.enabled
+    assert not WorkerConfig(max_dead_letter_ratio=1.0).dead_letter_limit.enabled
+    with pytest.raises(ConfigError):
+        WorkerConfig(max_dead_letter_ratio=float("nan"))
 
 
 def sample(gi: int, rid: int, *, size: int | None, run: str) -> Sample:
@@ -37,6 +66,7 @@ def dead_letter_offsets(reads) -> list[tuple[str, int]]:
     return sorted((r.headers["x-dlq-reason"], int(r.headers["x-original-offset"])) for r in reads)
 
 
+@pytest.mark.kafka(timeout=180)
 def test_mostly_bad_input_stops_the_cli_with_one_line_after_committing_what_came_before(kafka_bootstrap,
                                                                                       tmp_path):
     topics = new_topics(kafka_bootstrap, partitions=1, prefix="dlqlimit")
@@ -94,6 +124,7 @@ def test_mostly_bad_input_stops_the_cli_with_one_line_after_committing_what_came
         ("decode_error", offset) for offset in range(20, 50)]
 
 
+@pytest.mark.kafka(timeout=180)
 def test_a_wrong_group_size_stops_the_worker_at_the_window_that_proves_it(kafka_bootstrap):
     """Groups of four rollouts that leave group_size unset, read with --group-size 2: every group publishes
     two samples and dead-letters two as late members. Half is more than 40 %: stop after 20 records."""
