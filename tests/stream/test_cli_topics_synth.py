@@ -90,6 +90,7 @@ def test_synth_prints_what_the_stage_must_produce_and_sends_records_keyed_by_gro
         "expected_published_groups": expected.published_groups,
         "expected_dead_letters": {str(k): v for k, v in sorted(expected.dead_letters.items())},
         "expected_duplicates": expected.duplicates,
+        "due_after_group_timeout": expected.due_after_group_timeout(),
     }
     assert expected.records == len(planned) and sum(expected.dead_letters.values()) > 0  # faults were planned
 
