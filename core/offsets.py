@@ -66,6 +66,11 @@ class OffsetLedger:
     def mark_committed(self, positions: dict[int, int]) -> None:
         self.committed.update(positions)
 
+    def next_offset(self, partition: int) -> int | None:
+        """The offset after the last record held in `partition` since it was assigned (None: none yet)."""
+        tracker = self.partitions.get(partition)
+        return tracker.next_offset if tracker is not None else None
+
     def forget(self, partition: int) -> None:
         self.partitions.pop(partition, None)
         self.committed.pop(partition, None)

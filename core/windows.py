@@ -186,6 +186,11 @@ class WindowStore:
         changes, self.changes = self.changes, {}
         return changes
 
+    def discard_changes(self, partition: int) -> None:
+        """Forget a partition's journaled changes (a restore re-created them; the changelog has them)."""
+        for k in [k for k in self.changes if k[0] == partition]:
+            del self.changes[k]
+
     def restore_closed(self, wkey: WindowKey, closed: ClosedGroup) -> None:
         """Reload closed-group memory from the changelog (no change is journaled)."""
         self.closed[wkey] = closed
@@ -197,8 +202,7 @@ class WindowStore:
             self.open_bytes -= self.open.pop(k).nbytes
         for k in [k for k in self.closed if k[0] == partition]:
             del self.closed[k]
-        for k in [k for k in self.changes if k[0] == partition]:
-            del self.changes[k]
+        self.discard_changes(partition)
 
     # ---- internals -----------------------------------------------------------------------------
     def _add(

@@ -9,27 +9,13 @@
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable
-from typing import Any
-
-from kafka.errors import (
-    AuthorizationError,
-    ClusterAuthorizationFailedError,
-    CoordinatorLoadInProgressError,
-    CoordinatorNotAvailableError,
-    GroupAuthorizationFailedError,
-    KafkaError,
-    NotCoordinatorError,
-    TopicAuthorizationFailedError,
-    TransactionalIdAuthorizationFailedError,
-    TransactionalIdNotFoundError,
-)
 
 from stream.acls import Permission, worker_permissions
-from stream.names import transactional_id, transactional_id_prefix
-from stream.clients import Connection, make_admin
+from stream.clients import Connection
 from stream.config import WorkerConfig
+from stream.kafka import Admin, AuthorizationFailed, UnknownTopic, authorization_cause, client_for
+from stream.names import transactional_id, transactional_id_prefix
 
 __all__ = [
     "AccessDenied",
@@ -53,18 +39,21 @@ class AclsNotApplied(RuntimeError):
 def apply_permissions(conn: Connection, principal: str, permissions: Iterable[Permission]) -> int:
     """Create the ACLs (as `conn`, which needs ALTER on the cluster). Returns how many were sent."""
     acls = [p.acl(principal) for p in permissions]
-    admin = make_admin(conn)
+    admin = _admin(conn)
     try:
-        result = admin.create_acls(acls)
+        failed = admin.create_acls(acls)
     finally:
         admin.close()
-    failed = result.get("failed", [])
     if failed:
         raise AclsNotApplied(
             f"the broker refused {len(failed)} of {len(acls)} ACLs: "
-            + "; ".join(f"{type(e).__name__ if isinstance(e, BaseException) else e}" for e in failed)
+            + "; ".join(getattr(e, "kind", type(e).__name__) for _, e in failed)
         )
     return len(acls)
+
+
+def _admin(conn: Connection) -> Admin:
+    return client_for(conn).admin(client_id=conn.client_id)
 
 
 def missing_permissions(
@@ -78,7 +67,7 @@ def missing_permissions(
     anything is written. Without an authorizer on the broker nothing is missing.
     """
     missing: list[Permission] = []
-    admin = make_admin(conn)
+    admin = _admin(conn)
     try:
         topics = list(dict.fromkeys(p.name for p in permissions if p.resource == "topic"))
         if topics:
@@ -88,54 +77,38 @@ def missing_permissions(
                 admin, group, [p for p in permissions if p.name == group and p.resource == "group"]
             )
         for p in permissions:
-            if p.resource == "transactional-id" and not _may_describe_transaction(
-                admin, (transactional_ids or {}).get(p.name, p.name)
+            if p.resource == "transactional-id" and not admin.may_describe_transaction(
+                (transactional_ids or {}).get(p.name, p.name)
             ):
                 missing.append(p)
         cluster_ops = [p for p in permissions if p.resource == "cluster"]
         if cluster_ops:
-            ops = admin.describe_cluster().get("authorized_operations")
-            if isinstance(ops, list):
+            ops = admin.cluster_operations()
+            if ops is not None:
                 missing += [p for p in cluster_ops if p.op_name not in ops]
     finally:
         admin.close()
     return missing
 
 
-def _may_describe_transaction(admin: Any, tid: str, budget_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + budget_s
-    while True:
-        try:
-            admin.describe_transactions([tid])
-            return True
-        except TransactionalIdAuthorizationFailedError:
-            return False
-        except TransactionalIdNotFoundError:
-            return True  # allowed to describe it; it has just never been used
-        except (CoordinatorNotAvailableError, CoordinatorLoadInProgressError, NotCoordinatorError):
-            if time.monotonic() >= deadline:  # a fresh cluster creates __transaction_state on first use
-                return True  # unknown: the producer's init_transactions reports a refusal itself
-            time.sleep(0.25)
-
-
-def _missing_on_topics(admin: Any, topics: list[str], permissions: list[Permission]) -> list[Permission]:
-    described = {t["name"]: t for t in admin.describe_topics(topics)}
+def _missing_on_topics(admin: Admin, topics: list[str], permissions: list[Permission]) -> list[Permission]:
+    described = {t.name: t for t in admin.describe_topics(topics, authorized_operations=True)}
     missing: list[Permission] = []
     for name in topics:
         wanted = [p for p in permissions if p.resource == "topic" and p.name == name]
-        info = described.get(name, {})
-        error = info.get("error_code", 0)
-        ops = info.get("authorized_operations")
-        if error == 29:  # TOPIC_AUTHORIZATION_FAILED: not even Describe (or absent and not ours to know)
+        info = described.get(name)
+        error = info.error if info is not None else None
+        ops = info.authorized_operations if info is not None else None
+        if isinstance(error, AuthorizationFailed):  # not even Describe (or absent and not ours to know)
             missing += [p for p in wanted if p.operation != "Create"] or wanted
             continue
-        if error == 3:  # UNKNOWN_TOPIC_OR_PARTITION: describable, absent
+        if isinstance(error, UnknownTopic):  # describable, absent
             create = next((p for p in wanted if p.operation == "Create"), None)
-            if create is None or _may_create(admin, name):
+            if create is None or admin.may_create_topic(name):
                 continue  # created at start; ensure_topics reports its own errors
             missing.append(create)
             continue
-        if not isinstance(ops, list):
+        if ops is None:
             continue  # no authorizer, or an old broker: nothing to check
         for p in wanted:
             if p.operation == "Create":
@@ -146,27 +119,12 @@ def _missing_on_topics(admin: Any, topics: list[str], permissions: list[Permissi
     return missing
 
 
-def _may_create(admin: Any, topic: str) -> bool:
-    result = admin.create_topics(
-        {topic: {"num_partitions": 1, "replication_factor": -1}},
-        validate_only=True,
-        raise_errors=False,
-    )
-    codes = [t.get("error_code", 0) for t in result.get("topics", [])]
-    return 29 not in codes and 31 not in codes
-
-
-def _missing_on_group(admin: Any, group: str, wanted: list[Permission]) -> list[Permission]:
+def _missing_on_group(admin: Admin, group: str, wanted: list[Permission]) -> list[Permission]:
     try:
-        described = admin.describe_groups([group]).get(group, {})
-    except GroupAuthorizationFailedError:
+        ops = admin.group_operations(group)
+    except AuthorizationFailed:
         return wanted
-    except KafkaError:
-        return []  # coordinator not available and the like: the consumer will report it
-    if described.get("error") and "GROUP_AUTHORIZATION_FAILED" in str(described["error"]):
-        return wanted
-    ops = described.get("authorized_operations")
-    if not isinstance(ops, list):
+    if ops is None:
         return []
     return [p for p in wanted if p.op_name not in ops]
 
@@ -226,25 +184,9 @@ def check_worker_access(conn: Connection, config: WorkerConfig, *, create_topics
         raise AccessDenied(describe_missing(principal, missing, hint=acls_print_hint(principal, config)))
 
 
-_DENIALS = {
-    TopicAuthorizationFailedError: "a topic",
-    GroupAuthorizationFailedError: "the consumer group",
-    TransactionalIdAuthorizationFailedError: "the transactional id",
-    ClusterAuthorizationFailedError: "the cluster",
-}
+_DENIALS = {"topic": "a topic", "group": "the consumer group", "transactional_id": "the transactional id",
+            "cluster": "the cluster"}
 
-
-def authorization_cause(exc: BaseException | None) -> AuthorizationError | None:
-    """The authorization error behind `exc`, also where kafka-python wraps it ("Cannot perform send
-    because at least one previous transactional or idempotent request has failed", TopicAuthorization…)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, AuthorizationError):
-            return exc
-        nested = next((a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)), None)
-        exc = nested or exc.__cause__ or exc.__context__
-    return None
 
 
 def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | None = None) -> str | None:
@@ -253,7 +195,7 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
     if cause is None:
         return None
     exc = cause
-    kind = next((what for cls, what in _DENIALS.items() if isinstance(exc, cls)), "a resource")
+    kind = _DENIALS.get(cause.resource, "a resource")
     who = conn.security.principal or "this client"
     if kind == "a topic":
         what = "an ACL on a topic"
@@ -281,7 +223,7 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
         what = "an operation on the cluster"
     else:
         what = f"a permission ({exc})"
-    line = f"the broker refused {who}: missing {what} ({type(exc).__name__})"
+    line = f"the broker refused {who}: missing {what} ({cause.kind})"
     if config is not None:
         line += "; " + acls_print_hint(conn.security.principal, config)
     return line

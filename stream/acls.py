@@ -22,15 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from stream.kafka import AclSpec
 from stream.names import changelog_topic_name, transactional_id_prefix
-from kafka.admin import (
-    ACL,
-    ACLOperation,
-    ACLPermissionType,
-    ACLResourcePatternType,
-    ResourcePattern,
-    ResourceType,
-)
 
 __all__ = [
     "Permission",
@@ -45,19 +38,9 @@ Resource = Literal["topic", "group", "transactional-id", "cluster"]
 Operation = Literal["Read", "Write", "Describe", "Create", "IdempotentWrite"]
 Role = Literal["worker", "producer", "reader"]
 
-_RESOURCE_TYPES = {
-    "topic": ResourceType.TOPIC,
-    "group": ResourceType.GROUP,
-    "transactional-id": ResourceType.TRANSACTIONAL_ID,
-    "cluster": ResourceType.CLUSTER,
-}
-_OPERATIONS = {
-    "Read": ACLOperation.READ,
-    "Write": ACLOperation.WRITE,
-    "Describe": ACLOperation.DESCRIBE,
-    "Create": ACLOperation.CREATE,
-    "IdempotentWrite": ACLOperation.IDEMPOTENT_WRITE,
-}
+# As the broker names operations in authorized operations (KIP-430).
+_OPERATIONS = {"Read": "READ", "Write": "WRITE", "Describe": "DESCRIBE", "Create": "CREATE",
+               "IdempotentWrite": "IDEMPOTENT_WRITE"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,17 +60,10 @@ class Permission:
     @property
     def op_name(self) -> str:
         """As the broker names it in authorized operations: READ, WRITE, IDEMPOTENT_WRITE, ..."""
-        return _OPERATIONS[self.operation].name
+        return _OPERATIONS[self.operation]
 
-    def acl(self, principal: str, host: str = "*") -> ACL:
-        pattern = ACLResourcePatternType.PREFIXED if self.prefixed else ACLResourcePatternType.LITERAL
-        return ACL(
-            principal=principal,
-            host=host,
-            operation=_OPERATIONS[self.operation],
-            permission_type=ACLPermissionType.ALLOW,
-            resource_pattern=ResourcePattern(_RESOURCE_TYPES[self.resource], self.name, pattern),
-        )
+    def acl(self, principal: str, host: str = "*") -> AclSpec:
+        return AclSpec(principal, self.resource, self.name, self.operation, self.prefixed, host)
 
 
 # -- the lists -----------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from stream.consumer_state import backlog
 
 __all__ = ["CommitCadence", "POLL_MS", "POLL_RECORDS", "CAUGHT_UP_FRACTION", "caught_up"]
 
@@ -63,6 +62,7 @@ class CommitCadence:
 
 
 def caught_up(consumer: Any, returned: int) -> bool:
-    """The last poll returned less than it may and less than a poll's worth is left. A poll's count alone
-    is not enough: records of 213 KB come a few per fetch even from a long backlog."""
-    return returned < POLL_RECORDS and backlog(consumer) < POLL_RECORDS
+    """The last poll returned less than it may and less than a poll's worth is left (`consumer.backlog()`,
+    stream.kafka.seam). A poll's count alone is not enough: records of 213 KB come a few per fetch even
+    from a long backlog."""
+    return returned < POLL_RECORDS and consumer.backlog() < POLL_RECORDS

@@ -1,12 +1,11 @@
-"""The one place Kafka clients are built: every command gets its consumers, producers and admin here."""
+"""How to reach the cluster (`Connection`: addresses, client id, security), parsed once; the clients themselves
+are built by the Kafka seam's factory, `stream.kafka.client_for(conn)`."""
 
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
 from typing import Any
-
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from stream.security import SecuritySettings
 
@@ -26,10 +25,6 @@ __all__ = [
 
 # Samples of 32 MiB must pass end to end (SPEC §4.5); topics and clients are sized for 64 MiB.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
-FETCH_PARTITION_BYTES = 4 * 1024 * 1024
-FETCH_MAX_BYTES = 16 * 1024 * 1024
-# Longest wait between reconnect attempts to a broker that is down (the Java client's default is 1 s).
-RECONNECT_BACKOFF_MAX_MS = 5000
 # The port of an address given without one, as for every Kafka client (Java, librdkafka, kafka-python).
 DEFAULT_KAFKA_PORT = 9092
 
@@ -95,50 +90,32 @@ class Connection:
         object.__setattr__(self, "bootstrap_servers", ",".join(format_address(h, p) for h, p in addresses))
 
     def client_settings(self) -> dict[str, Any]:
-        return {
-            "bootstrap_servers": self.bootstrap_servers.split(","),
-            "client_id": self.client_id,
-            **self.security.client_settings(),
-        }
+        """kafka-python keyword arguments (stream.kafka.kafka_python maps them)."""
+        from stream.kafka.kafka_python import client_settings
+
+        return client_settings(self)
 
 
-def make_consumer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES, **overrides: Any) -> KafkaConsumer:
-    settings: dict[str, Any] = {
-        **conn.client_settings(),
-        "enable_auto_commit": False,
-        "auto_offset_reset": "earliest",
-        "isolation_level": "read_committed",
-        # Fetch sizes bound the client's buffers, not the record size: since KIP-74 (fetch v3) the broker
-        # returns a first record batch larger than these limits whole, so 64 MiB samples still pass. Large
-        # limits only let one fetch hold ~50 MiB of raw response next to the records copied out of it
-        # (measured: peak RSS 1.71 -> 1.25 x open-window bytes for 32K-token windows; docs/benchmarks.md).
-        "max_partition_fetch_bytes": min(max_record_bytes, FETCH_PARTITION_BYTES),
-        "fetch_max_bytes": FETCH_MAX_BYTES,
-        "max_poll_records": 500,
-        # kafka-python backs off up to 30 s between reconnects; after a broker restart that is 30 s of idling.
-        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
-    }
-    settings.update(overrides)
-    return KafkaConsumer(**settings)
+def make_consumer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES, **overrides: Any) -> Any:
+    """kafka-python's own consumer, for tests and benchmarks that want a client independent of the seam; the
+    product builds its clients with `stream.kafka.client_for(conn)`."""
+    from stream.kafka.kafka_python import raw_consumer
+
+    return raw_consumer(conn, max_record_bytes=max_record_bytes, **overrides)
 
 
-def make_producer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES, **overrides: Any) -> KafkaProducer:
-    settings: dict[str, Any] = {
-        **conn.client_settings(),
-        "acks": "all",
-        "enable_idempotence": True,
-        "linger_ms": 5,
-        "batch_size": 256 * 1024,
-        # A train sample is its rollout sample plus ~300 bytes of statistics and lineage.
-        "max_request_size": max_record_bytes + 1024 * 1024,
-        "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
-    }
-    settings.update(overrides)
-    return KafkaProducer(**settings)
+def make_producer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES, **overrides: Any) -> Any:
+    """kafka-python's own producer (see `make_consumer`)."""
+    from stream.kafka.kafka_python import raw_producer
+
+    return raw_producer(conn, max_record_bytes=max_record_bytes, **overrides)
 
 
-def make_admin(conn: Connection, **overrides: Any) -> KafkaAdminClient:
-    return KafkaAdminClient(**conn.client_settings(), **overrides)
+def make_admin(conn: Connection, **overrides: Any) -> Any:
+    """kafka-python's own admin client (see `make_consumer`)."""
+    from stream.kafka.kafka_python import raw_admin
+
+    return raw_admin(conn, **overrides)
 
 
 class BrokerUnreachable(ConnectionError):

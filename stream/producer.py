@@ -7,11 +7,10 @@ from dataclasses import replace
 from typing import Any
 
 import msgspec
-from kafka.errors import AuthorizationError
 
 from codec import Sample, encode_sample, group_key
-from stream.clients import Connection, make_producer
-from stream.preflight import check_connection
+from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.kafka import SendFuture, check_connection, client_for
 from stream.security import SecuritySettings
 from stream.topics import require_topics
 
@@ -44,23 +43,26 @@ class RolloutProducer:
             check_connection(conn)
         require_topics(conn, {topic: ""}, hint="create it with `rollout-stream topics create` (check the name "
                        "for a typo)")
-        self._producer = make_producer(conn, **producer_settings)
+        self._producer = client_for(conn).producer(client_id=conn.client_id,
+                                                   max_record_bytes=producer_settings.pop("max_record_bytes", MAX_RECORD_BYTES),
+                                                   **producer_settings)
 
-    def send(self, sample: Sample, *, timestamp_ms: int | None = None, headers: list[tuple[str, bytes]] | None = None) -> Any:
-        """Encode and send one sample; returns the kafka-python future."""
-        return _refused_at_once(self._producer.send(
-            self.topic, value=encode_sample(sample), key=group_key(sample), timestamp_ms=timestamp_ms, headers=headers
-        ))
+    def send(self, sample: Sample, *, timestamp_ms: int | None = None,
+             headers: list[tuple[str, bytes]] | None = None) -> SendFuture:
+        """Encode and send one sample; its outcome is known after `flush()`. A send the client already knows
+        failed (e.g. no Write ACL on the topic) raises at once: samples are never dropped silently."""
+        return self._producer.send(self.topic, encode_sample(sample), group_key(sample), timestamp_ms=timestamp_ms,
+                                   headers=headers)
 
-    def send_raw(self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None) -> Any:
+    def send_raw(self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None) -> SendFuture:
         """Send bytes as they are (tests, replays, fault injection)."""
-        return _refused_at_once(self._producer.send(self.topic, value=value, key=key, timestamp_ms=timestamp_ms))
+        return self._producer.send(self.topic, value, key, timestamp_ms=timestamp_ms)
 
-    def send_group(self, samples: Iterable[Sample]) -> list[Any]:
+    def send_group(self, samples: Iterable[Sample]) -> list[SendFuture]:
         return [self.send(s) for s in samples]
 
     def send_many(self, samples: Iterable[Any], *, group_size: int | None = None,
-                  run_id: str | None = None) -> list[Any]:
+                  run_id: str | None = None) -> list[SendFuture]:
         """Publish one finished prompt group in one call: `samples` are this package's `Sample`s or miles-like
         samples (objects or dicts, `Sample.from_miles`), all of one `group_index`.
 
@@ -105,10 +107,3 @@ def numbered_group(samples: Iterable[Any], *, group_size: int | None = None,
                 run_id=run_id if run_id is not None else group[row].run_id)
     return out
 
-
-def _refused_at_once(future: Any) -> Any:
-    """Raise an authorization error kafka-python reports only in an already-failed future (no Write ACL on the
-    topic): a rollout producer must not drop samples silently."""
-    if future.is_done and future.failed() and isinstance(future.exception, AuthorizationError):
-        raise future.exception
-    return future

@@ -31,10 +31,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from kafka import TopicPartition
-from kafka.errors import KafkaError
-from kafka.structs import OffsetAndMetadata
-
 from codec import DecodeError, TrainSample, decode_train_sample
 from core.assembly import (
     AssembledGroup,
@@ -52,8 +48,8 @@ from core.assembly import (
     plan_batch,
 )
 from core.collate import Collated, collate
-from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_consumer
-from stream.consumer_state import unpark_resumed
+from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
 from stream.logs import log_event
 from stream.security import SecuritySettings
 
@@ -149,7 +145,7 @@ _Item = tuple[str, Any, Any]
 class _CaughtUp:
     """Whether a partition is read to its end (read_committed: an open transaction keeps it behind)."""
 
-    def __init__(self, consumer: Any, tps: dict[int, TopicPartition]) -> None:
+    def __init__(self, consumer: AssignedConsumer, tps: dict[int, TopicPartition]) -> None:
         self.consumer, self.tps = consumer, tps
         self.known: dict[int, bool] = {}
 
@@ -157,7 +153,7 @@ class _CaughtUp:
         if partition not in self.known:
             tp = self.tps[partition]
             high = self.consumer.highwater(tp)
-            self.known[partition] = high is not None and self.consumer.position(tp) >= high
+            self.known[partition] = high is not None and self.consumer.fetch_position(tp) >= high
         return self.known[partition]
 
 
@@ -166,7 +162,7 @@ class _Prefetcher(threading.Thread):
         super().__init__(name=f"train-data-reader-{reader.rank}", daemon=True)
         self.r = reader
         self.stop = threading.Event()
-        self.consumer: Any = None
+        self.consumer: AssignedConsumer | None = None
 
     def run(self) -> None:
         try:
@@ -175,7 +171,7 @@ class _Prefetcher(threading.Thread):
             self._put(("error", exc, None))
         finally:
             if self.consumer is not None:
-                self.consumer.close(autocommit=False)
+                self.consumer.close()
 
     def _put(self, item: _Item) -> bool:
         while not self.stop.is_set():
@@ -188,6 +184,7 @@ class _Prefetcher(threading.Thread):
 
     def _partitions(self) -> list[int]:
         waited = 0.0
+        assert self.consumer is not None
         while not self.stop.is_set():
             parts = self.consumer.partitions_for_topic(self.r.topic)
             if parts:
@@ -203,21 +200,20 @@ class _Prefetcher(threading.Thread):
         r = self.r
         groups = [rank_group_id(r.group_id, i) for i in range(r.world_size)]
         tps = [TopicPartition(r.topic, p) for p in partitions]
-        admin = make_admin(r.conn)
+        admin = client_for(r.conn).admin(client_id=r.conn.client_id)
         try:
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    found = admin.list_group_offsets({g: tps for g in groups})
+                    found = admin.group_offsets(groups, tps)
                     break
-                except KafkaError as exc:  # e.g. the coordinator of a fresh cluster is still being elected
+                except KafkaFailure as exc:  # e.g. the coordinator of a fresh cluster is still being elected
                     if not exc.retriable or time.monotonic() > deadline or self.stop.is_set():
                         raise
                     time.sleep(0.5)
         finally:
             admin.close()
-        resume = choose_resume([
-            {tp.partition: (om.offset, om.metadata) for tp, om in found.get(g, {}).items()} for g in groups])
+        resume = choose_resume([{tp.partition: om for tp, om in found.get(g, {}).items()} for g in groups])
         if resume.rank is None:
             return None, {}
         log_event(log, "reader.resume", topic=r.topic, group=groups[resume.rank],
@@ -228,7 +224,8 @@ class _Prefetcher(threading.Thread):
     def _run(self) -> None:
         r = self.r
         conn = replace(r.conn, client_id=f"rollout-stream-reader-{r.rank}")
-        self.consumer = c = make_consumer(conn, group_id=None, max_record_bytes=r.max_record_bytes)
+        self.consumer = c = client_for(conn).assigned_consumer(client_id=conn.client_id,
+                                                               max_record_bytes=r.max_record_bytes)
         partitions = self._partitions()
         if not partitions:
             return
@@ -239,9 +236,9 @@ class _Prefetcher(threading.Thread):
             if p in resume:
                 c.seek(tp, resume[p].offset)
             elif r.start == "latest":
-                c.seek_to_end(tp)
+                c.seek_to_end([tp])
             else:
-                c.seek_to_beginning(tp)
+                c.seek_to_beginning([tp])
         marks = ReadMarks()
         for p, tp in tps.items():
             marks.start(p, c.position(tp), resume.get(p))
@@ -250,8 +247,7 @@ class _Prefetcher(threading.Thread):
         merger = GroupMerger(partitions, r.partition_idle_ms)
         paused: set[int] = set()
         while not self.stop.is_set():
-            unpark_resumed(c)  # kafka-python keeps a resumed partition's parked records otherwise
-            polled = c.poll(timeout_ms=100)
+            polled = c.poll(0.1)
             for tp, records in polled.items():
                 mark = resume.get(tp.partition)
                 for rec in records:
@@ -270,10 +266,10 @@ class _Prefetcher(threading.Thread):
             for p, tp in tps.items():  # bounded memory: stop fetching partitions far ahead of the merge
                 pause = fetch_paused(merger.backlog(p), r._max_backlog, p in paused)
                 if pause and p not in paused:
-                    c.pause(tp)
+                    c.pause([tp])
                     paused.add(p)
                 elif not pause and p in paused:
-                    c.resume(tp)
+                    c.resume([tp])
                     paused.discard(p)
 
 
@@ -522,9 +518,11 @@ class TrainDataReader:
             meta, truncated = commit_metadata(mark, index)
             if truncated:  # too many interleaved offsets to list: re-read them on restart
                 log_event(log, "commit.metadata_truncated", logging.WARNING, partition=p, keep=len(mark.keep))
-            offsets[TopicPartition(self.topic, p)] = OffsetAndMetadata(mark.offset, meta, -1)
+            offsets[TopicPartition(self.topic, p)] = Committed(mark.offset, meta)
         if self._committer is None:
-            self._committer = make_consumer(self.conn, group_id=rank_group_id(self.group_id, self.rank))
+            self._committer = client_for(self.conn).assigned_consumer(
+                client_id=self.conn.client_id, max_record_bytes=self.max_record_bytes,
+                commit_group=rank_group_id(self.group_id, self.rank))
         self._committer.commit(offsets)
         self._committed = self._yielded
         return True
@@ -536,7 +534,7 @@ class TrainDataReader:
         self._thread.stop.set()
         self._thread.join(timeout=30)
         if self._committer is not None:
-            self._committer.close(autocommit=False)
+            self._committer.close()
 
     def __enter__(self) -> TrainDataReader:
         return self

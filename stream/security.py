@@ -8,15 +8,12 @@ settings object can be logged, put in an exception or printed by a debugger with
 
 from __future__ import annotations
 
-import logging
 import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
-
-from kafka.net.sasl.oauth import AbstractTokenProvider
 
 __all__ = [
     "ENV_VARS",
@@ -83,26 +80,6 @@ class SecretStr:
         return bool(self._value)
 
 
-class _MaskedStr(str):
-    """What kafka-python receives as a password: a real str, but a dict of client settings it logs at debug
-    level (``Starting KafkaAdminClient with configuration: {...}``) shows it masked."""
-
-    def __repr__(self) -> str:
-        return repr(MASK)
-
-
-class _FileTokenProvider(AbstractTokenProvider):
-    """OAUTHBEARER: the token is read from a file at every (re)authentication, so a sidecar can refresh it."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
-
-    def token(self) -> str:
-        return self.path.read_text().strip()
-
-    def __repr__(self) -> str:
-        return f"_FileTokenProvider({str(self.path)!r})"
 
 
 def _read_secret_file(path: Path, what: str) -> SecretStr:
@@ -283,22 +260,10 @@ class SecuritySettings:
         return ctx
 
     def client_settings(self) -> dict[str, Any]:
-        """kafka-python keyword arguments (KafkaConsumer, KafkaProducer, KafkaAdminClient)."""
-        out: dict[str, Any] = {"security_protocol": self.protocol}
-        if self.uses_tls:
-            out["ssl_context"] = self.ssl_context()
-            out["ssl_check_hostname"] = self.ssl_check_hostname
-        if self.uses_sasl:
-            _quiet_wire_logs()
-            out["sasl_mechanism"] = self.sasl_mechanism
-            if self.sasl_mechanism == "OAUTHBEARER":
-                assert self.sasl_oauth_token_file is not None
-                out["sasl_oauth_token_provider"] = _FileTokenProvider(self.sasl_oauth_token_file)
-            else:
-                assert self.sasl_password is not None
-                out["sasl_plain_username"] = self.sasl_username
-                out["sasl_plain_password"] = _MaskedStr(self.sasl_password.get_secret_value())
-        return out
+        """kafka-python keyword arguments (its implementation of the Kafka seam maps them)."""
+        from stream.kafka.kafka_python import security_settings
+
+        return security_settings(self)
 
     # -- construction from the outside world --------------------------------------------------------
     @classmethod
@@ -380,11 +345,4 @@ def _why(exc: BaseException) -> str:
         return exc.strerror or str(exc)
     return str(exc)
 
-
-def _quiet_wire_logs() -> None:
-    """kafka-python logs raw request bytes at DEBUG (a SASL PLAIN token holds the password): keep INFO."""
-    for name in ("kafka.protocol.parser", "kafka.net.connection"):
-        logger = logging.getLogger(name)
-        if logger.getEffectiveLevel() < logging.INFO:
-            logger.setLevel(logging.INFO)
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
-
-from stream.clients import MAX_RECORD_BYTES, Connection, make_admin
+from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.kafka import Admin, TopicExists, TopicSpec, UnknownTopic, client_for
 
 __all__ = ["TopicSettings", "ensure_topics", "ensure_changelog", "TopicMismatch", "MissingTopic", "require_topics",
            "missing_topics"]
@@ -28,28 +26,31 @@ def ensure_topics(
     conn: Connection, *, data_topics: list[str], dead_letter_topics: list[str], settings: TopicSettings
 ) -> list[str]:
     """Create the topics that are missing; return the names created. Existing topics are left as they are."""
-    admin = make_admin(conn)
+    admin = _admin(conn)
     try:
-        existing = set(admin.list_topics())
+        existing = admin.list_topics()
         common = {"max.message.bytes": str(settings.max_message_bytes)}
-        wanted: list[NewTopic] = []
+        wanted: list[TopicSpec] = []
         for name in dict.fromkeys(data_topics):
             if name not in existing:
-                wanted.append(NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=common))
+                wanted.append(TopicSpec(name, settings.partitions, settings.replication_factor, common))
         for name in dict.fromkeys(dead_letter_topics):
             if name not in existing:
                 configs = {**common, "retention.ms": str(settings.dead_letter_retention_ms)}
-                wanted.append(NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=configs))
+                wanted.append(TopicSpec(name, settings.partitions, settings.replication_factor, configs))
         created: list[str] = []
-        for topic in wanted:
-            try:
-                admin.create_topics([topic])
-                created.append(topic.name)
-            except TopicAlreadyExistsError:
-                pass  # created concurrently by another worker
+        for name, error in admin.create_topics(wanted).items():
+            if error is None:
+                created.append(name)
+            elif not isinstance(error, TopicExists):  # TopicExists: created concurrently by another worker
+                raise error
         return created
     finally:
         admin.close()
+
+
+def _admin(conn: Connection) -> Admin:
+    return client_for(conn).admin(client_id=conn.client_id)
 
 
 class MissingTopic(LookupError):
@@ -66,18 +67,15 @@ class MissingTopic(LookupError):
 def missing_topics(conn: Connection, topics: list[str]) -> list[str]:
     """Topics the broker says do not exist. A topic this client may not even describe is not listed either;
     it is not reported here (its authorization error, with the ACL to grant, comes from where it is used)."""
-    admin = make_admin(conn)
+    admin = _admin(conn)
     try:
-        existing = set(admin.list_topics())
+        existing = admin.list_topics()
         unlisted = [t for t in dict.fromkeys(topics) if t not in existing]
         if not unlisted:
             return []
-        return [d["name"] for d in admin.describe_topics(unlisted) if d.get("error_code") == _UNKNOWN_TOPIC]
+        return [t.name for t in admin.describe_topics(unlisted) if isinstance(t.error, UnknownTopic)]
     finally:
         admin.close()
-
-
-_UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION; 29 (TOPIC_AUTHORIZATION_FAILED) hides whether it exists
 
 
 def require_topics(conn: Connection, topics: dict[str, str], *,
@@ -94,18 +92,18 @@ class TopicMismatch(RuntimeError):
 
 def ensure_changelog(conn: Connection, name: str, partitions: int) -> bool:
     """The compacted changelog of the worker's windows: one partition per input partition."""
-    admin = make_admin(conn)
+    admin = _admin(conn)
     try:
-        if name not in set(admin.list_topics()):
-            try:
-                admin.create_topics([NewTopic(name, partitions, 1, topic_configs={
-                    "cleanup.policy": "compact", "min.compaction.lag.ms": "60000",
-                    "max.message.bytes": str(8 * 1024 * 1024)})])
+        if name not in admin.list_topics():
+            error = admin.create_topics([TopicSpec(name, partitions, 1, {
+                "cleanup.policy": "compact", "min.compaction.lag.ms": "60000",
+                "max.message.bytes": str(8 * 1024 * 1024)})])[name]
+            if error is None:
                 return True
-            except TopicAlreadyExistsError:
-                pass
+            if not isinstance(error, TopicExists):
+                raise error
         described = admin.describe_topics([name])
-        have = len(described[0]["partitions"]) if described else 0
+        have = (described[0].partitions or 0) if described else 0
         if have != partitions:
             raise TopicMismatch(
                 f"changelog topic {name!r} has {have} partitions but the input topic has {partitions}; "

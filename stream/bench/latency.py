@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from kafka import TopicPartition
 
 from stream.bench.workloads import Workload, group_records
-from stream.clients import Connection, make_consumer, make_producer
+from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.kafka import TopicPartition, client_for
 
 __all__ = ["LatencyResult", "percentile", "measure_latency"]
 
@@ -58,11 +58,12 @@ class _Observer(threading.Thread):
 
     def __init__(self, conn: Connection, topic: str) -> None:
         super().__init__(name="bench-latency-observer", daemon=True)
-        self.consumer = make_consumer(conn, group_id=None, fetch_max_wait_ms=10)
+        self.consumer = client_for(conn).assigned_consumer(client_id=conn.client_id,
+                                                           max_record_bytes=MAX_RECORD_BYTES, fetch_max_wait_ms=10)
         parts = sorted(self.consumer.partitions_for_topic(topic) or ())
         tps = [TopicPartition(topic, p) for p in parts]
         self.consumer.assign(tps)
-        self.consumer.seek_to_end(*tps)
+        self.consumer.seek_to_end(tps)
         for tp in tps:
             self.consumer.position(tp)  # resolve "end" now, before anything is produced
         self.seen: dict[bytes, float] = {}
@@ -73,7 +74,7 @@ class _Observer(threading.Thread):
         try:
             warm_until = time.monotonic() + 1.0
             while not self.stop.is_set():
-                batch = self.consumer.poll(timeout_ms=50)
+                batch = self.consumer.poll(0.05)
                 now = time.monotonic()
                 if now >= warm_until:
                     self.ready.set()
@@ -82,7 +83,7 @@ class _Observer(threading.Thread):
                         if rec.key is not None and rec.key not in self.seen:
                             self.seen[rec.key] = now
         finally:
-            self.consumer.close(autocommit=False)
+            self.consumer.close()
 
 
 def measure_latency(
@@ -109,7 +110,7 @@ def measure_latency(
     observer.start()
     # Otherwise the first groups also wait for the observer's own connection and first fetch.
     observer.ready.wait(timeout=15)
-    producer = make_producer(conn, client_id="bench-load")
+    producer = client_for(conn).producer(client_id="bench-load", max_record_bytes=MAX_RECORD_BYTES)
     sent: dict[bytes, float] = {}
     started = time.monotonic()
     try:
@@ -119,7 +120,7 @@ def measure_latency(
             if pause > 0:
                 time.sleep(pause)
             for key, value in records:
-                producer.send(input_topic, key=key, value=value)
+                producer.send(input_topic, value, key)
             sent[records[0][0]] = time.monotonic()
         producer.flush(timeout=60)
         deadline = time.monotonic() + drain_s

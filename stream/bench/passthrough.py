@@ -1,6 +1,6 @@
 """The client's ceiling: consume raw bytes → produce raw bytes → commit, with the worker's clients.
 
-No decode, no windows, no normalization: what is left is what kafka-python costs for the same records
+No decode, no windows, no normalization: what is left is what the Kafka client costs for the same records
 under the same delivery guarantee (exactly-once: one transaction per commit carrying the outputs and
 the input offsets via send_offsets_to_transaction; at-least-once: flush, then commit offsets).
 """
@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Literal
-
-from kafka import TopicPartition
-from kafka.structs import OffsetAndMetadata
+from typing import Literal
 
 from stream.cadence import POLL_RECORDS, CommitCadence, caught_up
-from stream.clients import Connection, make_consumer, make_producer
-from stream.rejoin import RejoinWatchdog
+from stream.clients import Connection
+from stream.kafka import GroupConsumer, Producer, TopicPartition, client_for
 
 __all__ = ["Passthrough"]
 
 REJOIN_S = 10.0
-"""No partition for this long after subscribing: rejoin the group."""
+"""No partition for this long after subscribing: rejoin the group (a drain that reads nothing is retried)."""
+
+
+class _Rebalances:
+    """The passthrough keeps no state per partition: a rebalance needs nothing from it."""
+
+    def on_assigned(self, partitions: set[int]) -> None: ...
+    def on_revoked(self, partitions: set[int]) -> None: ...
+    def on_lost(self, partitions: set[int]) -> None: ...
 
 
 class Passthrough:
@@ -65,33 +70,25 @@ class Passthrough:
         self.cadence.soon()
 
     def run(self) -> None:
-        consumer = make_consumer(
-            self.conn,
-            group_id=self.group_id,
-            max_record_bytes=self.max_record_bytes,
-            session_timeout_ms=int(self.session_timeout_s * 1000),
-            heartbeat_interval_ms=max(100, int(self.session_timeout_s * 1000 / 3)),
-        )
+        client = client_for(self.conn)
+        consumer = client.group_consumer(self.group_id, client_id=self.conn.client_id,
+                                         max_record_bytes=self.max_record_bytes,
+                                         session_timeout_s=self.session_timeout_s, rejoin_after_s=REJOIN_S)
         if self.eos:
-            producer = make_producer(
-                self.conn,
-                max_record_bytes=self.max_record_bytes,
-                transactional_id=self.transactional_id,
-                transaction_timeout_ms=int(self.transaction_timeout_s * 1000),
-            )
+            producer = client.producer(client_id=self.conn.client_id, max_record_bytes=self.max_record_bytes,
+                                       transactional_id=self.transactional_id,
+                                       transaction_timeout_s=self.transaction_timeout_s)
             producer.init_transactions()
         else:
-            producer = make_producer(self.conn, max_record_bytes=self.max_record_bytes)
-        consumer.subscribe([self.input_topic])
+            producer = client.producer(client_id=self.conn.client_id, max_record_bytes=self.max_record_bytes)
+        consumer.subscribe(self.input_topic, _Rebalances())
         positions: dict[int, int] = {}
         in_txn = False
         self.cadence.committed(time.monotonic())
-        rejoin = RejoinWatchdog(consumer, self.input_topic, REJOIN_S)  # as the worker does
         try:
             while not self._stop.is_set():
                 wait_ms = self.cadence.poll_timeout_ms(time.monotonic())
-                batch = consumer.poll(timeout_ms=wait_ms, max_records=POLL_RECORDS)
-                rejoin.check(time.monotonic())
+                batch = consumer.poll(wait_ms / 1000, POLL_RECORDS)
                 for tp, records in batch.items():
                     for rec in records:
                         if self.eos and not in_txn:
@@ -99,7 +96,7 @@ class Passthrough:
                             in_txn = True
                         if self.extra_work_s:
                             _busy(self.extra_work_s)
-                        producer.send(self.output_topic, key=rec.key, value=rec.value)
+                        producer.send(self.output_topic, rec.value, rec.key)
                         positions[tp.partition] = rec.offset + 1
                         self.records_in += 1
                         self.bytes_in += len(rec.value or b"") + len(rec.key or b"")
@@ -114,11 +111,11 @@ class Passthrough:
         finally:
             if in_txn:
                 producer.abort_transaction()
-            consumer.close(autocommit=False)
+            consumer.close()
             producer.close(timeout=30)
 
-    def _commit(self, producer: Any, consumer: Any, due: dict[int, int], in_txn: bool) -> bool:
-        offsets = {TopicPartition(self.input_topic, p): OffsetAndMetadata(o, "", -1) for p, o in due.items()}
+    def _commit(self, producer: Producer, consumer: GroupConsumer, due: dict[int, int], in_txn: bool) -> bool:
+        offsets = {TopicPartition(self.input_topic, p): o for p, o in due.items()}
         if self.eos:
             if due and not in_txn:
                 producer.begin_transaction()

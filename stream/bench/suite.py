@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kafka import TopicPartition
 
 from stream.bench.latency import LatencyResult, measure_latency
 from stream.bench.proc import RunnerFailed, RunnerProcess
@@ -23,7 +22,8 @@ from stream.bench.results import (
 )
 from stream.bench.runner import RunSpec
 from stream.bench.workloads import BenchTopics, Preloaded, Workload, create_topics, delete_topics, preload
-from stream.clients import Connection, make_consumer
+from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.kafka import TopicPartition, client_for
 
 __all__ = ["run_bench", "SWEEP_INTERVALS", "SWEEP_MAX_RECORDS"]
 
@@ -98,12 +98,13 @@ class _Bench:
     def catch_up(self, proc: RunnerProcess, topic: str) -> None:
         """Wait until the process has read all of `topic` as it is now: the passthrough drains after the stage,
         behind the stage's latency groups, and must not carry that backlog into its own latency phase."""
-        consumer = make_consumer(self.conn, group_id=None)
+        consumer = client_for(self.conn).assigned_consumer(client_id=self.conn.client_id,
+                                                           max_record_bytes=MAX_RECORD_BYTES)
         try:
             tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
             total = sum(consumer.end_offsets(tps).values())  # input records only: no transaction markers
         finally:
-            consumer.close(autocommit=False)
+            consumer.close()
         proc.wait_until(lambda st: st["records_in"] >= total, timeout=DRAIN_TIMEOUT_S,
                         what="the rest of the input read before the latency phase")
 

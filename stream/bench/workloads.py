@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from kafka.admin import NewTopic
 
 from codec import Array, Sample, encode_sample, group_key_of
-from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_producer
+from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.kafka import TopicPartition, TopicSpec, client_for
 
 __all__ = [
     "Workload",
@@ -125,14 +125,14 @@ class BenchTopics:
 def create_topics(conn: Connection, partitions: int, tag: str = "bench") -> BenchTopics:
     prefix = f"{tag}-{uuid.uuid4().hex[:8]}"
     names = TopicTriple(f"{prefix}-rollouts", f"{prefix}-train", f"{prefix}-dlq")
-    admin = make_admin(conn)
+    admin = client_for(conn).admin(client_id=conn.client_id)
     try:
-        admin.create_topics(
-            [
-                NewTopic(n, partitions, 1, topic_configs={"max.message.bytes": str(MAX_RECORD_BYTES)})
-                for n in (names.input, names.output, names.dead_letter)
-            ]
-        )
+        for name, error in admin.create_topics(
+            [TopicSpec(n, partitions, 1, {"max.message.bytes": str(MAX_RECORD_BYTES)})
+             for n in (names.input, names.output, names.dead_letter)]
+        ).items():
+            if error is not None:
+                raise error
     finally:
         admin.close()
     return BenchTopics(names, partitions)
@@ -140,7 +140,7 @@ def create_topics(conn: Connection, partitions: int, tag: str = "bench") -> Benc
 
 def delete_topics(conn: Connection, topics: list[str]) -> None:
     """Best effort: bench topics hold hundreds of MB the broker should not keep."""
-    admin = make_admin(conn)
+    admin = client_for(conn).admin(client_id=conn.client_id)
     try:
         admin.delete_topics(topics)
     except Exception:  # noqa: BLE001 - a leftover topic only costs disk; the result is already measured
@@ -177,21 +177,28 @@ def preload(
 ) -> Preloaded:
     """Write the workload's groups to `topic` before the timed run; returns the end offsets to drain to."""
     run_id = run_id or f"bench-{uuid.uuid4().hex[:6]}"
-    producer = make_producer(conn, linger_ms=20, batch_size=1 << 20)
+    client = client_for(conn)
+    producer = client.producer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES, linger_ms=20,
+                               batch_size=1 << 20)
     started = time.monotonic()
     n = nbytes = 0
     futures = []
     try:
         for records in _groups(w, run_id, w.groups if groups is None else groups, seed, drop_last):
             for key, value in records:
-                futures.append(producer.send(topic, key=key, value=value))
+                futures.append(producer.send(topic, value, key))
                 n += 1
                 nbytes += len(key) + len(value)
         producer.flush(timeout=300)
-        ends: dict[int, int] = {}
         for f in futures:
-            md = f.get(timeout=60)
-            ends[md.partition] = max(ends.get(md.partition, 0), md.offset + 1)
+            if (error := f.exception()) is not None or not f.done():
+                raise RuntimeError(f"preloading {topic} failed: {error or 'not acknowledged'}")
     finally:
         producer.close(timeout=30)
+    consumer = client.assigned_consumer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES)
+    try:  # the topic is the run's own: its end offsets are where this preload ends
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        ends = {tp.partition: end for tp, end in consumer.end_offsets(tps).items() if end}
+    finally:
+        consumer.close()
     return Preloaded(n, nbytes, ends, time.monotonic() - started)

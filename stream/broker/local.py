@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kafka.admin import KafkaAdminClient
-from kafka.errors import KafkaError
-
+from stream.kafka import KafkaFailure, client_for
 from stream.broker.errors import (
     BrokerAlreadyRunning,
     BrokerConfigError,
@@ -368,24 +366,22 @@ class LocalBroker:
     def _answers_metadata(self, bootstrap: str, deadline: float) -> bool:
         """A metadata round trip lists this broker unfenced: clients can use it now."""
         budget_ms = int(min(5.0, max(1.0, deadline - time.monotonic())) * 1000)
-        settings = self.client_connection(bootstrap, client_id="rollout-stream-broker-probe").client_settings()
+        conn = self.client_connection(bootstrap, client_id="rollout-stream-broker-probe")
+        tuning: dict[str, object] = {"request_timeout_ms": budget_ms, "bootstrap_timeout_ms": budget_ms}
         if self.secure:
             # Readiness only: the broker just launched here is up even if its certificate has expired (tests
             # need one), and the SCRAM login proves it knows the admin password anyway. Clients do verify.
             probe_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
             probe_tls.check_hostname, probe_tls.verify_mode = False, ssl.CERT_NONE
-            settings.update(ssl_context=probe_tls, ssl_check_hostname=False)
+            tuning.update(ssl_context=probe_tls, ssl_check_hostname=False)
         try:
-            admin = KafkaAdminClient(
-                **settings, request_timeout_ms=budget_ms, bootstrap_timeout_ms=budget_ms,
-            )  # fmt: skip
+            admin = client_for(conn).admin(client_id=conn.client_id, **tuning)
             try:
-                brokers = admin.describe_cluster().get("brokers", [])
+                return admin.broker_ready(self.port)
             finally:
                 admin.close()
-        except (KafkaError, OSError):
+        except (KafkaFailure, OSError):
             return False
-        return any(b.get("port") == self.port and not b.get("is_fenced") for b in brokers)
 
     def _failure(self, what: str, log_offset: int) -> BrokerStartFailed:
         """One line: what happened, the most telling log line, where the log is."""

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import typer
-from kafka.errors import KafkaError
 
 from stream.access import AclsNotApplied
 from stream.acls import (
@@ -18,6 +17,7 @@ from stream.acls import (
     worker_permissions,
 )
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from stream.kafka import KafkaFailure
 from stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -177,10 +177,10 @@ def apply(
         count = apply_permissions(conn, request.principal, permissions)
     except AclsNotApplied as exc:
         fail(str(exc), 1)
-    except KafkaError as exc:
+    except KafkaFailure as exc:
         fail(
             f"cannot create ACLs on {conn.bootstrap_servers} as {conn.security.principal or 'this client'}: "
-            f"{type(exc).__name__}: {exc}",
+            f"{exc}",
             1,
         )
     builtins.print(f"granted {count} ACLs to {request.principal} ({request.role})")

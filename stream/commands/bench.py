@@ -7,13 +7,13 @@ import sys
 from typing import Annotated
 
 import typer
-from kafka.errors import KafkaError
 
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
     connection_from_options,
 )
+from stream.kafka import KafkaFailure
 from stream.commands.options import Bootstrap, fail, grouped_options
 
 DELIVERIES = {
@@ -111,8 +111,8 @@ def bench(
 
     try:
         report = run_bench(settings, progress, security=conn.security)
-    except KafkaError as exc:
-        fail(f"Kafka error: {type(exc).__name__}: {exc}", 1)
+    except KafkaFailure as exc:
+        fail(f"Kafka error: {exc}", 1)
     except RuntimeError as exc:
         fail(f"{type(exc).__name__}: {exc}", 1)
     if json_output:

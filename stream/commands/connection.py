@@ -23,7 +23,7 @@ import typer
 from stream.client_properties import load_properties
 from stream.clients import BadBootstrap, BrokerUnreachable, Connection
 from stream.commands.options import fail, option_group, resolve_bootstrap
-from stream.preflight import ConnectionCheckFailed, check_connection
+from stream.kafka import ConnectionCheckFailed, check_connection
 from stream.security import (
     ENV_VARS,
     SASL_MECHANISMS,

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 
 import typer
-from kafka import TopicPartition
-from kafka.errors import KafkaError
 from rich.console import RenderableType
 
 from codec import DeadLetterReason
-from stream.clients import Connection, make_consumer
+from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.kafka import KafkaFailure, TopicPartition, client_for
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.topics import MissingTopic, require_topics
 from stream.commands.options import (
@@ -133,15 +132,15 @@ def _scanner(conn: Connection, topic: str, progress: bool | None) -> Iterator[De
     """A scanner on a fresh read_committed consumer, with Kafka and scan failures as one-line errors."""
     consumer = None
     try:
-        consumer = make_consumer(conn)
+        consumer = client_for(conn).assigned_consumer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES)
         yield DeadLetterScanner(consumer, topic, progress=progress)
     except (TopicMissing, ScanStalled, RecordNotFound) as exc:
         fail(str(exc), 1)
-    except KafkaError as exc:
-        fail(f"Kafka error on {conn.bootstrap_servers}: {type(exc).__name__}: {exc}", 1)
+    except KafkaFailure as exc:
+        fail(f"Kafka error on {conn.bootstrap_servers}: {exc}", 1)
     finally:
         if consumer is not None:
-            consumer.close(autocommit=False)
+            consumer.close()
 
 
 @dlq_app.command("stats")
@@ -323,9 +322,9 @@ def replay_(
         _replay_interrupted(conn, options, json_out)
     except (TopicMissing, ScanStalled, ReplayFailed) as exc:
         fail(str(exc), 1)
-    except KafkaError as exc:
+    except KafkaFailure as exc:
         fail(
-            f"Kafka error on {conn.bootstrap_servers}: {type(exc).__name__}: {exc}; the open transaction was "
+            f"Kafka error on {conn.bootstrap_servers}: {exc}; the open transaction was "
             f"aborted and the cursor did not move past unpublished records",
             1,
         )
@@ -342,7 +341,7 @@ def _replay_interrupted(conn: Connection, options: ReplayOptions, json_out: bool
     else:
         try:
             positions = _cursor_positions(conn, options.dead_letter_topic, cursor)
-        except (KafkaError, KeyboardInterrupt) as exc:
+        except (KafkaFailure, KeyboardInterrupt) as exc:
             positions = None
             unread = f"could not be read back ({type(exc).__name__})"
         state = resume_state(positions or {})
@@ -368,14 +367,15 @@ def _replay_interrupted(conn: Connection, options: ReplayOptions, json_out: bool
 
 def _cursor_positions(conn: Connection, topic: str, cursor: str) -> dict[int, Any]:
     """The committed offsets (with metadata) of a replay cursor, by partition of the dead-letter topic."""
-    consumer = make_consumer(conn, group_id=cursor)
+    consumer = client_for(conn).assigned_consumer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES,
+                                                  commit_group=cursor)
     try:
         return {
-            p: consumer.committed(TopicPartition(topic, p), metadata=True)
+            p: consumer.committed(TopicPartition(topic, p))
             for p in sorted(consumer.partitions_for_topic(topic) or ())
         }
     finally:
-        consumer.close(autocommit=False)
+        consumer.close()
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,6 @@ from dataclasses import replace
 from typing import Annotated
 
 import typer
-from kafka.errors import KafkaError, ProducerFencedError
 
 from stream.access import AccessDenied, check_worker_access, explain_denial
 from stream.allocator import reuse_freed_buffers
@@ -29,6 +28,7 @@ from stream.commands.options import (
 )
 from stream.config import ConfigError, TopicNames, WorkerConfig, parse_zero_variance
 from stream.instance import InstanceInUse, claim_instance
+from stream.kafka import KafkaFailure, ProducerFenced
 from stream.logs import configure_logging, log_event
 from stream.names import transactional_id
 from stream.topics import MissingTopic, TopicMismatch, TopicSettings, ensure_topics, require_topics
@@ -206,10 +206,10 @@ def run(
                            "for a typo), or pass --create-topics")
     except MissingTopic as exc:
         fail(str(exc), 2)
-    except KafkaError as exc:
+    except KafkaFailure as exc:
         if denial := explain_denial(exc, conn, config):
             fail(denial, 2)
-        fail(f"cannot set up topics on {conn.bootstrap_servers}: {type(exc).__name__}: {exc}", 1)
+        fail(f"cannot set up topics on {conn.bootstrap_servers}: {exc}", 1)
     if created:
         log_event(log, "topics.created", topics=",".join(created))
     reuse_freed_buffers()
@@ -240,14 +240,14 @@ def run(
         fail(str(exc), 3)
     except ProduceFailed as exc:
         fail(f"stopping without committing past an unpublished record: {exc}", 1)
-    except ProducerFencedError:
+    except ProducerFenced:
         fail(f"another worker took over instance id {config.instance_id!r} of group {config.group_id!r} (its "
              f"transactional id {transactional_id(config.group_id, config.instance_id or '')!r}): two live "
              "workers must not share an id; give each its own --instance-id, or omit it on one host", 1)
-    except KafkaError as exc:
+    except KafkaFailure as exc:
         if denial := explain_denial(exc, conn, config):  # an ACL missing or revoked while running
             fail(denial, 2)
-        fail(f"Kafka error: {type(exc).__name__}: {exc}", 1)
+        fail(f"Kafka error: {exc}", 1)
     finally:
         if metrics_server is not None:
             metrics_server.stop()

@@ -7,11 +7,11 @@ import sys
 from typing import Annotated, Any, NoReturn
 
 import typer
-from kafka.errors import AuthorizationError
 
 from core.validate import SampleLimits
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, fail, grouped_options
+from stream.kafka import AuthorizationFailed
 from stream.producer import RolloutProducer
 from stream.topics import MissingTopic
 from stream.synth import (
@@ -99,9 +99,9 @@ def synth(
         _interrupted(progress, groups, delivered=False)
     except MissingTopic as exc:
         fail(str(exc), 2)
-    except AuthorizationError as exc:
+    except AuthorizationFailed as exc:
         fail(f"the broker refused {conn.security.principal or 'this client'}: missing WRITE on topic {input_topic!r} "
-             f"({type(exc).__name__}); grant it: rollout-stream acls apply --role producer --input-topic "
+             f"({exc.kind}); grant it: rollout-stream acls apply --role producer --input-topic "
              f"{input_topic} --principal ...", 2)
     print(json.dumps(expectation_document(progress, groups)))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from kafka.errors import KafkaError
 
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from stream.kafka import KafkaFailure
 from stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -56,8 +56,8 @@ def create(
             print(f"{changelog}: {'created' if ensure_changelog(conn, changelog, partitions) else 'exists'}")
     except TopicMismatch as exc:
         fail(str(exc), 2)
-    except KafkaError as exc:
-        fail(f"{type(exc).__name__}: {exc}", 1)
+    except KafkaFailure as exc:
+        fail(str(exc), 1)
     for name in [input_topic, output_topic, *(extra_topic or []), dead_letter_topic]:
         print(f"{name}: {'created' if name in created else 'exists'}")
 

@@ -15,11 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka import TopicPartition
-
-from stream.clients import Connection, make_admin
+from stream.clients import Connection
 from stream.dlq.record import DeadLetterRecord
 from stream.dlq.scan import ScanStalled
+from stream.kafka import AssignedConsumer, TopicExists, TopicPartition, TopicSpec, client_for
 
 __all__ = ["ReplayLedger", "ledger_topic", "ensure_ledger_topic", "load_ledger"]
 
@@ -58,17 +57,18 @@ class ReplayLedger:
 def ensure_ledger_topic(conn: Connection, dead_letter_topic: str) -> str:
     """Create the ledger topic when missing: one partition, compacted, the broker's replication factor."""
     name = ledger_topic(dead_letter_topic)
-    admin = make_admin(conn)
+    admin = client_for(conn).admin(client_id=conn.client_id)
     try:
         if name not in admin.list_topics():
-            spec = {"num_partitions": 1, "replication_factor": -1, "configs": {"cleanup.policy": "compact"}}
-            admin.create_topics({name: spec}, raise_errors=False, wait_for_metadata=True)
+            error = admin.create_topics([TopicSpec(name, 1, -1, {"cleanup.policy": "compact"})])[name]
+            if error is not None and not isinstance(error, TopicExists):
+                raise error
         return name
     finally:
         admin.close()
 
 
-def load_ledger(consumer: Any, dead_letter_topic: str, stall_timeout_s: float = 30.0) -> ReplayLedger:
+def load_ledger(consumer: AssignedConsumer, dead_letter_topic: str, stall_timeout_s: float = 30.0) -> ReplayLedger:
     """Every committed ledger entry (an absent ledger is an empty one). `consumer` is read_committed."""
     ledger = ReplayLedger(ledger_topic(dead_letter_topic))
     parts = consumer.partitions_for_topic(ledger.topic)
@@ -77,10 +77,10 @@ def load_ledger(consumer: Any, dead_letter_topic: str, stall_timeout_s: float = 
     tps = [TopicPartition(ledger.topic, p) for p in sorted(parts)]
     ends = consumer.end_offsets(tps)
     consumer.assign(tps)
-    consumer.seek_to_beginning(*tps)
+    consumer.seek_to_beginning(tps)
     last_move = time.monotonic()
     while any(consumer.position(tp) < ends[tp] for tp in tps):
-        batch = consumer.poll(timeout_ms=500, max_records=5000)
+        batch = consumer.poll(0.5, 5000)
         for records in batch.values():
             for rec in records:
                 _read_entry(ledger, rec)

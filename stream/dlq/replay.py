@@ -7,15 +7,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka import TopicPartition
-from kafka.structs import OffsetAndMetadata
-
-from stream.clients import Connection, make_consumer, make_producer
+from stream.clients import MAX_RECORD_BYTES, Connection
 from stream.dlq.cursor import CursorState, cursor_name, new_replay_id, resume_state, transactional_id
 from stream.dlq.ledger import ReplayLedger, ensure_ledger_topic, load_ledger
 from stream.dlq.lineage import ReplayAction, decide
 from stream.dlq.scan import DeadLetterScanner, ScanPlan
 from stream.dlq.selection import Selection
+from stream.kafka import Committed, Producer, SendFuture, TopicPartition, client_for
 from stream.synth import RateLimiter
 
 __all__ = ["ReplayFailed", "ReplayOptions", "ReplayReport", "run_replay"]
@@ -77,10 +75,11 @@ class ReplayReport:
 class _Transaction:
     """The producer's open transaction: what it sent, when it began."""
 
-    producer: Any
+    producer: Producer
+    group_metadata: object  # the cursor's consumer group, whose offsets commit with the records
     open: bool = False
     began: float = 0.0
-    futures: list[tuple[Any, ReplayAction]] = field(default_factory=list)
+    futures: list[tuple[SendFuture, ReplayAction]] = field(default_factory=list)
     records: int = 0  # replayed records in the open transaction (each also has a ledger entry)
 
     def begin(self) -> None:
@@ -93,17 +92,17 @@ class _Transaction:
             self.records >= opts.batch_records or time.monotonic() - self.began >= opts.batch_seconds
         )
 
-    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata], group_id: str) -> None:
+    def commit(self, offsets: dict[TopicPartition, Committed]) -> None:
         """Flush, check every record was acknowledged, then commit records and cursor together."""
         self.begin()
         self.producer.flush()
         for future, action in self.futures:
-            if future.failed():
+            if (error := future.exception()) is not None:
                 raise ReplayFailed(
                     f"replay of {action.record.topic}:{action.record.coordinates} to {action.topic} failed: "
-                    f"{type(future.exception).__name__}: {future.exception}"
+                    f"{error}"
                 )
-        self.producer.send_offsets_to_transaction(offsets, group_id)
+        self.producer.send_offsets_to_transaction(offsets, self.group_metadata)
         self.producer.commit_transaction()
         self.open = False
 
@@ -118,24 +117,18 @@ def _send(txn: _Transaction, ledger: ReplayLedger, action: ReplayAction, replay_
     assert action.topic is not None
     record = action.record
     txn.begin()
-    future = txn.producer.send(action.topic, key=record.key, value=record.value, headers=list(action.headers))
+    future = txn.producer.send(action.topic, record.value, record.key, headers=list(action.headers))
     txn.futures.append((future, action))
     txn.records += 1
     key, value = ledger.entry(record, replay_id, action.topic, cursor)
-    txn.futures.append((txn.producer.send(ledger.topic, key=key, value=value), action))
+    txn.futures.append((txn.producer.send(ledger.topic, value, key), action))
     ledger.add(record.partition, record.offset, replay_id)
 
 
-def _offsets(
-    scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState
-) -> dict[TopicPartition, OffsetAndMetadata]:
+def _offsets(scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState) -> dict[TopicPartition, Committed]:
     meta = state.encode()
-    return {
-        TopicPartition(plan.topic, r.partition): OffsetAndMetadata(
-            scanner.positions.get(r.partition, r.start), meta, -1
-        )
-        for r in plan.ranges
-    }
+    return {TopicPartition(plan.topic, r.partition): Committed(scanner.positions.get(r.partition, r.start), meta)
+            for r in plan.ranges}
 
 
 def run_replay(
@@ -144,7 +137,9 @@ def run_replay(
     """Replay the selected records that this selection's cursor has not passed yet; see docs/dlq.md."""
     started = time.monotonic()
     cursor = cursor_name(opts.selection, opts.dead_letter_topic, opts.to)
-    consumer = make_consumer(conn, group_id=cursor)
+    client = client_for(conn)
+    consumer = client.assigned_consumer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES,
+                                        commit_group=cursor)
     producer = None
     txn: _Transaction | None = None
     try:
@@ -152,9 +147,10 @@ def run_replay(
             ensure_ledger_topic(conn, opts.dead_letter_topic)
             # Fences any other replay of this dead-letter topic still alive and aborts its open transaction,
             # so the committed offsets and the ledger read below are final.
-            producer = make_producer(conn, transactional_id=transactional_id(opts.dead_letter_topic))
+            producer = client.producer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES,
+                                       transactional_id=transactional_id(opts.dead_letter_topic))
             producer.init_transactions()
-            txn = _Transaction(producer)
+            txn = _Transaction(producer, consumer.group_metadata())
         ledger = load_ledger(consumer, opts.dead_letter_topic)
         kwargs: dict[str, Any] = {"progress": progress}
         if console is not None:
@@ -162,7 +158,7 @@ def run_replay(
         scanner = DeadLetterScanner(consumer, opts.dead_letter_topic, **kwargs)
         parts = scanner.partitions()
         committed = {
-            p: consumer.committed(TopicPartition(opts.dead_letter_topic, p), metadata=True) for p in parts
+            p: consumer.committed(TopicPartition(opts.dead_letter_topic, p)) for p in parts
         }
         previous = resume_state(committed)
         replay_id = previous.replay_id if previous is not None else new_replay_id()
@@ -192,11 +188,11 @@ def run_replay(
             if txn is not None and (
                 txn.due(opts) or time.monotonic() - last_commit >= 10 * opts.batch_seconds
             ):
-                txn.commit(_offsets(scanner, plan, running), cursor)
+                txn.commit(_offsets(scanner, plan, running))
                 report.transactions += 1
                 last_commit = time.monotonic()
         if txn is not None:
-            txn.commit(_offsets(scanner, plan, CursorState(replay_id, "done", running.selection)), cursor)
+            txn.commit(_offsets(scanner, plan, CursorState(replay_id, "done", running.selection)))
             report.transactions += 1
         report.scanned = scanner.scanned
         report.elapsed_s = time.monotonic() - started
@@ -211,6 +207,6 @@ def run_replay(
                 )
         raise
     finally:
-        consumer.close(autocommit=False)
+        consumer.close()
         if producer is not None:
             producer.close(timeout=10)

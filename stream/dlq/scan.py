@@ -7,11 +7,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka import TopicPartition
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from stream.dlq.record import DeadLetterRecord, parse_record
+from stream.kafka import AssignedConsumer, TopicPartition
 
 __all__ = ["TopicMissing", "ScanStalled", "PartitionRange", "ScanPlan", "DeadLetterScanner"]
 
@@ -59,11 +59,11 @@ class ScanPlan:
 class DeadLetterScanner:
     """Reads a topic partition by partition, in offset order, from `start` to the `end` captured at plan time.
 
-    consumer: a kafka-python consumer from stream.clients.make_consumer (read_committed; never subscribed).
+    consumer: an assigned consumer of the Kafka seam (read_committed; `stream.kafka.client_for`).
     progress: True/False, or None for "when stderr is a terminal and the scan is long".
     """
 
-    consumer: Any
+    consumer: AssignedConsumer
     topic: str
     progress: bool | None = None
     console: Console = field(default_factory=lambda: Console(stderr=True))
@@ -95,7 +95,7 @@ class DeadLetterScanner:
         tps = [TopicPartition(self.topic, p) for p in parts]
         lows = self.consumer.beginning_offsets(tps)
         ends = self.consumer.end_offsets(tps)
-        by_time: dict[TopicPartition, Any] = {}
+        by_time: dict[TopicPartition, int | None] = {}
         if since_ms is not None:
             # The first offset with a timestamp >= since: every record before it is older (time index).
             by_time = self.consumer.offsets_for_times({tp: max(0, since_ms) for tp in tps})
@@ -107,7 +107,7 @@ class DeadLetterScanner:
             start = max(low, (starts or {}).get(tp.partition, low))
             if since_ms is not None:
                 found = by_time.get(tp)
-                start = max(start, found.offset if found is not None else end)
+                start = max(start, found if found is not None else end)
             ranges.append(PartitionRange(tp.partition, low, min(start, end), end))
         return ScanPlan(self.topic, tuple(ranges))
 
@@ -142,7 +142,7 @@ class DeadLetterScanner:
         pos = r.start
         last_move = time.monotonic()
         while pos < r.end:
-            batch = self.consumer.poll(timeout_ms=500, max_records=500).get(tp, [])
+            batch = self.consumer.poll(0.5, 500).get(tp, [])
             for rec in batch:
                 if rec.offset >= r.end:
                     break

@@ -62,11 +62,9 @@ def test_caught_up_needs_a_short_poll_and_less_than_a_poll_left(kafka_bootstrap,
     """On a real consumer: what `backlog` reads from kafka-python's subscription state is the lag."""
     import time
 
-    from kafka import TopicPartition
-
     from stream.cadence import POLL_RECORDS, caught_up
-    from stream.clients import Connection, make_consumer, make_producer
-    from stream.consumer_state import backlog
+    from stream.clients import Connection, make_producer
+    from stream.kafka import TopicPartition, client_for
 
     conn = Connection(kafka_bootstrap)
     topic = topic_factory(1)
@@ -75,19 +73,19 @@ def test_caught_up_needs_a_short_poll_and_less_than_a_poll_left(kafka_bootstrap,
         producer.send(topic, key=b"k", value=b"%d" % i)
     producer.flush()
     producer.close()
-    consumer = make_consumer(conn, group_id=None)
+    consumer = client_for(conn).assigned_consumer(client_id="cadence-test", max_record_bytes=1 << 20)
     try:
         consumer.assign([TopicPartition(topic, 0)])
-        first = consumer.poll(timeout_ms=10_000, max_records=10)
+        first = consumer.poll(10.0, 10)
         assert sum(map(len, first.values())) == 10
         deadline = time.monotonic() + 10
         while consumer.highwater(TopicPartition(topic, 0)) is None and time.monotonic() < deadline:
-            consumer.poll(timeout_ms=100, max_records=1)
-        assert backlog(consumer) >= POLL_RECORDS and not caught_up(consumer, returned=10)
+            consumer.poll(0.1, 1)
+        assert consumer.backlog() >= POLL_RECORDS and not caught_up(consumer, returned=10)
         returned = 0
-        while backlog(consumer) and time.monotonic() < deadline:
-            returned = sum(map(len, consumer.poll(timeout_ms=1000, max_records=POLL_RECORDS).values()))
-        assert backlog(consumer) == 0 and caught_up(consumer, returned=min(returned, POLL_RECORDS - 1))
+        while consumer.backlog() and time.monotonic() < deadline:
+            returned = sum(map(len, consumer.poll(1.0, POLL_RECORDS).values()))
+        assert consumer.backlog() == 0 and caught_up(consumer, returned=min(returned, POLL_RECORDS - 1))
         assert not caught_up(consumer, returned=POLL_RECORDS)  # a full poll: more may be on its way
     finally:
         consumer.close()

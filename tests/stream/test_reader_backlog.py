@@ -7,11 +7,9 @@ import time
 from collections import defaultdict
 
 import pytest
-from kafka import TopicPartition
-
 from codec import TrainSample
-from stream.clients import Connection, make_consumer, make_producer
-from stream.consumer_state import unpark_resumed
+from stream.clients import Connection, make_producer
+from stream.kafka import TopicPartition, client_for
 from stream.reader import TrainDataReader
 from tests.stream.test_reader import publish, train_sample
 
@@ -65,36 +63,37 @@ def test_a_fresh_reader_with_default_settings_reads_every_group_of_a_backlog(
 
 @pytest.mark.kafka(timeout=120)
 def test_paused_partitions_never_starve_a_partition_with_unread_records(kafka_bootstrap, topic_factory):
-    """The reader's (and the worker's) back-pressure on a bare consumer: partitions far ahead are paused, and
-    resumed once the others catch up. Every unpaused partition behind its end keeps making progress."""
+    """The reader's (and the worker's) back-pressure on the seam's consumer: partitions far ahead are paused,
+    and resumed once the others catch up. Every unpaused partition behind its end keeps making progress
+    (kafka-python alone parked a resumed partition's records for good: stream.kafka.kafka_python)."""
     topic = topic_factory(PARTITIONS)
     producer = make_producer(Connection(kafka_bootstrap), linger_ms=5)
     for i in range(3000):
         producer.send(topic, key=None, value=b"x" * 200, partition=i % PARTITIONS)
     producer.flush()
     producer.close()
-    consumer = make_consumer(Connection(kafka_bootstrap), group_id=None, max_poll_records=50)
+    consumer = client_for(Connection(kafka_bootstrap)).assigned_consumer(
+        client_id="backlog-test", max_record_bytes=1 << 20, max_poll_records=50)
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     consumer.assign(tps)
-    consumer.seek_to_beginning(*tps)
+    consumer.seek_to_beginning(tps)
     ends = consumer.end_offsets(tps)
     read = dict.fromkeys(range(PARTITIONS), 0)
     progress_at = dict.fromkeys(range(PARTITIONS), time.monotonic())
     paused: set[int] = set()
     try:
         while any(read[p] < ends[tps[p]] for p in read):
-            unpark_resumed(consumer)
-            for tp, records in consumer.poll(timeout_ms=100).items():
+            for tp, records in consumer.poll(0.1).items():
                 if records:
                     read[tp.partition] += len(records)
                     progress_at[tp.partition] = time.monotonic()
             low = min(read.values())
             for p, tp in enumerate(tps):  # the reader's rule: far ahead of the slowest → pause
                 if p not in paused and read[p] - low > 120:
-                    consumer.pause(tp)
+                    consumer.pause([tp])
                     paused.add(p)
                 elif p in paused and read[p] - low <= 40:
-                    consumer.resume(tp)
+                    consumer.resume([tp])
                     paused.discard(p)
                     progress_at[p] = time.monotonic()
             now = time.monotonic()

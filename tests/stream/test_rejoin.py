@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stream.rejoin import RejoinWatchdog
+from stream.kafka.kafka_python import RejoinWatchdog
 
 
 class _Consumer:
@@ -16,7 +16,7 @@ class _Consumer:
     def unsubscribe(self) -> None:
         self.calls.append(("unsubscribe",))
 
-    def subscribe(self, topics: list[str], listener: object = None) -> None:
+    def subscribe(self, topics: list[str], listener: object = None) -> None:  # kafka-python's signature
         self.calls.append(("subscribe", tuple(topics), listener))
 
 

@@ -36,6 +36,7 @@ from stream.acls import (
     worker_permissions,
 )
 from stream.broker.errors import BrokerError, PortInUse
+from stream.kafka.kafka_python import kafka_acl
 from stream.names import changelog_topic_name
 from stream.broker.local import LocalBroker
 from stream.broker.pki import issue, new_ca
@@ -43,7 +44,7 @@ from stream.broker.process import free_port
 from stream.broker.secure import SecureMaterial, prepare_secure_material
 from stream.clients import Connection, make_admin, make_consumer
 from stream.config import TopicNames
-from stream.preflight import AuthenticationRefused, ListenerMismatch, TlsRefused, check_connection
+from stream.kafka import AuthenticationRefused, ListenerMismatch, TlsRefused, check_connection
 from stream.producer import RolloutProducer
 from stream.security import SecretStr, SecuritySettings
 from stream.synth import FaultRates, SynthPlan, plan_groups
@@ -524,7 +525,7 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
         write_output = next(p for p in permissions if p.name == topics.output)
         admin = make_admin(cluster.admin)
         try:
-            acl = write_output.acl(user.principal)
+            acl = kafka_acl(write_output.acl(user.principal))
             admin.delete_acls(
                 [ACLFilter(acl.principal, acl.host, acl.operation, acl.permission_type, acl.resource_pattern)]
             )

@@ -10,7 +10,9 @@ import pytest
 from kafka.errors import KafkaError, TopicAuthorizationFailedError, TransactionalIdAuthorizationFailedError
 from typer.testing import CliRunner
 
-from stream.access import authorization_cause, explain_denial
+from stream.access import explain_denial
+from stream.kafka import AuthorizationFailed, authorization_cause
+from stream.kafka.kafka_python import translate
 from stream.acls import (
     producer_permissions,
     reader_permissions,
@@ -360,11 +362,14 @@ def test_runtime_denials_become_one_line_naming_the_permission():
         "has failed with errors.",
         TopicAuthorizationFailedError({"out"}),
     )
-    assert isinstance(authorization_cause(wrapped), TopicAuthorizationFailedError)
-    line = explain_denial(wrapped, conn, config)
+    failure = translate(wrapped)  # as the seam hands it over
+    cause = authorization_cause(failure)
+    assert isinstance(cause, AuthorizationFailed) and cause.resource == "topic"
+    assert cause.kind == "TopicAuthorizationFailedError"
+    line = explain_denial(failure, conn, config)
     assert line is not None and line.startswith("the broker refused User:w: missing WRITE on topic 'out' ")
     assert "rollout-stream acls print --principal User:w --group-id g" in line
     assert "WRITE on transactional id 'rollout-stream-g-i1'" in explain_denial(
-        TransactionalIdAuthorizationFailedError(), conn, config
+        translate(TransactionalIdAuthorizationFailedError()), conn, config
     )
-    assert explain_denial(KafkaError("other"), conn, config) is None
+    assert explain_denial(translate(KafkaError("other")), conn, config) is None

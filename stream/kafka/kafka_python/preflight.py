@@ -25,6 +25,7 @@ from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from stream.clients import BrokerUnreachable, Connection, bootstrap_addresses, format_address
+from stream.kafka.errors import AuthenticationRefused, ConnectionCheckFailed, ListenerMismatch, TlsRefused
 from stream.security import SecuritySettings
 
 __all__ = [
@@ -38,22 +39,6 @@ __all__ = [
 # OpenSSL X509_V_ERR_* codes worth their own sentence
 _EXPIRED, _NOT_YET_VALID, _HOSTNAME_MISMATCH = 10, 9, 62
 _UNTRUSTED = {2, 18, 19, 20, 21, 27}
-
-
-class ConnectionCheckFailed(ConnectionError):
-    """The broker answered but cannot be used as configured; the message says why and what to do."""
-
-
-class TlsRefused(ConnectionCheckFailed):
-    """TLS failed: untrusted, expired or misnamed broker certificate, or our client certificate refused."""
-
-
-class AuthenticationRefused(ConnectionCheckFailed):
-    """SASL login refused (user, password, token or mechanism)."""
-
-
-class ListenerMismatch(ConnectionCheckFailed):
-    """The listener speaks another security protocol than the one configured."""
 
 
 class _Closed(Exception):

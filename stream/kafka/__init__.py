@@ -1,0 +1,66 @@
+"""The Kafka seam (`seam`), its errors (`errors`) and the one factory that picks an implementation.
+
+Everything in rollout-stream that talks to Kafka does it through these types; a client library is
+imported only inside its implementation module (`stream.kafka.kafka_python`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stream.kafka.errors import (
+    AuthenticationRefused,
+    AuthorizationFailed,
+    BrokerUnavailable,
+    CommitFailed,
+    ConnectionCheckFailed,
+    KafkaFailure,
+    ListenerMismatch,
+    ProducerFenced,
+    TlsRefused,
+    TopicExists,
+    UnknownTopic,
+    authorization_cause,
+)
+from stream.kafka.seam import (
+    AclSpec,
+    Admin,
+    AssignedConsumer,
+    Client,
+    Committed,
+    GroupConsumer,
+    Header,
+    Offsets,
+    Polled,
+    Producer,
+    RebalanceListener,
+    Record,
+    SendFuture,
+    TopicInfo,
+    TopicPartition,
+    TopicSpec,
+)
+
+__all__ = [
+    "AclSpec", "Admin", "AssignedConsumer", "AuthorizationFailed", "BrokerUnavailable", "Client", "CommitFailed",
+    "Committed", "GroupConsumer", "Header", "KafkaFailure", "Offsets", "Polled", "Producer", "ProducerFenced",
+    "RebalanceListener", "Record", "SendFuture", "TopicExists", "TopicInfo", "TopicPartition", "TopicSpec",
+    "UnknownTopic", "authorization_cause", "client_for", "AuthenticationRefused", "ConnectionCheckFailed",
+    "ListenerMismatch", "TlsRefused", "check_connection",
+]
+
+
+def check_connection(conn: Any, timeout_s: float = 10.0) -> None:
+    """Return when a bootstrap server accepts this connection's settings up to a Metadata answer (TCP, TLS,
+    SASL login); raise BrokerUnreachable or a ConnectionCheckFailed naming what is wrong. One raw Kafka
+    exchange, whatever client the commands use afterwards."""
+    from stream.kafka.kafka_python.preflight import check_connection as check
+
+    check(conn, timeout_s)
+
+
+def client_for(conn: Any) -> Client:
+    """The client implementation for a `stream.clients.Connection` (kafka-python today)."""
+    from stream.kafka.kafka_python import KafkaPythonClient
+
+    return KafkaPythonClient(conn)

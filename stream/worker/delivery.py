@@ -1,0 +1,254 @@
+"""How outputs and input offsets reach Kafka, as one `Delivery` protocol with two strategies:
+
+* `ExactlyOnce`: outputs, dead-letters, the window changelog and input offsets commit in one Kafka
+  transaction (KIP-447 fencing); it owns the changelog writes.
+* `AtLeastOnce`: outputs are flushed and acknowledged before the input offsets below them are committed;
+  nothing is journaled (a restart re-reads from the committed offsets).
+
+The loop never asks which one it has.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from codec import changelog_key, encode_changelog
+from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
+from core.offsets import OffsetLedger
+from core.windows import ClosedGroup, WindowStore
+from stream.kafka import GroupConsumer, KafkaFailure, Producer, ProducerFenced, TopicPartition, authorization_cause
+from stream.logs import log_event
+from stream.outputs import OutputRecord
+
+__all__ = ["AtLeastOnce", "ChangelogWrite", "CommitAborted", "Delivery", "ExactlyOnce", "ProduceFailed",
+           "closed_entry"]
+
+log = logging.getLogger("rollout_stream.delivery")
+
+
+class ProduceFailed(RuntimeError):
+    """The broker refused an output after the client's retries: stop without committing past it."""
+
+
+class CommitAborted(RuntimeError):
+    """A transaction was aborted; the worker must restore its state from the last commit."""
+
+
+class Delivery(Protocol):
+    producer: Producer
+
+    @property
+    def open(self) -> bool:
+        """Outputs sent and not yet committed."""
+        ...
+
+    def send(self, out: OutputRecord) -> None: ...
+    def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
+        """Commit what is resolved in the `active` partitions; the positions committed. CommitAborted when the
+        worker must restore its state from the last commit."""
+        ...
+    def commit_on_revoke(self, active: set[int]) -> None:
+        """`commit` from inside the rebalance callback, before the partitions move."""
+        ...
+    def abort(self, cause: BaseException | None = None) -> None: ...
+    def forget(self, partition: int) -> None:
+        """The partition is gone: nothing of it may be committed by this worker any more."""
+        ...
+    def close(self, timeout: float | None = None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChangelogWrite:
+    partition: int
+    key: bytes
+    value: bytes | None
+
+
+def closed_entry(closed: ClosedGroup) -> ClosedGroupEntry:
+    return ClosedGroupEntry(
+        reason=closed.reason.value if closed.reason is not None else None, message=closed.message,
+        deadline_ms=closed.deadline_ms, closed_at_ms=closed.closed_at_ms, digests=sorted(closed.digests),
+        digest_algorithm=closed.digest_algorithm)
+
+
+def _committable(ledger: OffsetLedger, active: set[int]) -> dict[int, int]:
+    return {p: pos for p, pos in ledger.due().items() if p in active}
+
+
+class AtLeastOnce:
+    """Outputs are flushed and acknowledged before the input offsets below them are committed."""
+
+    def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str, ledger: OffsetLedger,
+                 store: WindowStore) -> None:
+        self.producer, self.consumer, self.topic, self.ledger, self.store = producer, consumer, input_topic, ledger, store
+        self.in_flight: list[tuple[object, OutputRecord]] = []
+
+    @property
+    def open(self) -> bool:
+        return bool(self.in_flight)
+
+    def send(self, out: OutputRecord) -> None:
+        self.in_flight.append((self.producer.send(out.topic, out.value, out.key, partition=out.partition,
+                                                  headers=out.headers), out))
+
+    def _flush(self, timeout: float | None = None) -> None:
+        if not self.in_flight:
+            return
+        self.producer.flush(timeout=timeout)
+        in_flight, self.in_flight = self.in_flight, []
+        for future, out in in_flight:
+            if not future.done():  # type: ignore[attr-defined]
+                raise ProduceFailed(f"output to {out.topic} not acknowledged within the flush timeout")
+            error = future.exception()  # type: ignore[attr-defined]
+            if error is not None:
+                raise ProduceFailed(
+                    f"broker refused output to {out.topic} for input {out.source.topic}:{out.source.partition}"
+                    f"@{out.source.offset}: {error}")
+            self.ledger.resolve(out.source.partition, (out.source.offset,))
+
+    def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
+        self.store.drain_changes()  # nothing is journaled: a restart re-reads from the committed offsets
+        self._flush(timeout)
+        due = _committable(self.ledger, active)
+        if due:
+            self.consumer.commit({TopicPartition(self.topic, p): pos for p, pos in due.items()})
+            self.ledger.mark_committed(due)
+        return due
+
+    def commit_on_revoke(self, active: set[int]) -> None:
+        self.commit(active)
+
+    def abort(self, cause: BaseException | None = None) -> None:
+        """Nothing to abort: what was sent stays sent, and is read again from the last commit."""
+
+    def forget(self, partition: int) -> None:
+        self.in_flight = [(f, o) for f, o in self.in_flight if o.source.partition != partition]
+
+    def close(self, timeout: float | None = None) -> None:
+        self.producer.close(timeout=timeout)
+
+
+class ExactlyOnce:
+    """Outputs, dead-letters, changelog records and input offsets commit in one Kafka transaction."""
+
+    def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str, ledger: OffsetLedger,
+                 store: WindowStore, changelog_topic: str) -> None:
+        self.producer, self.consumer, self.topic, self.ledger, self.store = producer, consumer, input_topic, ledger, store
+        self.changelog_topic = changelog_topic
+        self.positions: dict[int, int] = {}  # per partition: the read position last written to the changelog
+        self._open = False
+        self.pending: list[OutputRecord] = []
+        self.fatal: BaseException | None = None  # after it, nothing may be committed (see _checked)
+        self.producer.init_transactions()
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    def _begin(self) -> None:
+        if not self._open:
+            self.producer.begin_transaction()
+            self._open = True
+
+    def send(self, out: OutputRecord) -> None:
+        self._begin()
+        self._checked(out.topic, out.value, out.key, out.partition, out.headers)
+        self.pending.append(out)
+
+    def _checked(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
+                 headers: object = None) -> None:
+        """A send refused for lack of an ACL aborts the transaction, and every later commit (the worker's
+        shutdown commit included) is refused: an ACL does not come back by retrying."""
+        try:
+            self.producer.send(topic, value, key, partition=partition, headers=headers)  # type: ignore[arg-type]
+        except KafkaFailure as exc:
+            denied = authorization_cause(exc)
+            if denied is not None:
+                if self.fatal is None:
+                    self.abort(denied)
+                    self.fatal = denied
+            raise
+
+    def changelog_writes(self, active: set[int]) -> list[ChangelogWrite]:
+        """Closed-group memory changed since the last commit, and each partition's read position."""
+        writes = [
+            ChangelogWrite(k[0], changelog_key(k[1], k[2]), encode_changelog(closed_entry(c)) if c else None)
+            for k, c in self.store.drain_changes().items() if k[0] in active
+        ]
+        for p in active:
+            position = self.ledger.next_offset(p)
+            if position is not None and position != self.positions.get(p):
+                writes.append(ChangelogWrite(p, POSITION_KEY, encode_changelog(PartitionPosition(position))))
+                self.positions[p] = position
+        return writes
+
+    def restored(self, partition: int, position: int) -> None:
+        """The changelog already holds `position` for the partition (its restore resumes there)."""
+        self.positions[partition] = position
+
+    def _prepare(self, active: set[int]) -> dict[int, int]:
+        # Everything sent in this transaction is resolved if (and only if) the transaction commits.
+        for out in self.pending:
+            self.ledger.resolve(out.source.partition, (out.source.offset,))
+        due = _committable(self.ledger, active)
+        writes = self.changelog_writes(active)
+        if writes or due:
+            self._begin()
+        for w in writes:
+            self._checked(self.changelog_topic, w.value, w.key, w.partition)
+        if due:
+            self.producer.send_offsets_to_transaction(
+                {TopicPartition(self.topic, p): pos for p, pos in due.items()}, self.consumer.group_metadata())
+        return due
+
+    def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
+        stale = sorted({out.source.partition for out in self.pending} - active)
+        if stale:  # outputs of partitions this worker no longer owns: their new owner produces them again
+            cause = CommitAborted(f"the transaction holds outputs of partitions {stale}, no longer assigned here")
+            self.abort(cause)
+            raise cause
+        if self.fatal is not None:
+            raise self.fatal
+        try:
+            due = self._prepare(active)
+            if self._open:
+                self.producer.commit_transaction()
+                self._open = False
+        except ProducerFenced:
+            raise
+        except KafkaFailure as exc:
+            if authorization_cause(exc) is not None:  # an ACL went missing: retrying cannot help
+                if self.fatal is None:
+                    self.abort(exc)
+                    self.fatal = exc
+                raise
+            self.abort(exc)
+            raise CommitAborted(str(exc)) from exc
+        self.pending = []
+        self.ledger.mark_committed(due)
+        return due
+
+    def commit_on_revoke(self, active: set[int]) -> None:
+        # Producer calls block on the producer's own sender thread, not on the consumer's IO thread.
+        self.commit(active)
+
+    def abort(self, cause: BaseException | None = None) -> None:
+        log_event(log, "transaction.aborted", logging.WARNING,
+                  cause=f"{type(cause).__name__}: {cause}" if cause else "shutdown", outputs=len(self.pending))
+        self.pending = []
+        if self._open:
+            try:
+                self.producer.abort_transaction()
+            except KafkaFailure as exc:
+                log_event(log, "transaction.abort_failed", logging.ERROR, error=str(exc))
+            self._open = False
+
+    def forget(self, partition: int) -> None:
+        """A transaction covers every partition and is committed or aborted as a whole; only the changelog
+        position is forgotten (the partition's next owner writes its own)."""
+        self.positions.pop(partition, None)
+
+    def close(self, timeout: float | None = None) -> None:
+        self.producer.close(timeout=timeout)

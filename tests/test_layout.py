@@ -1,0 +1,115 @@
+"""The architecture as a test: which package may import which (README "Layout"), no import cycles, and
+kafka-python only inside its implementation of the Kafka seam."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("core", "codec", "stream")
+
+# package (or module prefix) → project packages it may import at module level
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "codec": ("codec",),
+    "core": ("core", "codec"),
+    "stream.kafka": ("stream.kafka", "stream.logs", "stream.security", "stream.clients"),
+    "stream": ("stream", "core", "codec"),
+}
+CLIENT_LIBRARIES = {"kafka": "stream.kafka.kafka_python"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def imports(path: Path, *, top_level_only: bool) -> set[str]:
+    """Modules imported by `path` (module level only when `top_level_only`: lazy imports cannot cycle)."""
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.If) and top_level_only:  # `if TYPE_CHECKING:` blocks run no import
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def project(name: str, known: dict[str, Path]) -> str | None:
+    """The project module `name` refers to (a module, or the package a `from x import y` names)."""
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def rule_for(module: str) -> tuple[str, ...]:
+    for prefix in sorted(ALLOWED, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return ALLOWED[prefix]
+    raise AssertionError(f"no layout rule for {module}")
+
+
+def test_each_package_imports_only_what_the_layout_allows():
+    known = modules()
+    wrong = []
+    for module, path in known.items():
+        allowed = rule_for(module)
+        for target in imports(path, top_level_only=False):
+            ref = project(target, known)
+            if ref is not None and not any(ref == a or ref.startswith(a + ".") for a in allowed):
+                wrong.append(f"{module} imports {ref}")
+    assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+def test_kafka_python_is_imported_only_inside_its_seam_implementation():
+    wrong = []
+    for module, path in modules().items():
+        for target in imports(path, top_level_only=False):
+            root = target.split(".")[0]
+            home = CLIENT_LIBRARIES.get(root)
+            if home is not None and not (module == home or module.startswith(home + ".")):
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in known.items():
+        for target in imports(path, top_level_only=True):
+            ref = project(target, known)
+            if ref is not None and ref != module and not module.startswith(ref + "."):
+                graph[module].add(ref)  # a package's own __init__ importing its parts is not a cycle
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(known):
+        if node not in state:
+            visit(node)
+    assert not cycles, "\n".join(" → ".join(c) for c in cycles)
