@@ -1,4 +1,4 @@
-"""The typer application: one sub-app or command per module in stream/commands (entry point: stream/cli.py)."""
+"""The typer application: a sub-app or command per module in stream/commands (entry: stream/cli.py)."""
 
 from __future__ import annotations
 

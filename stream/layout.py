@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.text import Text
 

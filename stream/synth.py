@@ -15,7 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from codec import DeadLetterReason, Sample, encode_sample, group_key
+from codec import DeadLetterReason, DecodeError, Sample, decode_sample, encode_sample, group_key
+from core.records import DeadLettered, DuplicateDropped, InputRecord, Published
+from core.validate import SampleLimits
+from core.windows import WindowConfig, WindowStore
 
 __all__ = [
     "DUE_AFTER_GROUP_TIMEOUT",
@@ -198,12 +201,6 @@ def expect_records(plan: SynthPlan, records: list[PlannedRecord]) -> Expected:
     For a group cut short (Ctrl-C during `synth`), whose outcome `plan_group` does not describe: the members
     sent may form an incomplete group, or a rejected one, or be published if only an extra record is missing.
     """
-    from core.records import DeadLettered, DuplicateDropped, InputRecord, Published
-    from core.validate import SampleLimits
-    from core.windows import WindowConfig, WindowStore
-
-    from codec import DecodeError, decode_sample
-
     config = WindowConfig(limits=SampleLimits(default_group_size=plan.group_size))  # as `--group-size` agrees
     store = WindowStore(config)
     outcomes = []
@@ -357,8 +354,9 @@ def interruption_summary(progress: SendProgress) -> str:
     if progress.current:
         part = expect_records(progress.plan, progress.current)
         verdict = [f"{n} published" for n in (part.published_samples,) if n]
+        later = " after the worker's --group-timeout"
         verdict += [
-            f"{n} {reason}" + (" after the worker's --group-timeout" if reason in DUE_AFTER_GROUP_TIMEOUT else "")
+            f"{n} {reason}{later if reason in DUE_AFTER_GROUP_TIMEOUT else ''}"
             for reason, n in sorted(part.dead_letters.items())
         ]
         verdict += [f"{n} duplicate(s) dropped" for n in (part.duplicates,) if n]

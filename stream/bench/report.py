@@ -53,7 +53,8 @@ def _mode(r: WorkloadResult) -> str:
 
 
 def _loop(r: WorkloadResult) -> str:
-    return f"{_us(r.stage.loop_cpu_s, r.stage.samples)}|{_us(r.passthrough.loop_cpu_s, r.passthrough.samples)}"
+    stage, passthrough = r.stage, r.passthrough
+    return f"{_us(stage.loop_cpu_s, stage.samples)}|{_us(passthrough.loop_cpu_s, passthrough.samples)}"
 
 
 def _wide_table(results: Sequence[WorkloadResult]) -> Table:
@@ -222,8 +223,8 @@ def _sweep(points: Sequence[SweepPoint]) -> Fit:
         t.add_row(*cells)
         blocks.append(
             Flow(
-                f"every {cells[0]} s or {cells[1]} records: {cells[2]}/s, {cells[3]} commits; p50 {cells[4]} ms, "
-                f"p99 {cells[5]} ms at {cells[6]}/s",
+                f"every {cells[0]} s or {cells[1]} records: {cells[2]}/s, {cells[3]} commits; "
+                f"p50 {cells[4]} ms, p99 {cells[5]} ms at {cells[6]}/s",
                 indent=4,
             )
         )
@@ -289,7 +290,8 @@ def render(report: BenchReport, console: Console | None = None) -> None:
         titled(
             f"Stage vs passthrough (same clients and delivery: EOS exactly-once, ALO at-least-once); latency "
             f"at half the stage's max rate; commit every {report.settings.commit_interval_s:g} s or "
-            f"{report.settings.commit_max_records} records; loop µs/sample: processing thread CPU, stage|pass",
+            f"{report.settings.commit_max_records} records; loop µs/sample: processing thread CPU, "
+            "stage|pass",
             _throughput(report.results),
         )
     )

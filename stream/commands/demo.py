@@ -88,9 +88,9 @@ def demo(
     topics = TopicNames(f"demo-{tag}-rollouts", f"demo-{tag}-train-data", f"demo-{tag}-rollouts-dlq")
     ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
                   settings=TopicSettings(partitions=3))
-    console.print(Flow(Text.from_markup(f"[bold]broker[/] {conn.bootstrap_servers}   [bold]topics[/] "
-                                        f"{topics.input} → {topics.output} (dead-letter {topics.dead_letter})"),
-                       indent=4))
+    where = (f"[bold]broker[/] {conn.bootstrap_servers}   [bold]topics[/] {topics.input} → {topics.output} "
+             f"(dead-letter {topics.dead_letter})")
+    console.print(Flow(Text.from_markup(where), indent=4))
     configure_logging("text", "error")
     config = WorkerConfig(bootstrap_servers=conn.bootstrap_servers, topics=topics, group_id=f"demo-{tag}",
                           group_timeout_s=group_timeout, progress_interval_s=3600)
@@ -130,8 +130,8 @@ def demo(
     ok = _accounted(expected, worker)
     console.print(Flow(Text.from_markup(f"{sent} records in {elapsed:.1f}s; every record accounted for: "
                                         f"{'[green]yes[/]' if ok else '[red]NO[/]'}"), indent=4))
-    console.print(Flow(f"Inspect: kafka consumers on {topics.output} (train samples) and {topics.dead_letter} "
-                       "(headers x-dlq-reason, x-dlq-message, …).", indent=4))
+    console.print(Flow(f"Inspect: kafka consumers on {topics.output} (train samples) and "
+                       f"{topics.dead_letter} (headers x-dlq-reason, x-dlq-message, …).", indent=4))
     if not ok:
         raise typer.Exit(1)
 

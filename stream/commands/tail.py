@@ -102,13 +102,13 @@ def _stacked(rows: Sequence[Sequence[str]]) -> Group:
     for rollout, reward, sample, tokens, response, loss, versions, status in rows:
         if rollout:
             lines.append(Flow(f"rollout {rollout}: {reward}", indent=4))
-        lines.append(Flow(f"{sample}  {tokens} tokens, response {response}, loss {loss}, versions {versions}, "
-                          f"{status}", first=2, indent=6))
+        lines.append(Flow(f"{sample}  {tokens} tokens, response {response}, loss {loss}, "
+                          f"versions {versions}, {status}", first=2, indent=6))
     return Group(*lines)
 
 
 class _GroupBlock:
-    """A panel per group; its title goes inside when the border has no room for all of it (rich would cut it)."""
+    """A panel per group; its title goes inside where the border has no room for all of it (rich cuts it)."""
 
     def __init__(self, info: GroupInfo, body: RenderableType, expand: bool) -> None:
         self.info, self.body, self.expand = info, body, expand
@@ -122,8 +122,8 @@ class _GroupBlock:
         inside = [Flow(Text(title, style="bold"), indent=2)] if title_inside else []
         inside += [Flow(where, indent=2)] if where_inside else []
         yield Panel(Group(*inside, self.body), title=None if title_inside else f"[bold]{escape(title)}[/]",
-                    subtitle=None if where_inside else escape(where), title_align="left", subtitle_align="right",
-                    expand=self.expand)
+                    subtitle=None if where_inside else escape(where), title_align="left",
+                    subtitle_align="right", expand=self.expand)
 
 
 def group_block(info: GroupInfo, samples: Sequence[TrainSample], *, expand: bool = True) -> RenderableType:

@@ -119,9 +119,8 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
     if doc["matched"]:
         for which in ("oldest", "newest"):
             r = doc[which]
-            parts.append(
-                Flow(f"{which} {r['dead_lettered_at']}  {r['partition']}:{r['offset']}  {r['reason']}", indent=4)
-            )
+            line = f"{which} {r['dead_lettered_at']}  {r['partition']}:{r['offset']}  {r['reason']}"
+            parts.append(Flow(line, indent=4))
     reasons = Table()
     reasons.add_column("reason")
     reasons.add_column("records", justify="right")
@@ -201,7 +200,8 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
         titled("partitions (offsets: log start, end at scan start)", Fit(parts_table, Group(*per_partition)))
     )
     if doc["replayed_before"]:
-        parts.append(Flow(f"{doc['replayed_before']} of these failed again after a replay (x-replay-count set)"))
+        again = f"{doc['replayed_before']} of these failed again after a replay (x-replay-count set)"
+        parts.append(Flow(again, indent=4))
     return Group(*parts)
 
 
@@ -295,7 +295,8 @@ def show_view(doc: dict[str, Any]) -> RenderableType:
             verdict = Text("ok", style="green") if r["consistent"] else Text("MISMATCH", style="bold red")
             count = f"{len(r['rewards'])}/{r['sibling_count']}"
             rewards.add_row(escape(str(r["rollout"])), count, escape(cells), verdict)
-            blocks.append(Flow(Text.assemble(f"rollout {r['rollout']}, {count} siblings: ", verdict), first=2))
+            head = Text.assemble(f"rollout {r['rollout']}, {count} siblings: ", verdict)
+            blocks.append(Flow(head, first=2, indent=4))
             blocks.append(Flow(cells, first=4, indent=4))
         parts.append(
             titled(

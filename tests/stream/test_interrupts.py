@@ -123,8 +123,9 @@ def test_importing_the_cli_leaves_sigint_as_it_was():
         "import signal; before = signal.getsignal(signal.SIGINT); import stream.cli; "
         "assert signal.getsignal(signal.SIGINT) is before is signal.default_int_handler; print('ok')"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            preexec_fn=_default_sigint)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, preexec_fn=_default_sigint
+    )
     assert result.stdout.strip() == "ok", result.stderr
 
 
@@ -155,7 +156,9 @@ def test_a_group_cut_short_is_incomplete_after_the_group_timeout():
     records, _ = next(plan_groups(plan, 1))
     part = expect_records(plan, records[:3])
     assert (part.published_samples, part.records) == (0, 3)
-    assert part.dead_letters == {R.INCOMPLETE_GROUP: 3} and part.due_after_group_timeout() == {"incomplete_group": 3}
+    assert part.dead_letters == {R.INCOMPLETE_GROUP: 3} and part.due_after_group_timeout() == {
+        "incomplete_group": 3
+    }
     progress = SendProgress(plan)
     progress.begin(records)
     for r in records[:3]:
@@ -165,7 +168,10 @@ def test_a_group_cut_short_is_incomplete_after_the_group_timeout():
         "(expect 3 incomplete_group after the worker's --group-timeout); the JSON on stdout is the "
         "expectation for what was sent"
     )
-    assert interruption_summary(SendProgress(plan)) == "synth: interrupted before sending anything; nothing was sent"
+    assert (
+        interruption_summary(SendProgress(plan))
+        == "synth: interrupted before sending anything; nothing was sent"
+    )
 
 
 def test_sigint_stops_the_send_loop_between_records():
@@ -205,18 +211,43 @@ def topic_end(bootstrap: str, topic: str) -> int:
 def test_ctrl_c_during_synth_prints_what_was_sent_and_the_worker_meets_that_expectation(
     kafka_bootstrap, topic_factory
 ):
-    names = TopicNames(topic_factory(1, prefix="int-in"), topic_factory(1, prefix="int-out"),
-                       topic_factory(1, prefix="int-dlq"))
-    proc = spawn("synth", "--bootstrap-servers", kafka_bootstrap, "--input-topic", names.input, "--groups",
-                 "100000", "--rate", "60", "--group-size", "4", "--max-siblings", "2", "--incomplete-rate",
-                 "0.15", "--duplicate-rate", "0.15", "--shared-reward-rate", "0.1", "--run-id", "cut")
+    names = TopicNames(
+        topic_factory(1, prefix="int-in"),
+        topic_factory(1, prefix="int-out"),
+        topic_factory(1, prefix="int-dlq"),
+    )
+    proc = spawn(
+        "synth",
+        "--bootstrap-servers",
+        kafka_bootstrap,
+        "--input-topic",
+        names.input,
+        "--groups",
+        "100000",
+        "--rate",
+        "60",
+        "--group-size",
+        "4",
+        "--max-siblings",
+        "2",
+        "--incomplete-rate",
+        "0.15",
+        "--duplicate-rate",
+        "0.15",
+        "--shared-reward-rate",
+        "0.1",
+        "--run-id",
+        "cut",
+    )
     wait_until(lambda: topic_end(kafka_bootstrap, names.input) >= 30, 60, "synth to send 30 records")
     out, err = interrupt(proc)
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err
     doc = json.loads(out)
     assert doc["interrupted"] is True and doc["groups_planned"] == 100000 and doc["run_id"] == "cut"
-    assert re.search(rf"synth: interrupted after {doc['records']} record\(s\): \d+ whole group\(s\)", err), err
+    assert re.search(rf"synth: interrupted after {doc['records']} record\(s\): \d+ whole group\(s\)", err), (
+        err
+    )
     assert "the JSON on stdout is the expectation for what was sent" in err
     # What it says it sent is what the topic holds, to the record, the group cut short included.
     sent = read_topic(kafka_bootstrap, names.input, min_count=doc["records"])
@@ -231,9 +262,16 @@ def test_ctrl_c_during_synth_prints_what_was_sent_and_the_worker_meets_that_expe
     assert doc["due_after_group_timeout"] == {
         k: v for k, v in doc["expected_dead_letters"].items() if k == "incomplete_group"
     }
-    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=names, group_id=f"g-{names.input}",
-                          group_timeout_s=1.0, commit_interval_s=0.2, max_dead_letter_ratio=1.0)
+    config = WorkerConfig(
+        bootstrap_servers=kafka_bootstrap,
+        topics=names,
+        group_id=f"g-{names.input}",
+        group_timeout_s=1.0,
+        commit_interval_s=0.2,
+        max_dead_letter_ratio=1.0,
+    )
     with running_worker(config) as worker:
+
         def accounted() -> bool:
             st = worker.stats
             return (
@@ -251,8 +289,21 @@ def test_ctrl_c_during_synth_prints_what_was_sent_and_the_worker_meets_that_expe
 def test_ctrl_c_while_synth_waits_for_its_rate_stops_at_once(kafka_bootstrap, topic_factory):
     topic = topic_factory(1, prefix="int-slow")
     # The first record goes at once, the next one 100 s later: Ctrl-C comes during that wait.
-    proc = spawn("synth", "--bootstrap-servers", kafka_bootstrap, "--input-topic", topic, "--groups", "5",
-                 "--group-size", "3", "--rate", "0.01", "--run-id", "slow")
+    proc = spawn(
+        "synth",
+        "--bootstrap-servers",
+        kafka_bootstrap,
+        "--input-topic",
+        topic,
+        "--groups",
+        "5",
+        "--group-size",
+        "3",
+        "--rate",
+        "0.01",
+        "--run-id",
+        "slow",
+    )
     wait_until(lambda: topic_end(kafka_bootstrap, topic) >= 1, 60, "the first record")
     started = time.monotonic()
     out, err = interrupt(proc)
@@ -275,8 +326,18 @@ def test_ctrl_c_while_synth_waits_for_its_rate_stops_at_once(kafka_bootstrap, to
 def dead_letters(topic: str, input_topic: str, n: int) -> list:
     out = []
     for i in range(n):
-        sample = Sample(group_index=i, index=0, rollout_id=0, reward=1.0, group_size=2, run_id="rp",
-                        tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 0], rollout_log_probs=[-0.5, -1.5])
+        sample = Sample(
+            group_index=i,
+            index=0,
+            rollout_id=0,
+            reward=1.0,
+            group_size=2,
+            run_id="rp",
+            tokens=[1, 2, 3, 4],
+            response_length=2,
+            loss_mask=[1, 0],
+            rollout_log_probs=[-0.5, -1.5],
+        )
         src = InputRecord(input_topic, 0, i, 1_700_000_000_000 + i, group_key(sample), encode_sample(sample))
         out += dead_letter_records(DeadLettered(R.INCOMPLETE_GROUP, "test", f"rp/{i}", (src,), 0), topic)
     return out
@@ -293,7 +354,9 @@ def committed(bootstrap: str, group: str, topic: str) -> int | None:
 
 
 @pytest.mark.kafka(timeout=120)
-def test_ctrl_c_during_dlq_replay_says_where_it_stopped_and_the_next_run_resumes(kafka_bootstrap, topic_factory):
+def test_ctrl_c_during_dlq_replay_says_where_it_stopped_and_the_next_run_resumes(
+    kafka_bootstrap, topic_factory
+):
     input_topic, dlq = topic_factory(1, prefix="rpi-in"), topic_factory(1, prefix="rpi-dlq")
     producer = make_producer(Connection(kafka_bootstrap))
     try:
@@ -305,13 +368,18 @@ def test_ctrl_c_during_dlq_replay_says_where_it_stopped_and_the_next_run_resumes
     args = ("dlq", "replay", "--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", dlq)
     cursor = cursor_name(Selection.build(now_ms=0), dlq, None)  # no filters: the same cursor as the command's
     proc = spawn(*args, "--rate", "40")  # 5 s for all: a transaction closes every second
-    wait_until(lambda: (committed(kafka_bootstrap, cursor, dlq) or 0) >= 20, 60, "a committed replay transaction")
+    wait_until(
+        lambda: (committed(kafka_bootstrap, cursor, dlq) or 0) >= 20, 60, "a committed replay transaction"
+    )
     out, err = interrupt(proc)
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err, err
-    match = re.search(r"cursor (rollout-stream-replay-\w+) stands at partition 0 offset (\d+) \(the records "
-                      r"before it were replayed, once\); the same command resumes from there under replay id "
-                      r"(\w+)", err)
+    match = re.search(
+        r"cursor (rollout-stream-replay-\w+) stands at partition 0 offset (\d+) \(the records "
+        r"before it were replayed, once\); the same command resumes from there under replay id "
+        r"(\w+)",
+        err,
+    )
     assert match and err.startswith("dlq replay: interrupted; the open transaction was aborted"), err
     assert match.group(1) == cursor
     stopped, replay_id = int(match.group(2)), match.group(3)
@@ -320,8 +388,13 @@ def test_ctrl_c_during_dlq_replay_says_where_it_stopped_and_the_next_run_resumes
     assert len(replayed) == stopped  # exactly the records before the cursor; the aborted ones are not there
     assert {r.headers[H.REPLAY_ID] for r in replayed} == {replay_id}
     # The same command picks up there: every dead-letter record replayed once, under the same replay id.
-    rest = subprocess.run([str(EXE), *args, "--rate", "0", "--json"], capture_output=True, text=True,
-                          timeout=90, env={k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"})
+    rest = subprocess.run(
+        [str(EXE), *args, "--rate", "0", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"},
+    )
     assert rest.returncode == 0, rest.stderr
     doc = json.loads(rest.stdout)
     assert doc["resumed"] and doc["replay_id"] == replay_id and doc["replayed"] == 200 - stopped
@@ -342,10 +415,23 @@ def test_ctrl_c_during_a_dry_run_says_nothing_was_written(kafka_bootstrap, topic
         raise KeyboardInterrupt  # as SIGINT raises it, wherever the replay is
 
     monkeypatch.setattr(dlq_command, "run_replay", interrupted)
-    result = CliRunner().invoke(app, ["dlq", "replay", "--bootstrap-servers", kafka_bootstrap,
-                                      "--dead-letter-topic", dlq, "--dry-run", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "dlq",
+            "replay",
+            "--bootstrap-servers",
+            kafka_bootstrap,
+            "--dead-letter-topic",
+            dlq,
+            "--dry-run",
+            "--json",
+        ],
+    )
     assert result.exit_code == 130
     assert result.stderr.strip() == "dlq replay: interrupted; dry run: nothing was written"
     assert json.loads(result.stdout) == {
-        "interrupted": True, "dry_run": True, "cursor": cursor_name(Selection.build(now_ms=0), dlq, None)
+        "interrupted": True,
+        "dry_run": True,
+        "cursor": cursor_name(Selection.build(now_ms=0), dlq, None),
     }

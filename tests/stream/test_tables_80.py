@@ -37,7 +37,9 @@ def render(renderable, width: int = 80) -> str:
     return console.export_text()
 
 
-def assert_readable(text: str, width: int = 80, *, whole: tuple[str, ...] = (), ellipsis: bool = False) -> None:
+def assert_readable(
+    text: str, width: int = 80, *, whole: tuple[str, ...] = (), ellipsis: bool = False
+) -> None:
     """No line over `width`, no trailing spaces, each of `whole` on one line; no '…' unless allowed."""
     lines = text.splitlines()
     assert lines, "nothing rendered"
@@ -102,12 +104,28 @@ def bench_report(quick: bool):
     from stream.bench.workloads import Workload
 
     def tp(mode: str, rate: float) -> Throughput:
-        return Throughput(mode, samples=100_000, bytes=200_000_000, seconds=100_000 / rate, cpu_s=0.5,
-                          loop_cpu_s=1.27, commits=3, final_commit_s=0.01)
+        return Throughput(
+            mode,
+            samples=100_000,
+            bytes=200_000_000,
+            seconds=100_000 / rate,
+            cpu_s=0.5,
+            loop_cpu_s=1.27,
+            commits=3,
+            final_commit_s=0.01,
+        )
 
-    lat = LatencyResult(rate=5962.0, groups=100, seen=100, p50_ms=37.0, p99_ms=170.0, max_ms=210.0, seconds=4.0)
-    machine = {"cpus": 2, "cpu_model": "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "python": "3.11.7",
-               "kafka_python": "3.0.1", "load_average_start": [1.0], "load_average_end": [1.5]}
+    lat = LatencyResult(
+        rate=5962.0, groups=100, seen=100, p50_ms=37.0, p99_ms=170.0, max_ms=210.0, seconds=4.0
+    )
+    machine = {
+        "cpus": 2,
+        "cpu_model": "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz",
+        "python": "3.11.7",
+        "kafka_python": "3.0.1",
+        "load_average_start": [1.0],
+        "load_average_end": [1.5],
+    }
     report = BenchReport(BenchSettings(bootstrap="x:1", quick=quick), machine)
     a, b, c = Workload("a", 256, 8, 1, 125), Workload("b", 32768, 16, 1, 80), Workload("c", 256, 16, 3, 80)
     report.results = [
@@ -115,12 +133,21 @@ def bench_report(quick: bool):
         WorkloadResult(b, "exactly-once", tp("stage", 463), tp("passthrough", 459), lat, lat),
     ]
     if not quick:
-        report.results.append(WorkloadResult(c, "exactly-once", tp("stage", 10836), tp("passthrough", 12735), lat))
-        report.delivery_compare = [WorkloadResult(a, "at-least-once", tp("stage", 13000), tp("passthrough", 12000),
-                                                  lat, lat)]
-        report.memory = [MemoryResult(b, base_rss=700_000_000, peak_rss=900_000_000, open_bytes=200_000_000,
-                                      open_windows=64)]
-        report.sweep = [SweepPoint(0.1, 1000, tp("stage", 800), lat), SweepPoint(0.5, 5000, tp("stage", 11800), lat)]
+        report.results.append(
+            WorkloadResult(c, "exactly-once", tp("stage", 10836), tp("passthrough", 12735), lat)
+        )
+        report.delivery_compare = [
+            WorkloadResult(a, "at-least-once", tp("stage", 13000), tp("passthrough", 12000), lat, lat)
+        ]
+        report.memory = [
+            MemoryResult(
+                b, base_rss=700_000_000, peak_rss=900_000_000, open_bytes=200_000_000, open_windows=64
+            )
+        ]
+        report.sweep = [
+            SweepPoint(0.1, 1000, tp("stage", 800), lat),
+            SweepPoint(0.5, 5000, tp("stage", 11800), lat),
+        ]
         report.sweep_workload = a
     return report
 
@@ -135,13 +162,27 @@ def bench_text(quick: bool, width: int) -> str:
 
 def test_bench_at_80_columns_splits_its_table_with_a_legend_and_cuts_nothing():
     text = bench_text(quick=False, width=80)
-    assert_readable(text, whole=("a 256t g8", "b 32Kt g16", "c 256t×3 g16", "stage/s", "pass p99 ms", "11,923",
-                                 "idle MB", "max records", "loop µs"))
+    assert_readable(
+        text,
+        whole=(
+            "a 256t g8",
+            "b 32Kt g16",
+            "c 256t×3 g16",
+            "stage/s",
+            "pass p99 ms",
+            "11,923",
+            "idle MB",
+            "max records",
+            "loop µs",
+        ),
+    )
     assert "stage/s, pass/s: samples per second" in text  # the legend of the shortened headers
     assert "ratio: (peak RSS − idle RSS) / MB in open windows" in text
     lines = text.splitlines()
-    for title in ("Exactly-once vs at-least-once",
-                  "Memory: peak RSS vs bytes in open windows (target ≤ 1.5 × open + idle)"):
+    for title in (
+        "Exactly-once vs at-least-once",
+        "Memory: peak RSS vs bytes in open windows (target ≤ 1.5 × open + idle)",
+    ):
         assert title in lines  # a title is a line of its own
     assert lines[-4:] == [
         "Targets:",
@@ -214,21 +255,57 @@ def test_dlq_list_in_a_pipe_is_one_line_per_record_with_whole_messages():
 
 def replay_doc(dry_run: bool) -> dict:
     records = [
-        {"partition": r["partition"], "offset": r["offset"], "reason": r["reason"], "group_key": r["group_key"],
-         "action": "would_replay" if dry_run else "replayed", "to": "rollouts", "replay_count": 1, "why": None}
+        {
+            "partition": r["partition"],
+            "offset": r["offset"],
+            "reason": r["reason"],
+            "group_key": r["group_key"],
+            "action": "would_replay" if dry_run else "replayed",
+            "to": "rollouts",
+            "replay_count": 1,
+            "why": None,
+        }
         for r in list_rows()
     ]
     records += [
-        {"partition": 0, "offset": 9, "reason": "shared_reward_violation", "group_key": "synth-3f2a9c1b/77",
-         "action": "refused", "to": None, "replay_count": 3, "why": "replay count 3 reached --max-replays 3"},
-        {"partition": 0, "offset": 10, "reason": "incomplete_group", "group_key": "synth-3f2a9c1b/78",
-         "action": "already_replayed", "to": None, "replay_count": 1,
-         "why": "by replay 1a2b3c4d5e6f at 2026-11-29T12:46:48Z"},
+        {
+            "partition": 0,
+            "offset": 9,
+            "reason": "shared_reward_violation",
+            "group_key": "synth-3f2a9c1b/77",
+            "action": "refused",
+            "to": None,
+            "replay_count": 3,
+            "why": "replay count 3 reached --max-replays 3",
+        },
+        {
+            "partition": 0,
+            "offset": 10,
+            "reason": "incomplete_group",
+            "group_key": "synth-3f2a9c1b/78",
+            "action": "already_replayed",
+            "to": None,
+            "replay_count": 1,
+            "why": "by replay 1a2b3c4d5e6f at 2026-11-29T12:46:48Z",
+        },
     ]
-    return {"dry_run": dry_run, "cursor": "rollout-stream-replay-0123456789abcdef", "replay_id": "1a2b3c4d5e6f",
-            "resumed": False, "scanned": 47, "matched": 8, "replayed": 6, "refused": 1, "already_replayed": 1,
-            "to_topics": {"rollouts": 6}, "transactions": 2, "elapsed_s": 1.0, "cursor_start": {},
-            "records": records, "records_truncated": False}
+    return {
+        "dry_run": dry_run,
+        "cursor": "rollout-stream-replay-0123456789abcdef",
+        "replay_id": "1a2b3c4d5e6f",
+        "resumed": False,
+        "scanned": 47,
+        "matched": 8,
+        "replayed": 6,
+        "refused": 1,
+        "already_replayed": 1,
+        "to_topics": {"rollouts": 6},
+        "transactions": 2,
+        "elapsed_s": 1.0,
+        "cursor_start": {},
+        "records": records,
+        "records_truncated": False,
+    }
 
 
 @pytest.mark.parametrize("dry_run", [True, False])
@@ -238,9 +315,17 @@ def test_dlq_replay_at_80_columns_keeps_to_or_why_not_whole(dry_run):
     doc = replay_doc(dry_run)
     text = render(replay_view(doc, 50))
     verb = "would replay" if dry_run else "replayed"
-    assert_readable(text, whole=(*REASONS, "synth-3f2a9c1b/1005", "replay count 3 reached --max-replays 3",
-                                 "already replayed: by replay 1a2b3c4d5e6f at 2026-11-29T12:46:48Z",
-                                 f"{verb} to rollouts, replay count 1", "rollout-stream-replay-0123456789abcdef"))
+    assert_readable(
+        text,
+        whole=(
+            *REASONS,
+            "synth-3f2a9c1b/1005",
+            "replay count 3 reached --max-replays 3",
+            "already replayed: by replay 1a2b3c4d5e6f at 2026-11-29T12:46:48Z",
+            f"{verb} to rollouts, replay count 1",
+            "rollout-stream-replay-0123456789abcdef",
+        ),
+    )
     assert text.count(f"{verb} to rollouts") == len(list_rows())
     assert ("dry run:" in text and "nothing written" in text) is dry_run
     wide = render(replay_view(doc, 50), PIPE_WIDTH)
@@ -248,20 +333,42 @@ def test_dlq_replay_at_80_columns_keeps_to_or_why_not_whole(dry_run):
 
 
 def show_doc() -> dict:
-    message = "all samples in rollout 1052011 must share one reward; rows [0, 1, 2] have rewards [0.0, 0.1, 0.2]"
+    message = (
+        "all samples in rollout 1052011 must share one reward; rows [0, 1, 2] have rewards [0.0, 0.1, 0.2]"
+    )
     return {
-        "topic": "rollouts-dlq", "partition": 1, "offset": 12345, "dead_lettered_at": "2026-11-29T12:46:48.123Z",
-        "first_failed_at": "2026-11-29T12:46:48.123Z", "replay_count": 0, "reason": "shared_reward_violation",
-        "message": message, "group_key": KEY, "key": KEY, "value_bytes": 1234,
-        "headers": [["x-dlq-reason", "shared_reward_violation"], ["x-dlq-message", message],
-                    ["x-original-topic", "rollouts"], ["x-original-timestamp", "1764420408123"]],
+        "topic": "rollouts-dlq",
+        "partition": 1,
+        "offset": 12345,
+        "dead_lettered_at": "2026-11-29T12:46:48.123Z",
+        "first_failed_at": "2026-11-29T12:46:48.123Z",
+        "replay_count": 0,
+        "reason": "shared_reward_violation",
+        "message": message,
+        "group_key": KEY,
+        "key": KEY,
+        "value_bytes": 1234,
+        "headers": [
+            ["x-dlq-reason", "shared_reward_violation"],
+            ["x-dlq-message", message],
+            ["x-original-topic", "rollouts"],
+            ["x-original-timestamp", "1764420408123"],
+        ],
         "sample": {"group_index": 1052, "prompt": "a long prompt " * 8},
         "group_members": [],
         "sibling_rewards": [
-            {"rollout": 1052011, "sibling_count": 3, "consistent": False,
-             "rewards": [{"sibling_index": i, "reward": 0.123456789 * i, "at": "1:2"} for i in range(3)]},
-            {"rollout": 1052012, "sibling_count": 1, "consistent": True,
-             "rewards": [{"sibling_index": 0, "reward": 1.0, "at": "1:3"}]},
+            {
+                "rollout": 1052011,
+                "sibling_count": 3,
+                "consistent": False,
+                "rewards": [{"sibling_index": i, "reward": 0.123456789 * i, "at": "1:2"} for i in range(3)],
+            },
+            {
+                "rollout": 1052012,
+                "sibling_count": 1,
+                "consistent": True,
+                "rewards": [{"sibling_index": 0, "reward": 1.0, "at": "1:3"}],
+            },
         ],
     }
 
@@ -270,8 +377,17 @@ def test_dlq_show_at_80_columns():
     from stream.dlq.render import show_view
 
     text = render(show_view(show_doc()))
-    assert_readable(text, whole=(KEY, "shared_reward_violation", "x-original-timestamp", "MISMATCH",
-                                 "s1=0.123456789", "1052011"))
+    assert_readable(
+        text,
+        whole=(
+            KEY,
+            "shared_reward_violation",
+            "x-original-timestamp",
+            "MISMATCH",
+            "s1=0.123456789",
+            "1052011",
+        ),
+    )
     title = "sibling rewards by rollout (all siblings of a rollout must share one reward)"
     assert title in text.splitlines()  # not wrapped, no trailing spaces
     assert text.splitlines()[0] == f"rollouts-dlq 1:12345  shared_reward_violation  group {KEY}"
@@ -281,24 +397,64 @@ def test_dlq_stats_at_80_columns():
     from stream.dlq.render import stats_view
 
     doc = {
-        "topic": "rollouts-dlq", "matched": 10, "scanned": 12,
-        "oldest": {"dead_lettered_at": "2026-11-29T12:46:48.123Z", "partition": 0, "offset": 1,
-                   "reason": "conflicting_duplicate"},
-        "newest": {"dead_lettered_at": "2026-11-29T12:46:49.123Z", "partition": 1, "offset": 12345,
-                   "reason": "shared_reward_violation"},
-        "by_reason": {"shared_reward_violation": 5, "conflicting_duplicate": 5}, "top_groups_exact": True,
-        "top_groups_max_undercount": 0, "distinct_groups": 3,
-        "top_groups": [{"group_key": KEY, "records": 3, "reasons": ["shared_reward_violation", "conflicting_duplicate"],
-                        "first_failed_at": "2026-11-29T12:46:48.123Z"}],
+        "topic": "rollouts-dlq",
+        "matched": 10,
+        "scanned": 12,
+        "oldest": {
+            "dead_lettered_at": "2026-11-29T12:46:48.123Z",
+            "partition": 0,
+            "offset": 1,
+            "reason": "conflicting_duplicate",
+        },
+        "newest": {
+            "dead_lettered_at": "2026-11-29T12:46:49.123Z",
+            "partition": 1,
+            "offset": 12345,
+            "reason": "shared_reward_violation",
+        },
+        "by_reason": {"shared_reward_violation": 5, "conflicting_duplicate": 5},
+        "top_groups_exact": True,
+        "top_groups_max_undercount": 0,
+        "distinct_groups": 3,
+        "top_groups": [
+            {
+                "group_key": KEY,
+                "records": 3,
+                "reasons": ["shared_reward_violation", "conflicting_duplicate"],
+                "first_failed_at": "2026-11-29T12:46:48.123Z",
+            }
+        ],
         "by_original_topic": {"rollouts": 6, "rollouts-canary": 4},
-        "partitions": [{"partition": 0, "low": 0, "end": 1234567, "scanned_from": 0, "matched": 5,
-                        "first_matched_offset": 1, "last_matched_offset": 1234560}],
+        "partitions": [
+            {
+                "partition": 0,
+                "low": 0,
+                "end": 1234567,
+                "scanned_from": 0,
+                "matched": 5,
+                "first_matched_offset": 1,
+                "last_matched_offset": 1234560,
+            }
+        ],
         "replayed_before": 2,
     }
     text = render(stats_view(doc))
-    assert_readable(text, whole=(KEY, "shared_reward_violation", "conflicting_duplicate", "rollouts-canary",
-                                 "2026-11-29T12:46:48.123Z", "1234560"))
-    for title in ("by reason", "top groups, 3 groups in all", "partitions (offsets: log start, end at scan start)"):
+    assert_readable(
+        text,
+        whole=(
+            KEY,
+            "shared_reward_violation",
+            "conflicting_duplicate",
+            "rollouts-canary",
+            "2026-11-29T12:46:48.123Z",
+            "1234560",
+        ),
+    )
+    for title in (
+        "by reason",
+        "top groups, 3 groups in all",
+        "partitions (offsets: log start, end at scan start)",
+    ):
         assert title in text.splitlines()
 
 
@@ -306,18 +462,49 @@ def test_dlq_stats_at_80_columns():
 
 
 def train_sample(rid: int, sib: int, nsib: int, reward: float, versions=("12", "13")) -> TrainSample:
-    sample = Sample(group_index=1052, index=rid, rollout_id=rid, tokens=np.arange(32768, dtype="<i4"),
-                    response_length=30000, reward=reward, loss_mask=np.ones(30000, dtype="u1"),
-                    rollout_log_probs=np.full(30000, -0.5, dtype="<f4"), weight_versions=list(versions),
-                    group_size=4, sibling_count=nsib, sibling_index=sib, run_id="synth-3f2a9c1b")
-    return TrainSample(sample=sample, raw_reward=reward, reward=reward - 0.4375, group_key=KEY, group_rollout_count=4,
-                       group_sample_count=6, group_mean=0.4375, group_std=0.4, zero_variance=False,
-                       advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
-                       reward_key=None, source_topic="rollouts", source_partition=1, source_offset=10)
+    sample = Sample(
+        group_index=1052,
+        index=rid,
+        rollout_id=rid,
+        tokens=np.arange(32768, dtype="<i4"),
+        response_length=30000,
+        reward=reward,
+        loss_mask=np.ones(30000, dtype="u1"),
+        rollout_log_probs=np.full(30000, -0.5, dtype="<f4"),
+        weight_versions=list(versions),
+        group_size=4,
+        sibling_count=nsib,
+        sibling_index=sib,
+        run_id="synth-3f2a9c1b",
+    )
+    return TrainSample(
+        sample=sample,
+        raw_reward=reward,
+        reward=reward - 0.4375,
+        group_key=KEY,
+        group_rollout_count=4,
+        group_sample_count=6,
+        group_mean=0.4375,
+        group_std=0.4,
+        zero_variance=False,
+        advantage_estimator="grpo",
+        rewards_normalization=True,
+        grpo_std_normalization=True,
+        reward_key=None,
+        source_topic="rollouts",
+        source_partition=1,
+        source_offset=10,
+    )
 
 
-GROUP = [train_sample(1052000, 0, 1, 0.25), train_sample(1052001, 0, 3, 1.0), train_sample(1052001, 1, 3, 1.0),
-         train_sample(1052001, 2, 3, 1.0), train_sample(1052002, 0, 1, 0.0), train_sample(1052003, 0, 1, 0.123456)]
+GROUP = [
+    train_sample(1052000, 0, 1, 0.25),
+    train_sample(1052001, 0, 3, 1.0),
+    train_sample(1052001, 1, 3, 1.0),
+    train_sample(1052001, 2, 3, 1.0),
+    train_sample(1052002, 0, 1, 0.0),
+    train_sample(1052003, 0, 1, 0.123456),
+]
 INFO = GroupInfo(KEY, 1, 123456, 123462, 0, 6, 4, 12, 0.4375, 0.4, False)
 
 
@@ -326,8 +513,17 @@ def test_tail_keeps_each_reward_on_its_rollouts_line(width):
     from stream.commands.tail import group_block
 
     text = render(group_block(INFO, GROUP), width)
-    assert_readable(text, width, whole=(f"group {KEY}", "0.25 → -0.1875", "1 → +0.5625", "0.123456 → -0.3140",
-                                        "partition 1, offsets 123456–123462"))
+    assert_readable(
+        text,
+        width,
+        whole=(
+            f"group {KEY}",
+            "0.25 → -0.1875",
+            "1 → +0.5625",
+            "0.123456 → -0.3140",
+            "partition 1, offsets 123456–123462",
+        ),
+    )
     assert not any(line.strip("│ ").startswith("→") for line in text.splitlines())
     if width == 80:  # shorter headers and a legend for what every sample shares
         assert "resp: response tokens, loss: tokens in the loss mask" in text
@@ -359,8 +555,9 @@ def test_demo_summary_title_and_last_line_in_a_pipe():
 
     exp = Expected(1431, 180, Counter({"conflicting_duplicate": 68, "shared_reward_violation": 34}), 8, 1605)
     worker = SimpleNamespace(
-        stats=SimpleNamespace(groups_published=180, samples_published=1431, dead_lettered=exp.dead_letters,
-                              duplicates=8),
+        stats=SimpleNamespace(
+            groups_published=180, samples_published=1431, dead_lettered=exp.dead_letters, duplicates=8
+        ),
         store=SimpleNamespace(open_count=lambda: 0),
     )
     out = io.StringIO()
@@ -381,9 +578,20 @@ runner = CliRunner()
 
 
 def sample(gi: int, rid: int, reward: float, *, si: int = 0, sc: int = 1) -> Sample:
-    return Sample(group_index=gi, index=rid, rollout_id=rid, reward=reward, group_size=2, sibling_count=sc,
-                  sibling_index=si, run_id="synth-3f2a9c1b", tokens=[1, 2, 3, 4], response_length=2,
-                  loss_mask=[1, 0], rollout_log_probs=[-0.25, -1.5])
+    return Sample(
+        group_index=gi,
+        index=rid,
+        rollout_id=rid,
+        reward=reward,
+        group_size=2,
+        sibling_count=sc,
+        sibling_index=si,
+        run_id="synth-3f2a9c1b",
+        tokens=[1, 2, 3, 4],
+        response_length=2,
+        loss_mask=[1, 0],
+        rollout_log_probs=[-0.25, -1.5],
+    )
 
 
 def failures(input_topic: str) -> list[DeadLettered]:
@@ -398,8 +606,9 @@ def failures(input_topic: str) -> list[DeadLettered]:
             InputRecord(input_topic, 0, 10 * i + j, 1_700_000_000_000 + i, group_key(m), encode_sample(m))
             for j, m in enumerate(members)
         )
-        message = (f"group synth-3f2a9c1b/{gi} timed out after 5s with 1 of 2 rollouts complete "
-                   "(1 samples received)")
+        message = (
+            f"group synth-3f2a9c1b/{gi} timed out after 5s with 1 of 2 rollouts complete (1 samples received)"
+        )
         out.append(DeadLettered(R(reason), message, f"synth-3f2a9c1b/{gi}", records, 1_700_000_000_000 + i))
     return out
 
@@ -425,8 +634,9 @@ def filled_dlq(kafka_bootstrap):
         producer.flush()
     finally:
         producer.close()
-    return SimpleNamespace(input=input_topic, dlq=dlq,
-                           args=("--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", dlq))
+    return SimpleNamespace(
+        input=input_topic, dlq=dlq, args=("--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", dlq)
+    )
 
 
 def dlq(*args: str, columns: str | None):
@@ -445,8 +655,10 @@ def test_dlq_commands_at_80_columns(filled_dlq):
     assert_readable(listing, whole=(*KEYS, *REASONS, "(1 samples received)"))
     rows = [json.loads(line) for line in dlq("list", *filled_dlq.args, "--json", columns="80").splitlines()]
     shared = next(r for r in rows if r["reason"] == "shared_reward_violation")
-    assert_readable(dlq("show", f"{shared['partition']}:{shared['offset']}", *filled_dlq.args, columns="80"),
-                    whole=("shared_reward_violation", "MISMATCH", "x-original-timestamp"))
+    assert_readable(
+        dlq("show", f"{shared['partition']}:{shared['offset']}", *filled_dlq.args, columns="80"),
+        whole=("shared_reward_violation", "MISMATCH", "x-original-timestamp"),
+    )
     assert_readable(dlq("stats", *filled_dlq.args, columns="80"), whole=(*KEYS, *REASONS))
     dry = dlq("replay", *filled_dlq.args, "--dry-run", columns="80")
     assert_readable(dry, whole=(*KEYS, *REASONS, f"would replay to {filled_dlq.input}", "nothing written"))
