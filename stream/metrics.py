@@ -87,7 +87,8 @@ class WorkerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         w = self.worker
-        s = w.stats
+        snap = w.snapshot  # published whole by the loop at each tick: nothing of the loop's own is touched
+        s = snap.stats
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
@@ -133,39 +134,35 @@ class WorkerCollector(Collector):
             "transaction_aborts", "Aborted transactions (state restored from the last commit).", s.aborts
         )
         yield counter("restores", "Partition state restores.", s.restores)
-        yield gauge("open_windows", "Prompt groups currently open.", w.store.open_count())
-        yield gauge("open_window_bytes", "Bytes of input records held in open windows.", w.store.open_bytes)
+        yield gauge("open_windows", "Prompt groups currently open.", snap.open_windows)
+        yield gauge("open_window_bytes", "Bytes of input records held in open windows.", snap.open_bytes)
         yield gauge("open_windows_limit", "--max-open-groups: fetching pauses at this many open groups.",
                     w.config.max_open_groups)
         yield gauge("open_window_bytes_limit", "--max-open-mib in bytes: fetching pauses at this many bytes.",
                     w.config.max_open_bytes)
         yield gauge("dead_letter_window_ratio",
                     "Dead-lettered share of the last --dead-letter-window resolved input records.",
-                    w.dead_letters.ratio)
+                    snap.dead_letter_ratio)
         yield gauge("dead_letter_ratio_limit", "--max-dead-letter-ratio: the worker stops above this share.",
                     w.config.max_dead_letter_ratio)
         yield gauge(
             "closed_groups_remembered",
             "Resolved groups remembered to recognise late members.",
-            len(w.store.closed),
+            snap.closed_groups,
         )
         yield gauge("paused", "1 while fetching is paused by back-pressure.", 1 if s.paused else 0)
-        yield gauge("ready", "1 once partitions are assigned and restored.", 1 if w.ready else 0)
+        yield gauge("ready", "1 once partitions are assigned and restored.", 1 if snap.ready else 0)
         yield gauge(
             "loop_last_tick_age_seconds",
             "Seconds since the processing loop last ticked.",
-            max(0.0, time.monotonic() - w.last_tick) if w.last_tick else float("nan"),
+            max(0.0, time.monotonic() - snap.last_tick) if snap.last_tick else float("nan"),
         )
         lag = GaugeMetricFamily(
             f"{PREFIX}_consumer_lag",
             "Records behind the high watermark, per input partition.",
             labels=["topic", "partition"],
         )
-        try:
-            per_partition = w.partition_lag()
-        except Exception:  # noqa: BLE001 - a scrape must not fail because the consumer is mid-rebalance
-            per_partition = {}
-        for p, n in sorted(per_partition.items()):
+        for p, n in sorted(snap.lag.items()):
             lag.add_metric([w.config.topics.input, str(p)], n)
         yield lag
 
@@ -209,7 +206,7 @@ class MetricsServer(ThreadingHTTPServer):
         self.started = time.monotonic()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(WorkerCollector(worker))
-        worker.metrics = LoopMetrics(self.registry, worker.config.delivery)
+        worker.observe_with(LoopMetrics(self.registry, worker.config.delivery))
         self.thread = threading.Thread(target=self.serve_forever, name="metrics-http", daemon=True)
 
     @property
@@ -217,7 +214,7 @@ class MetricsServer(ThreadingHTTPServer):
         return int(self.server_address[1])
 
     def alive(self) -> tuple[bool, str]:
-        tick = self.worker.last_tick
+        tick = self.worker.snapshot.last_tick
         if not tick:
             # Not looping yet (connecting, waiting for the input topic): alive unless that takes too long.
             age = time.monotonic() - self.started
@@ -228,8 +225,7 @@ class MetricsServer(ThreadingHTTPServer):
         return False, f"stalled: loop last ticked {age:.0f}s ago (limit {self.alive_within_s:g}s)\n"
 
     def ready(self) -> tuple[bool, str]:
-        w = self.worker
-        if w.ready:
+        if self.worker.snapshot.ready:
             return True, "ready\n"
         return False, "not ready: waiting for partition assignment or restore\n"
 

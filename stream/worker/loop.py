@@ -69,6 +69,10 @@ class Worker:
         self._delivery: Delivery | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
+    def observe_with(self, metrics: object) -> None:
+        """Report batch, commit and latency observations to `metrics` (stream.metrics.LoopMetrics)."""
+        self.metrics = metrics
+
     def request_stop(self) -> None:
         self._stop.set()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -152,7 +153,7 @@ def test_healthz_reports_a_stalled_loop(kafka_bootstrap):
     server = serve_metrics(worker, free_port(), host="127.0.0.1")
     try:
         server.alive_within_s = 5.0
-        worker.last_tick = 1.0  # ticked long ago (monotonic clock)
+        worker.snapshot = replace(worker.snapshot, last_tick=1.0)  # published a tick long ago (monotonic)
         status, text = get(server.port, "/healthz")
         assert status == 503 and "stalled" in text
     finally:
