@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.dead_letter_limit import DeadLetterWindow
 from stream.config import WorkerConfig
 from stream.metrics import LoopMetrics, WorkerCollector
-from stream.worker import WorkerStats
+from stream.worker import Snapshot, WorkerStats
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -64,11 +64,10 @@ def exposed() -> dict[str, set[str]]:
     stats = WorkerStats(records_in=10, dead_lettered=Counter({"decode_error": 1}),
                         dead_letter_groups=Counter({"decode_error": 1}))
     config = WorkerConfig()
-    worker = SimpleNamespace(
-        config=config, stats=stats, ready=True, last_tick=time.monotonic(),
-        store=SimpleNamespace(open_count=lambda: 1, open_bytes=100, closed={}),
-        partition_lag=lambda: {0: 5}, dead_letters=DeadLetterWindow(config.dead_letter_limit),
-    )
+    snapshot = Snapshot(stats, open_windows=1, open_bytes=100, closed_groups=0, ready=True, lag={0: 5},
+                        dead_letter_ratio=DeadLetterWindow(config.dead_letter_limit).ratio,
+                        last_tick=time.monotonic())
+    worker = SimpleNamespace(config=config, snapshot=snapshot)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WorkerCollector(worker))
     LoopMetrics(registry, config.delivery)
