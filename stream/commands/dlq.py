@@ -345,19 +345,20 @@ def _replay_interrupted(conn: Connection, options: ReplayOptions, json_out: bool
             positions = None
             unread = f"could not be read back ({type(exc).__name__})"
         state = resume_state(positions or {})
-        at = {p: om.offset for p, om in sorted((positions or {}).items()) if om is not None and om.offset >= 0}
+        found = sorted((positions or {}).items())
+        at = {p: om.offset for p, om in found if om is not None and om.offset >= 0}
         doc.update(positions=at, replay_id=state.replay_id if state else None)
         if positions is None:
             where = f"cursor {cursor} {unread}"
         elif at:
-            where = f"cursor {cursor} stands at " + ", ".join(f"partition {p} offset {o}" for p, o in at.items())
-            where += " (the records before it were replayed, once)"
+            stands = ", ".join(f"partition {p} offset {o}" for p, o in at.items())
+            where = f"cursor {cursor} stands at {stands} (the records before it were replayed, once)"
         else:
             where = f"cursor {cursor} has not moved: nothing was replayed"
         run = f" under replay id {state.replay_id}" if state else ""
         line = (
-            f"dlq replay: interrupted; the open transaction was aborted (its records are not published); {where}; "
-            f"the same command resumes from there{run}"
+            "dlq replay: interrupted; the open transaction was aborted (its records are not published); "
+            f"{where}; the same command resumes from there{run}"
         )
     print(line, file=sys.stderr)
     if json_out:
