@@ -6,7 +6,8 @@ import logging
 from dataclasses import dataclass
 
 from stream.clients import MAX_RECORD_BYTES, Connection
-from stream.kafka import Admin, TopicExists, TopicSpec, UnknownTopic, client_for
+from stream.errors import ConfigurationError
+from stream.kafka import Admin, Client, TopicExists, TopicSpec, UnknownTopic, client_for
 
 __all__ = ["TopicSettings", "ensure_topics", "ensure_changelog", "TopicMismatch", "MissingTopic", "require_topics",
            "missing_topics"]
@@ -53,7 +54,7 @@ def _admin(conn: Connection) -> Admin:
     return client_for(conn).admin(client_id=conn.client_id)
 
 
-class MissingTopic(LookupError):
+class MissingTopic(ConfigurationError, LookupError):
     """A topic a command reads or writes does not exist (the local and compose brokers never auto-create)."""
 
     def __init__(self, missing: dict[str, str], bootstrap: str, hint: str) -> None:
@@ -86,13 +87,14 @@ def require_topics(conn: Connection, topics: dict[str, str], *,
         raise MissingTopic({name: topics[name] for name in missing}, conn.bootstrap_servers, hint)
 
 
-class TopicMismatch(RuntimeError):
+class TopicMismatch(ConfigurationError, RuntimeError):
     """An existing topic cannot serve its purpose as it is (e.g. a changelog with the wrong partition count)."""
 
 
-def ensure_changelog(conn: Connection, name: str, partitions: int) -> bool:
-    """The compacted changelog of the worker's windows: one partition per input partition."""
-    admin = _admin(conn)
+def ensure_changelog(conn: Connection | Client, name: str, partitions: int) -> bool:
+    """The compacted changelog of the worker's windows: one partition per input partition (True: created).
+    `conn`: where, or the client to create it with (the worker's own, which tests may run in memory)."""
+    admin = _admin(conn) if isinstance(conn, Connection) else conn.admin(client_id="rollout-stream")
     try:
         if name not in admin.list_topics():
             error = admin.create_topics([TopicSpec(name, partitions, 1, {

@@ -39,13 +39,14 @@ from stream.kafka.seam import (
     TopicInfo,
     TopicPartition,
     TopicSpec,
+    Written,
 )
 
 __all__ = [
     "AclSpec", "Admin", "AssignedConsumer", "AuthorizationFailed", "BrokerUnavailable", "Client", "CommitFailed",
     "Committed", "GroupConsumer", "Header", "KafkaFailure", "Offsets", "Polled", "Producer", "ProducerFenced",
     "RebalanceListener", "Record", "SendFuture", "TopicExists", "TopicInfo", "TopicPartition", "TopicSpec",
-    "UnknownTopic", "authorization_cause", "client_for", "AuthenticationRefused", "ConnectionCheckFailed",
+    "UnknownTopic", "Written", "authorization_cause", "client_for", "AuthenticationRefused", "ConnectionCheckFailed",
     "ListenerMismatch", "TlsRefused", "check_connection",
 ]
 

@@ -39,6 +39,7 @@ __all__ = [
     "TopicInfo",
     "TopicPartition",
     "TopicSpec",
+    "Written",
 ]
 
 Header = tuple[str, bytes]
@@ -84,6 +85,14 @@ class Record(Protocol):
 Polled = Mapping[TopicPartition, Sequence[Record]]
 
 
+class Written(NamedTuple):
+    """Where an acknowledged record was written."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
 class SendFuture(Protocol):
     """The outcome of one send, known once the producer flushed it."""
 
@@ -91,6 +100,10 @@ class SendFuture(Protocol):
 
     def exception(self) -> BaseException | None:
         """The KafkaFailure that failed the send, or None (also while not done)."""
+        ...
+
+    def get(self, timeout: float | None = None) -> Written:
+        """Wait for the acknowledgement (up to `timeout` s); where the record was written, or raise why not."""
         ...
 
 

@@ -106,15 +106,20 @@ class Worker:
         if self.claim is None:
             self.claim = claim_instance(self.conn.bootstrap_servers, self.config.group_id, self.config.instance_id)
         try:
-            if self._start():
-                self._loop()
+            if self.open():
+                try:
+                    while not self._stop.is_set():
+                        self.step()
+                finally:
+                    self.close()
         finally:
             self.claim.release()
         if self.router.limit_exceeded is not None:  # raised after the shutdown committed what came before
             raise DeadLetterLimitExceeded(self.router.limit_exceeded, self.config.topics.input,
                                           self.config.topics.dead_letter)
 
-    def _start(self) -> bool:
+    def open(self) -> bool:
+        """Connect, subscribe and get ready to loop; False when stopped before the input topic appeared."""
         cfg = self.config
         consumer = self._consumer = self.client.group_consumer(
             cfg.group_id, client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes,
@@ -124,7 +129,7 @@ class Worker:
             consumer.close()
             return False
         if self.eos:
-            ensure_changelog(self.conn, self.changelog_topic, partitions)
+            ensure_changelog(self.client, self.changelog_topic, partitions)
             producer = self.client.producer(
                 client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes,
                 transactional_id=transactional_id(cfg.group_id, self.instance_id or ""),
@@ -149,6 +154,14 @@ class Worker:
                   security=str(self.conn.security),  # masked: no password or key material
                   changelog_topic=self.changelog_topic if self.eos else "-",
                   torch_free_normalization=self.torch_free_normalization)
+        now = time.monotonic()
+        self.cadence.committed(now)
+        self.periodic = {"expire": Every(0.2), "broker": Every(1.0, start=now),
+                         "progress": Every(cfg.progress_interval_s, start=now), "heartbeat": Every(5.0)}
+        self._progress_base = (now, 0)
+        # Everything alive now (torch's ~200k objects above all) lives as long as the process: leave it out of
+        # the collector's full passes, each of which stopped the loop for ~90 ms (measured with it imported).
+        gc.freeze()
         return True
 
     def _await_topic(self, consumer: GroupConsumer, topic: str) -> int:
@@ -165,23 +178,9 @@ class Worker:
             waited += 0.5
         return 0
 
-    def _loop(self) -> None:
-        now = time.monotonic()
-        self.cadence.committed(now)
-        self.periodic = {"expire": Every(0.2), "broker": Every(1.0, start=now),
-                         "progress": Every(self.config.progress_interval_s, start=now), "heartbeat": Every(5.0)}
-        self._progress_base = (now, 0)
-        # Everything alive now (torch's ~200k objects above all) lives as long as the process: leave it out of
-        # the collector's full passes, each of which stopped the loop for ~90 ms (measured with it imported).
-        gc.freeze()
-        try:
-            while not self._stop.is_set():
-                self._step()
-        finally:
-            self._shutdown()
-
     # ---- one tick ------------------------------------------------------------------------------
-    def _step(self) -> None:
+    def step(self) -> None:
+        """One iteration: poll, restore what needs it, decide, route, commit when due, and the periodic work."""
         assert self._consumer is not None
         batch = self._consumer.poll(self.cadence.poll_timeout_ms(time.monotonic()) / 1000, POLL_RECORDS)
         self.last_tick = started = time.monotonic()
@@ -265,7 +264,8 @@ class Worker:
             log_event(log, "commit", logging.DEBUG, ms=f"{(time.monotonic() - started) * 1000:.1f}",
                       offsets=",".join(f"{p}:{o}" for p, o in sorted(committed.items())))
 
-    def _shutdown(self) -> None:
+    def close(self) -> None:
+        """Commit what is resolved, leave the group, close the clients."""
         log_event(log, "worker.stopping", open_windows=self.store.open_count())
         self._publish_snapshot()
         try:

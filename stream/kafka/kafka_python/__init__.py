@@ -46,6 +46,7 @@ from stream.kafka.seam import (
     TopicInfo,
     TopicPartition,
     TopicSpec,
+    Written,
 )
 from stream.logs import log_event
 
@@ -331,6 +332,11 @@ class _Future:
         if not self._f.is_done or not self._f.failed():
             return None
         return translate(self._f.exception)
+
+    def get(self, timeout: float | None = None) -> Written:
+        with _translated:
+            md = self._f.get(timeout)
+        return Written(md.topic, md.partition, md.offset)
 
 
 class _Producer:

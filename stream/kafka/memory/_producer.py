@@ -11,7 +11,7 @@ from stream.kafka.errors import CommitFailed, KafkaFailure, ProducerFenced
 from stream.kafka.memory._consumers import committed_offsets, illegal
 from stream.kafka.memory._groups import GroupMetadata
 from stream.kafka.memory._log import BROKER_DEFAULTS, MemoryRecord, Transaction, unknown_topic
-from stream.kafka.seam import Header, Offsets, TopicPartition
+from stream.kafka.seam import Header, Offsets, TopicPartition, Written
 
 if TYPE_CHECKING:
     from stream.kafka.memory._cluster import MemoryCluster
@@ -52,16 +52,25 @@ class SendFailure:
 class _Future:
     """Done once the producer flushed (flush, commit, abort or close), as a client's batch is acknowledged."""
 
-    __slots__ = ("_done", "_error")
+    __slots__ = ("_done", "_error", "_written")
 
-    def __init__(self, error: BaseException | None = None) -> None:
-        self._done, self._error = False, error
+    def __init__(self, error: BaseException | None = None, written: Written | None = None) -> None:
+        self._done, self._error, self._written = False, error, written
 
     def done(self) -> bool:
         return self._done
 
     def exception(self) -> BaseException | None:
         return self._error if self._done else None
+
+    def get(self, timeout: float | None = None) -> Written:
+        if not self._done:
+            raise KafkaFailure("not acknowledged: the producer has not flushed it", kind="KafkaTimeoutError",
+                               retriable=True)
+        if self._error is not None:
+            raise self._error
+        assert self._written is not None
+        return self._written
 
 
 def _abortable(cause: BaseException) -> KafkaFailure:
@@ -97,7 +106,8 @@ class MemoryProducer:
             failure = cluster._take_send_failure(topic) or self._too_large(topic, key, value, headers)
             if failure is not None and failure.at_once:
                 raise failure.error
-            future = _Future(None if failure is None else failure.error)
+            future = _Future(None if failure is None else failure.error,
+                             Written(topic, tp.partition, len(part.entries)) if failure is None else None)
             if failure is None:
                 configs = cluster._log.topics[topic].configs
                 log_time = configs.get("message.timestamp.type") == "LogAppendTime"
