@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # imported where tensors are built: tools that only assemble 
     import torch
 
 from codec import TrainSample
-from core.validate import rollout_key
+from core.rewards import declared_rollout_key
 
 __all__ = [
     "Collated",
@@ -102,7 +102,7 @@ def collate(samples: Sequence[TrainSample], *, pad_token_id: int = 0) -> Collate
     for s in samples:
         problem = collation_problem(s)
         if problem is not None:
-            raise ValueError(f"group {s.group_key}, rollout {rollout_key(s.sample)!r}: {problem}")
+            raise ValueError(f"group {s.group_key}, rollout {declared_rollout_key(s.sample)!r}: {problem}")
     n = len(samples)
     tokens = [_tokens(s) for s in samples]
     total = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=n)
@@ -193,7 +193,7 @@ def rollout_units(groups: Sequence[Sequence[TrainSample]]) -> list[list[int]]:
     for group in groups:
         seen: dict[tuple[type, object], int] = {}
         for s in group:
-            key = rollout_key(s.sample)
+            key = declared_rollout_key(s.sample)
             if key is None:
                 units.append([row])
             else:

@@ -21,7 +21,7 @@ import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,13 +32,16 @@ __all__ = [
     "torch_free_normalization",
     "GroupRewards",
     "RewardSelectionError",
+    "RolloutIdentity",
     "RolloutKey",
     "SharedRewardError",
     "SharedRewardViolation",
     "normalize_group",
     "post_process_rewards",
+    "declared_rollout_key",
     "prompt_groups",
     "rollout_key",
+    "select_reward",
     "selected_reward",
 ]
 
@@ -95,11 +98,17 @@ class SharedRewardViolation:
 def selected_reward(sample: Sample, reward_key: str | None, *, require_finite: bool = False) -> float:
     """The sample's raw reward: `reward`, or `reward[reward_key]` when a key is set (SPEC §2.1).
 
-    The value is returned unchanged (an int stays an int, as in the reference). An empty
-    `reward_key` counts as unset, like the reference's `if not args.reward_key`. With
+    The one definition of reward selection: the batch API, the window's validation and the dead-letter
+    tools all ask it. The value is returned unchanged (an int stays an int, as in the reference). An
+    empty `reward_key` counts as unset, like the reference's `if not args.reward_key`. With
     `require_finite`, NaN and ±inf are refused too (the stream's stricter input rule, §4.4).
     """
-    reward = sample.reward
+    return select_reward(sample.reward, reward_key, require_finite=require_finite)
+
+
+def select_reward(reward: object, reward_key: str | None, *, require_finite: bool = False) -> float:
+    """`selected_reward` of a sample whose reward field is `reward` (for readers that decode only part of
+    a sample); raises `RewardSelectionError` when it cannot be selected."""
     if reward is None:
         raise RewardSelectionError("sample has no reward")
     if reward_key:
@@ -127,13 +136,32 @@ def selected_reward(sample: Sample, reward_key: str | None, *, require_finite: b
     return value
 
 
-def rollout_key(sample: Sample, row: int) -> RolloutKey:
-    """A row's rollout identity (SPEC §2.4): `rollout_id`, else `index`, else the row itself."""
+class RolloutIdentity(Protocol):
+    """What names a sample's rollout: a `Sample`, or a dead-letter tool's partial decoding of one."""
+
+    @property
+    def rollout_id(self) -> int | str | None: ...
+
+    @property
+    def index(self) -> int | None: ...
+
+
+def declared_rollout_key(sample: RolloutIdentity) -> int | str | None:
+    """The rollout a sample names itself (SPEC §2.4): `rollout_id`, else `index`; None when it names
+    neither, and is then a rollout of its own.
+
+    Only a rollout's siblings share this key. Who holds a nameless sample gives it a key of its own:
+    the batch API its row (`rollout_key`), the window its Kafka offset, the reader its position.
+    """
     if sample.rollout_id is not None:
         return sample.rollout_id
-    if sample.index is not None:
-        return sample.index
-    return ("row", row)
+    return sample.index
+
+
+def rollout_key(sample: Sample, row: int) -> RolloutKey:
+    """A batch row's rollout identity (SPEC §2.4): `declared_rollout_key`, else the row itself."""
+    key = declared_rollout_key(sample)
+    return ("row", row) if key is None else key
 
 
 def _raw_rewards(samples: Sequence[Sample], reward_key: str | None) -> list[float]:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from codec import Sample, group_key_of
+from core.rewards import RewardSelectionError, select_reward
 
-__all__ = ["SampleLimits", "validate_sample", "effective_group_size", "rollout_key"]
+__all__ = ["MAX_GROUP_SIZE", "MAX_SIBLING_COUNT", "SampleLimits", "validate_sample", "effective_group_size"]
+
+# The stage's limits: larger sizes are dead-lettered as invalid_sample instead of opening unbounded windows.
+# The worker's --group-size and synth's --group-size are refused above MAX_GROUP_SIZE too.
+MAX_GROUP_SIZE = 4096
+MAX_SIBLING_COUNT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,39 +20,19 @@ class SampleLimits:
     """Bounds that turn absurd sizes into dead-letters instead of unbounded windows."""
 
     default_group_size: int | None = None
-    max_group_size: int = 4096
-    max_sibling_count: int = 1024
+    max_group_size: int = MAX_GROUP_SIZE
+    max_sibling_count: int = MAX_SIBLING_COUNT
 
 
 def effective_group_size(sample: Sample, limits: SampleLimits) -> int | None:
     return sample.group_size if sample.group_size is not None else limits.default_group_size
 
 
-def rollout_key(sample: Sample) -> object | None:
-    """SPEC §2.4: rollout_id, else index; None means the row is a rollout of its own."""
-    if sample.rollout_id is not None:
-        return sample.rollout_id
-    return sample.index
-
-
 def _reward_problem(sample: Sample, reward_key: str | None) -> str | None:
-    reward = sample.reward
-    if reward is None:
-        return "reward is missing"
-    if reward_key is None:
-        if isinstance(reward, dict):
-            return "reward is a mapping but no --reward-key is configured"
-        value = reward
-    else:
-        if not isinstance(reward, dict):
-            return f"reward_key {reward_key!r} is set but reward is a {type(reward).__name__}, not a mapping"
-        if reward_key not in reward:
-            return f"reward has no key {reward_key!r} (keys: {sorted(reward)!r})"
-        value = reward[reward_key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return f"selected reward is a {type(value).__name__}, not a number"
-    if not math.isfinite(value):
-        return f"selected reward is {value!r}; rewards must be finite"
+    try:
+        select_reward(sample.reward, reward_key, require_finite=True)
+    except RewardSelectionError as exc:
+        return str(exc)
     return None
 
 

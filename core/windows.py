@@ -15,8 +15,8 @@ from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
 from core.digest import DIGEST_ALGORITHM, digest_with, record_digest
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
-from core.rewards import SharedRewardViolation, normalize_group
-from core.validate import SampleLimits, effective_group_size, rollout_key, validate_sample
+from core.rewards import SharedRewardViolation, declared_rollout_key, normalize_group
+from core.validate import SampleLimits, effective_group_size, validate_sample
 
 __all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
            "replay_id", "REPLAY_ID_HEADER"]
@@ -214,7 +214,7 @@ class WindowStore:
         group_size: int,
         now_ms: int,
     ) -> list[Outcome]:
-        rkey = rollout_key(sample)
+        rkey = declared_rollout_key(sample)
         if rkey is None:
             # A row without rollout_id or index is a rollout of its own: only its bytes can tell a copy.
             if any(m.record.value == record.value for m in window.members()):

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from codec import TrainSample
-from core.validate import rollout_key
+from core.rewards import declared_rollout_key
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, fail, grouped_options
 from stream.layout import Fit, Flow, output_console
@@ -32,7 +32,7 @@ def _rollouts(samples: Sequence[TrainSample]) -> list[list[TrainSample]]:
     by_key: dict[object, list[TrainSample]] = {}
     out: list[list[TrainSample]] = []
     for i, s in enumerate(samples):
-        key = rollout_key(s.sample)
+        key = declared_rollout_key(s.sample)
         tagged = ("row", i) if key is None else (type(key), key)
         if tagged not in by_key:
             by_key[tagged] = []
@@ -60,7 +60,7 @@ def _cells(samples: Sequence[TrainSample]) -> list[list[str]]:
             loss_tokens = 0 if sample.remove_sample else (
                 sample.response_length if mask is None else int((mask.numpy() != 0).sum()))
             rows.append([
-                str(rollout_key(first.sample)) if j == 0 else "",
+                str(declared_rollout_key(first.sample)) if j == 0 else "",
                 f"{s.raw_reward:g} → {_reward(s.reward)}" if j == 0 else "",
                 f"{'└ ' if len(rollout) > 1 else ''}{sample.sibling_index}/{sample.sibling_count}",
                 str(len(sample.tokens) if sample.tokens is not None else 0),

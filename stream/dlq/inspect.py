@@ -7,8 +7,10 @@ from typing import Any
 
 from codec import DeadLetterReason, DecodeError, Sample, decode_sample
 from codec.arrays import Array
+from core.rewards import RewardSelectionError, select_reward
 from stream.dlq.record import DeadLetterRecord, SampleHead, sample_head
 from stream.dlq.scan import DeadLetterScanner, PartitionRange, ScanPlan
+from stream.errors import RuntimeFailure
 
 __all__ = [
     "RecordNotFound",
@@ -32,7 +34,7 @@ GROUP_REASONS = frozenset(
 )
 
 
-class RecordNotFound(LookupError):
+class RecordNotFound(RuntimeFailure, LookupError):
     """No record at the given coordinates (out of range, compacted away, or an aborted/control record)."""
 
 
@@ -140,9 +142,12 @@ class RolloutRewards:
 
 
 def _selected(reward: Any, reward_key: str | None) -> Any:
-    if reward_key is not None and isinstance(reward, dict):
-        return reward.get(reward_key)
-    return reward
+    """The raw reward the worker compares (core's selection); for a record it could not select one from
+    (an invalid_sample), what the record holds: the key's value (None without it) or the whole reward."""
+    try:
+        return select_reward(reward, reward_key)
+    except RewardSelectionError:
+        return reward.get(reward_key) if reward_key and isinstance(reward, dict) else reward
 
 
 def compare_rewards(

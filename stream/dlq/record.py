@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from codec import DeadLetterReason
+from core.rewards import declared_rollout_key
 from stream.dlq import headers as H
 
 __all__ = [
@@ -41,8 +42,8 @@ class SampleHead(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="
 
     @property
     def rollout(self) -> int | str | None:
-        """The rollout this sample belongs to (SPEC §2.4: rollout_id, else index)."""
-        return self.rollout_id if self.rollout_id is not None else self.index
+        """The rollout this sample belongs to (docs/spec.md §2.4: rollout_id, else index)."""
+        return declared_rollout_key(self)
 
 
 _head_decoder = msgspec.msgpack.Decoder(SampleHead)

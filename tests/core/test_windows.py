@@ -87,7 +87,7 @@ def test_one_equals_one_point_zero_for_siblings():
     [
         (s(reward=math.nan), "finite"),
         (s(reward=math.inf), "finite"),
-        (s(reward=None), "missing"),
+        (s(reward=None), "no reward"),
         (s(reward={"acc": 1.0}), "mapping"),
         (s(size=0), "below 1"),
         (s(size=-3), "below 1"),
