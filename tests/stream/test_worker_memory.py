@@ -1,0 +1,186 @@
+"""The worker on the in-memory Kafka seam: rebalances, restores, aborts, back-pressure and fencing, stepped
+one tick at a time, in a fraction of a second each. The same behaviours are proven on the real broker by
+test_worker*.py, test_fencing.py, test_backpressure.py and test_chaos.py."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from codec import Sample, decode_train_sample, encode_sample, group_key
+from stream.clients import Connection
+from stream.config import TopicNames, WorkerConfig
+from stream.instance import InstanceClaim
+from stream.kafka import BrokerUnavailable, ProducerFenced
+from stream.kafka.memory import MemoryCluster
+from stream.worker import Worker
+
+TOPICS = TopicNames("in", "out", "dlq")
+
+
+def sample(gi: int, rid: int, reward: float, *, size: int = 2) -> Sample:
+    return Sample(group_index=gi, index=rid, rollout_id=rid, reward=reward, group_size=size, run_id="m",
+                  tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.5, -0.25])
+
+
+def group(gi: int, size: int = 2) -> list[Sample]:
+    return [sample(gi, gi * 10 + r, float(r % 2), size=size) for r in range(size)]
+
+
+@pytest.fixture
+def cluster() -> MemoryCluster:
+    c = MemoryCluster(clock_ms=1_000_000)
+    for name in (TOPICS.input, TOPICS.output, TOPICS.dead_letter):
+        c.create_topic(name, 2, **{"max.message.bytes": str(64 << 20)})
+    return c
+
+
+def produce(cluster: MemoryCluster, samples: list[Sample]) -> None:
+    producer = cluster.client().producer(client_id="test")
+    for s in samples:
+        producer.send(TOPICS.input, encode_sample(s), group_key(s))
+    producer.flush()
+
+
+def worker(cluster: MemoryCluster, name: str = "w1", *, clock: float = 1_000.0, **config) -> Worker:
+    config.setdefault("commit_interval_s", 3600.0)  # commits only where a test makes them happen
+    cfg = WorkerConfig(topics=TOPICS, group_id="g", group_timeout_s=60.0, **config)
+    w = Worker(cfg, Connection("memory:9092", client_id=name), client=cluster.client(), clock=lambda: clock,
+               claim=InstanceClaim(name, Path("/nonexistent"), None))
+    assert w.open()
+    return w
+
+
+def steps(*workers: Worker, n: int = 5) -> None:
+    for _ in range(n):
+        for w in workers:
+            w.step()
+
+
+def commit(w: Worker) -> None:
+    w.commit_soon()
+    w.step()
+
+
+def published(cluster: MemoryCluster) -> Counter:
+    """(group key, rollout id) of every committed train sample: each must appear exactly once."""
+    return Counter((r.key, decode_train_sample(r.value).sample.rollout_id) for r in cluster.records(TOPICS.output))
+
+
+def expected(groups: list[int], size: int = 2) -> Counter:
+    return Counter((f"m/{gi}".encode(), gi * 10 + r) for gi in groups for r in range(size))
+
+
+def test_publishes_each_group_once_and_commits_its_input(cluster):
+    produce(cluster, [s for gi in range(4) for s in group(gi)])
+    w = worker(cluster)
+    steps(w)
+    assert published(cluster) == Counter()  # uncommitted: invisible to read_committed
+    commit(w)
+    assert published(cluster) == expected(range(4))
+    committed = cluster.committed("g")
+    assert sum(c.offset for c in committed.values()) == 8
+
+
+def test_revoke_commits_before_the_partitions_move(cluster):
+    produce(cluster, [s for gi in range(6) for s in group(gi)])
+    w1 = worker(cluster, "w1")
+    steps(w1)  # everything processed, nothing committed yet
+    assert w1.stats.groups_published == 6 and w1.stats.commits == 0
+    w2 = worker(cluster, "w2")
+    steps(w1, w2)  # w2 joins: w1 revokes everything (and commits it), then both are assigned
+    assert published(cluster) == expected(range(6))  # committed in on_revoked, before any new owner read
+    assert sum(c.offset for c in cluster.committed("g").values()) == 12
+    commit(w1), commit(w2)
+    assert published(cluster) == expected(range(6))  # nothing re-published by the new owner
+    assert w2.stats.groups_published == 0 and w1.partitions.assigned and w2.partitions.assigned
+
+
+def test_lost_partitions_abort_the_open_transaction_and_the_new_owner_publishes_once(cluster):
+    produce(cluster, [s for gi in range(6) for s in group(gi)])
+    w1 = worker(cluster, "w1")
+    steps(w1)
+    assert w1._delivery is not None and w1._delivery.open  # outputs sent in an open transaction
+    w2 = worker(cluster, "w2")
+    cluster.kick(w1._consumer)  # w1 stalled past its session: its partitions go to w2
+    steps(w2)
+    commit(w2)
+    steps(w1)  # w1 learns it lost its partitions: the transaction must never commit
+    assert w1.stats.aborts == 1
+    commit(w1)
+    steps(w1, w2)
+    commit(w1), commit(w2)
+    assert published(cluster) == expected(range(6))
+
+
+def test_restore_rebuilds_open_windows_from_the_changelog_with_outputs_suppressed(cluster):
+    # Group 0 complete; group 1 half there (an open window) when w1 commits and goes away.
+    produce(cluster, group(0) + group(1, size=4)[:2])
+    w1 = worker(cluster, "w1")
+    steps(w1)
+    commit(w1)
+    assert w1.store.open_count() == 1
+    w1.close()  # leaves the group after committing: the committed offset is past the open window's records
+    w2 = worker(cluster, "w2")
+    steps(w2)  # assigned, restored: the open window is read again from the input, nothing re-published
+    assert w2.stats.restores == 2 and w2.stats.restored_records == 2 and w2.store.open_count() == 1
+    produce(cluster, group(1, size=4)[2:])
+    steps(w2)
+    commit(w2)
+    assert published(cluster) == expected([0]) + expected([1], size=4)
+    assert w2.stats.groups_published == 1  # only group 1: group 0 stays published by w1
+
+
+def test_an_aborted_commit_restores_and_publishes_everything_exactly_once(cluster):
+    produce(cluster, [s for gi in range(5) for s in group(gi)])
+    w = worker(cluster)
+    steps(w)
+    cluster.fail_next_commit(BrokerUnavailable("broker went away", kind="KafkaConnectionError"))
+    commit(w)  # the commit fails: the transaction is aborted and every partition restored
+    assert w.stats.aborts == 1 and published(cluster) == Counter()
+    steps(w)
+    commit(w)
+    assert published(cluster) == expected(range(5))
+
+
+def test_back_pressure_pauses_at_the_cap_then_reads_on_past_it_when_nothing_closes(cluster):
+    # Three groups open at once (their first members first), the cap is two; their second members arrive
+    # while the worker is paused, so no window can close until it reads on past the cap.
+    produce(cluster, [group(gi)[0] for gi in range(3)])
+    w = worker(cluster, max_open_groups=2, commit_interval_s=0.001)
+    w.back_pressure.stall_s = 0.05
+    steps(w)
+    assert w.back_pressure.paused and w.store.open_count() == 3
+    produce(cluster, [group(gi)[1] for gi in range(3)])
+    steps(w)
+    assert w.back_pressure.paused and w.stats.groups_published == 0  # nothing fetched behind the pause
+    time.sleep(0.06)  # no window closed within the stall time: read on past the cap
+    steps(w)
+    assert not w.back_pressure.paused and w.store.open_count() == 0
+    commit(w)
+    assert published(cluster) == expected(range(3))
+
+
+def test_a_zombie_cannot_commit_after_its_partitions_moved(cluster):
+    produce(cluster, [s for gi in range(4) for s in group(gi)])
+    zombie = worker(cluster, "w1")
+    steps(zombie)  # published in an open transaction, then frozen
+    successor = worker(cluster, "w1")  # same instance id: its producer fences the zombie's
+    cluster.kick(zombie._consumer)
+    steps(successor)
+    commit(successor)
+    steps(zombie)  # it learns it lost its partitions: its open transaction is aborted, never committed
+    assert published(cluster) == expected(range(4))
+    produce(cluster, [s for gi in range(4, 10) for s in group(gi)])
+    with pytest.raises(ProducerFenced):  # back in the group, its first transaction is refused: it stops
+        for _ in range(10):
+            steps(zombie, successor)
+            commit(successor)
+            commit(zombie)
+    cluster.kick(zombie._consumer)  # the stopped zombie is gone: the successor owns everything
+    steps(successor)
+    commit(successor)
+    assert published(cluster) == expected(range(10))
