@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from stream.kafka import AclSpec
-from stream.names import changelog_topic_name, transactional_id_prefix
+from stream.names import changelog_topic_name, rank_group_prefix, transactional_id_prefix
 
 __all__ = [
     "Permission",
@@ -125,7 +125,7 @@ def reader_permissions(*, output_topic: str, group_id: str) -> list[Permission]:
     """What a trainer's TrainDataReader needs: train-data and its per-rank groups `<group>-rank<r>`."""
     return [
         Permission("topic", output_topic, "Read", "read train samples"),
-        Permission("group", f"{group_id}-rank", "Read", "commit each rank's position", prefixed=True),
+        Permission("group", rank_group_prefix(group_id), "Read", "commit each rank's position", prefixed=True),
     ]
 
 

@@ -1,11 +1,24 @@
-"""Names the worker derives from its configuration, defined once: the worker, the topic tools and the ACL
-lists build them here, so they cannot disagree."""
+"""Every name derived from another, defined once: the worker, the reader, the dead-letter tools, the topic
+tools and the ACL lists build them here, so they cannot disagree."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 
-__all__ = ["changelog_topic_name", "transactional_id", "transactional_id_prefix"]
+__all__ = [
+    "REPLAY_PREFIX",
+    "changelog_topic_name",
+    "rank_group_id",
+    "rank_group_prefix",
+    "replay_cursor_group",
+    "replay_ledger_topic",
+    "replay_transactional_id",
+    "transactional_id",
+    "transactional_id_prefix",
+]
+
+REPLAY_PREFIX = "rollout-stream-replay-"
 
 
 def changelog_topic_name(group_id: str, input_topic: str) -> str:
@@ -21,3 +34,28 @@ def transactional_id_prefix(group_id: str) -> str:
 
 def transactional_id(group_id: str, instance_id: str) -> str:
     return f"{transactional_id_prefix(group_id)}{instance_id}"
+
+
+def rank_group_prefix(group_id: str) -> str:
+    """Every data-parallel rank of a trainer group commits to a group `<group>-rank<r>`."""
+    return f"{group_id}-rank"
+
+
+def rank_group_id(group_id: str, rank: int) -> str:
+    return f"{rank_group_prefix(group_id)}{rank}"
+
+
+def replay_cursor_group(fingerprint: str) -> str:
+    """Consumer group (and cursor) of one dead-letter replay selection, by its fingerprint."""
+    return REPLAY_PREFIX + fingerprint
+
+
+def replay_transactional_id(dead_letter_topic: str) -> str:
+    """One transactional id per dead-letter topic, whatever the selection: a replay fences any other replay of
+    the same topic still running, so the ledger it reads after `init_transactions()` is complete."""
+    return REPLAY_PREFIX + "txn-" + hashlib.sha256(dead_letter_topic.encode()).hexdigest()[:16]
+
+
+def replay_ledger_topic(dead_letter_topic: str) -> str:
+    """The compacted topic recording which dead-letter records a replay already published."""
+    return dead_letter_topic + ".replays"

@@ -49,7 +49,9 @@ from core.assembly import (
 )
 from core.collate import Collated, collate
 from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
+from stream.names import rank_group_id
 from stream.logs import log_event
 from stream.security import SecuritySettings
 
@@ -76,12 +78,8 @@ Start = Literal["committed", "earliest", "latest"]
 Layout = Literal["tensors", "miles"]
 
 
-class ReaderError(RuntimeError):
+class ReaderError(RuntimeFailure, RuntimeError):
     """The background reader failed (broker-fatal error); the cause is chained."""
-
-
-def rank_group_id(group_id: str, rank: int) -> str:
-    return f"{group_id}-rank{rank}"
 
 
 @dataclass

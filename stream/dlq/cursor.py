@@ -7,7 +7,6 @@ The offset metadata says which replay run wrote it and whether that run finished
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import Mapping
@@ -15,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stream.dlq.selection import Selection
+from stream.names import REPLAY_PREFIX, replay_cursor_group, replay_transactional_id
 
 __all__ = ["CURSOR_PREFIX", "CursorState", "cursor_name", "transactional_id", "resume_state", "new_replay_id"]
 
-CURSOR_PREFIX = "rollout-stream-replay-"
+CURSOR_PREFIX = REPLAY_PREFIX
 _MAX_METADATA = 1024  # brokers refuse offset metadata above offset.metadata.max.bytes (4096 by default)
 
 
@@ -28,13 +28,10 @@ def cursor_name(selection: Selection, dead_letter_topic: str, to: str | None) ->
     --limit, --rate, --max-replays and --dry-run are not part of it: `--limit 100` twice replays the
     next hundred, not the same hundred again.
     """
-    return CURSOR_PREFIX + selection.fingerprint(dead_letter_topic, to)
+    return replay_cursor_group(selection.fingerprint(dead_letter_topic, to))
 
 
-def transactional_id(dead_letter_topic: str) -> str:
-    """One transactional id per dead-letter topic, whatever the selection: a replay fences any other replay of
-    the same topic still running, so the ledger it reads after `init_transactions()` is complete."""
-    return CURSOR_PREFIX + "txn-" + hashlib.sha256(dead_letter_topic.encode()).hexdigest()[:16]
+transactional_id = replay_transactional_id
 
 
 def new_replay_id() -> str:

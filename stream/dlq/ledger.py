@@ -18,15 +18,14 @@ from typing import Any
 from stream.clients import Connection
 from stream.dlq.record import DeadLetterRecord
 from stream.dlq.scan import ScanStalled
+from stream.names import replay_ledger_topic
 from stream.kafka import AssignedConsumer, TopicExists, TopicPartition, TopicSpec, client_for
 
 __all__ = ["ReplayLedger", "ledger_topic", "ensure_ledger_topic", "load_ledger"]
 
-_SUFFIX = ".replays"
 
 
-def ledger_topic(dead_letter_topic: str) -> str:
-    return dead_letter_topic + _SUFFIX
+ledger_topic = replay_ledger_topic
 
 
 @dataclass
