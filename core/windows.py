@@ -19,7 +19,8 @@ from core.rewards import SharedRewardViolation, declared_rollout_key, normalize_
 from core.validate import SampleLimits, effective_group_size, validate_sample
 
 __all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
-           "replay_id", "REPLAY_ID_HEADER"]
+           "replay_id", "REPLAY_ID_HEADER", "DEFAULT_GROUP_TIMEOUT_MS", "DEFAULT_CLOSED_RETENTION_MS",
+           "DEFAULT_MAX_CLOSED_GROUPS", "DEFAULT_MAX_GROUP_BYTES"]
 
 R = DeadLetterReason
 
@@ -37,14 +38,21 @@ def replay_id(record: InputRecord) -> str:
     return ""
 
 
+# The window's defaults, defined once: the worker's settings (stream/config.py) and flags take them from here.
+DEFAULT_GROUP_TIMEOUT_MS = 300_000  # a group open this long after its first member's timestamp is incomplete
+DEFAULT_CLOSED_RETENTION_MS = 3_600_000  # how long resolved groups are remembered (the worker: >= 2 x timeout)
+DEFAULT_MAX_CLOSED_GROUPS = 200_000
+DEFAULT_MAX_GROUP_BYTES = 1 << 30  # a group holding more is dead-lettered as group_too_large
+
+
 @dataclass(frozen=True, slots=True)
 class WindowConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     limits: SampleLimits = field(default_factory=SampleLimits)
-    group_timeout_ms: int = 300_000
-    closed_retention_ms: int = 3_600_000
-    max_closed_groups: int = 200_000
-    max_group_bytes: int = 1 << 30
+    group_timeout_ms: int = DEFAULT_GROUP_TIMEOUT_MS
+    closed_retention_ms: int = DEFAULT_CLOSED_RETENTION_MS
+    max_closed_groups: int = DEFAULT_MAX_CLOSED_GROUPS
+    max_group_bytes: int = DEFAULT_MAX_GROUP_BYTES
 
 
 Rollout = Member | list[Member | None]

@@ -7,13 +7,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from core import RewardConfig
+from core.config import ADVANTAGE_ESTIMATORS
 from core.dead_letter_limit import MAX_WINDOW, DeadLetterLimit
-from core.validate import SampleLimits
-from core.windows import WindowConfig
+from core.validate import MAX_GROUP_SIZE, SampleLimits
+from core.windows import (
+    DEFAULT_CLOSED_RETENTION_MS,
+    DEFAULT_GROUP_TIMEOUT_MS,
+    DEFAULT_MAX_CLOSED_GROUPS,
+    DEFAULT_MAX_GROUP_BYTES,
+    WindowConfig,
+)
+from stream.clients import MAX_RECORD_BYTES
 
 __all__ = ["ConfigError", "ZeroVariancePolicy", "TopicNames", "WorkerConfig", "parse_zero_variance"]
 
-ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+_REWARD_DEFAULTS = RewardConfig()  # the reward settings' defaults are core's (named as in the reference)
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
@@ -62,17 +70,17 @@ class WorkerConfig:
     topics: TopicNames = field(default_factory=TopicNames)
     group_id: str = "rollout-stream"
     group_size: int | None = None
-    group_timeout_s: float = 300.0
-    advantage_estimator: str = "grpo"
-    rewards_normalization: bool = True
-    grpo_std_normalization: bool = True
-    reward_key: str | None = None
+    group_timeout_s: float = DEFAULT_GROUP_TIMEOUT_MS / 1000
+    advantage_estimator: str = _REWARD_DEFAULTS.advantage_estimator
+    rewards_normalization: bool = _REWARD_DEFAULTS.rewards_normalization
+    grpo_std_normalization: bool = _REWARD_DEFAULTS.grpo_std_normalization
+    reward_key: str | None = _REWARD_DEFAULTS.reward_key
     zero_variance: ZeroVariancePolicy = field(default_factory=ZeroVariancePolicy)
     commit_interval_s: float = 0.1  # caught up: a quarter of it (stream/cadence.py; docs/benchmarks.md)
     progress_interval_s: float = 10.0
     closed_group_retention_s: float | None = None  # default: max(1 h, 2 × group timeout)
-    max_closed_groups: int = 200_000
-    max_record_bytes: int = 64 * 1024 * 1024
+    max_closed_groups: int = DEFAULT_MAX_CLOSED_GROUPS
+    max_record_bytes: int = MAX_RECORD_BYTES
     heartbeat_file: str | None = None
     shutdown_timeout_s: float = 30.0
     delivery: Literal["exactly-once", "at-least-once"] = "exactly-once"
@@ -80,7 +88,7 @@ class WorkerConfig:
     transaction_timeout_s: float = 60.0
     commit_max_records: int = 5000
     max_open_groups: int = 100_000
-    max_open_bytes: int = 1 << 30
+    max_open_bytes: int = DEFAULT_MAX_GROUP_BYTES  # also the largest group (group_too_large above it)
     session_timeout_s: float = 45.0
     metrics_port: int | None = None  # Prometheus /metrics, /healthz, /readyz on this port
     # Stop (exit 3) once more than this share of the last `dead_letter_window` resolved records were
@@ -105,8 +113,8 @@ class WorkerConfig:
             raise ConfigError("--output-topic and --dead-letter-topic must differ")
         if not self.group_id:
             raise ConfigError("--group-id must not be empty")
-        if self.group_size is not None and not 1 <= self.group_size <= 4096:
-            raise ConfigError(f"--group-size must be between 1 and 4096, got {self.group_size}")
+        if self.group_size is not None and not 1 <= self.group_size <= MAX_GROUP_SIZE:
+            raise ConfigError(f"--group-size must be between 1 and {MAX_GROUP_SIZE}, got {self.group_size}")
         if not self.group_timeout_s > 0:
             raise ConfigError(f"--group-timeout must be a positive number of seconds, got {self.group_timeout_s}")
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
@@ -154,7 +162,7 @@ class WorkerConfig:
     def closed_retention_s(self) -> float:
         if self.closed_group_retention_s is not None:
             return self.closed_group_retention_s
-        return max(3600.0, 2 * self.group_timeout_s)
+        return max(DEFAULT_CLOSED_RETENTION_MS / 1000, 2 * self.group_timeout_s)
 
     @property
     def reward(self) -> RewardConfig:

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from core.config import ADVANTAGE_ESTIMATORS
 from stream.access import AccessDenied, check_worker_access, explain_denial
 from stream.allocator import reuse_freed_buffers
 from stream.commands.connection import (
@@ -36,6 +37,9 @@ from stream.worker import DeadLetterLimitExceeded, ProduceFailed, Worker
 
 log = logging.getLogger("rollout_stream.run")
 
+# Each flag defaults to the worker setting it fills (stream/config.py; the rules' defaults come from core).
+_DEFAULTS = WorkerConfig()
+
 
 @grouped_options
 def run(
@@ -45,16 +49,16 @@ def run(
     dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
     group_id: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_GROUP_ID",
                                           help="Kafka consumer group of the workers (scale out by starting more).")]
-    = "rollout-stream",
+    = _DEFAULTS.group_id,
     group_size: GroupSize = None,
     group_timeout: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_GROUP_TIMEOUT",
                                                  help="Seconds a group may stay open after its first member's "
                                                  "Kafka timestamp before it is dead-lettered as incomplete_group.")]
-    = 300.0,
+    = _DEFAULTS.group_timeout_s,
     advantage_estimator: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_ADVANTAGE_ESTIMATOR",
-                                                     help="grpo, gspo, reinforce_plus_plus, "
-                                                     "reinforce_plus_plus_baseline or ppo (pass-through).")]
-    = "grpo",
+                                                     help=f"{', '.join(ADVANTAGE_ESTIMATORS[:-1])} or "
+                                                     f"{ADVANTAGE_ESTIMATORS[-1]} (pass-through).")]
+    = _DEFAULTS.advantage_estimator,
     no_rewards_normalization: Annotated[bool, typer.Option("--no-rewards-normalization",
                                                            envvar="ROLLOUT_STREAM_NO_REWARDS_NORMALIZATION",
                                                            help="Publish raw rewards unchanged.")] = False,
@@ -66,13 +70,16 @@ def run(
                                                    show_default=False)] = None,
     zero_variance: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_ZERO_VARIANCE",
                                                help="Groups whose rollouts all share one reward: keep, drop, "
-                                               "or route:TOPIC. Always counted.")] = "keep",
+                                               "or route:TOPIC. Always counted.")]
+    = str(_DEFAULTS.zero_variance),
     commit_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_COMMIT_INTERVAL",
                                                    help="Longest time between commits (transactions) under a "
                                                    "backlog; caught up with its input, the worker commits a "
-                                                   "quarter of it after publishing.")] = 0.1,
+                                                   "quarter of it after publishing.")]
+    = _DEFAULTS.commit_interval_s,
     progress_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_PROGRESS_INTERVAL",
-                                                     help="Seconds between progress log lines.")] = 10.0,
+                                                     help="Seconds between progress log lines.")]
+    = _DEFAULTS.progress_interval_s,
     closed_group_retention: Annotated[float | None, typer.Option(envvar="ROLLOUT_STREAM_CLOSED_GROUP_RETENTION",
                                                                  help="Seconds a resolved group is remembered to "
                                                                  "recognise late members and copies (default: "
@@ -80,7 +87,8 @@ def run(
                                                                  show_default=False)] = None,
     session_timeout: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_SESSION_TIMEOUT",
                                                    help="Consumer group session timeout in seconds: how long a "
-                                                   "silent worker keeps its partitions.")] = 45.0,
+                                                   "silent worker keeps its partitions.")]
+    = _DEFAULTS.session_timeout_s,
     create_topics: Annotated[bool, typer.Option(
         "--create-topics", envvar="ROLLOUT_STREAM_CREATE_TOPICS",
         help="Create the input, output and dead-letter topics if missing (default: a missing topic is an error "
@@ -90,20 +98,23 @@ def run(
     delivery: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_DELIVERY",
                                           help="exactly-once (outputs, dead-letters, window changelog and input "
                                           "offsets in one transaction; consumers read with read_committed) or "
-                                          "at-least-once (duplicates possible after a crash).")] = "exactly-once",
+                                          "at-least-once (duplicates possible after a crash).")]
+    = _DEFAULTS.delivery,
     instance_id: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_INSTANCE_ID",
                                                     help="Stable name of this worker instance; its transactional "
                                                     "id. Default: the first free <host>-N on this host (a "
                                                     "restarted worker gets its own back). A second live worker "
                                                     "with the same id is refused.", show_default=False)] = None,
     commit_max_records: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_COMMIT_MAX_RECORDS",
-                                                    help="Also commit after this many input records.")] = 5000,
+                                                    help="Also commit after this many input records.")]
+    = _DEFAULTS.commit_max_records,
     max_open_groups: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_MAX_OPEN_GROUPS",
-                                                 help="Pause fetching at this many open groups.")] = 100_000,
+                                                 help="Pause fetching at this many open groups.")]
+    = _DEFAULTS.max_open_groups,
     max_open_mib: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_MAX_OPEN_MIB",
                                               help="Pause fetching when open windows hold this many MiB; a single "
                                               "group larger than this is dead-lettered as group_too_large.")]
-    = 1024,
+    = _DEFAULTS.max_open_bytes >> 20,
     heartbeat_file: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_HEARTBEAT_FILE",
                                                        help="File touched every few seconds while the loop "
                                                        "runs (container health checks).", show_default=False)]
@@ -116,11 +127,11 @@ def run(
         envvar="ROLLOUT_STREAM_MAX_DEAD_LETTER_RATIO",
         help="Stop (exit 3) once more than this share of the last --dead-letter-window resolved records was "
         "dead-lettered (a bad producer deploy, a wrong --group-size), instead of draining the input into the "
-        "dead-letter topic. 1: never stop.")] = 0.4,
+        "dead-letter topic. 1: never stop.")] = _DEFAULTS.max_dead_letter_ratio,
     dead_letter_window: Annotated[int, typer.Option(
         envvar="ROLLOUT_STREAM_DEAD_LETTER_WINDOW",
         help="Resolved input records (published or dead-lettered) the dead-letter limit looks back over; "
-        "nothing is judged before this many.")] = 10_000,
+        "nothing is judged before this many.")] = _DEFAULTS.dead_letter_window,
     log_format: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_FORMAT", help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_LEVEL",
                                            help="debug, info, warning or error.")]
