@@ -2,19 +2,29 @@
 
 * `missing_permissions`: the permissions of a list (stream.acls) this connection lacks, from the broker's
   authorized operations (KIP-430), asked before the worker reads or writes anything (`check_worker_access`).
-* `explain_denial`: an authorization error met while running, as one line that names the permission.
+* `explain_denial`: an authorization error met while running, as one line that names the permission;
+  `denials_explained` and `write_denials_explained` raise it as AccessDenied (exit 2).
 * `apply_permissions`: create the ACLs of a list through the admin API.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from stream.acls import Permission, worker_permissions
 from stream.clients import Connection
 from stream.config import WorkerConfig
-from stream.kafka import Admin, AuthorizationFailed, UnknownTopic, authorization_cause, client_for
+from stream.errors import ConfigurationError, RuntimeFailure
+from stream.kafka import (
+    Admin,
+    AuthorizationFailed,
+    KafkaFailure,
+    UnknownTopic,
+    authorization_cause,
+    client_for,
+)
 from stream.names import transactional_id, transactional_id_prefix
 
 __all__ = [
@@ -23,16 +33,18 @@ __all__ = [
     "apply_permissions",
     "authorization_cause",
     "check_worker_access",
+    "denials_explained",
     "describe_missing",
     "explain_denial",
     "missing_permissions",
+    "write_denials_explained",
 ]
 
 _IMPLIES_DESCRIBE = {"READ", "WRITE", "DELETE", "ALTER", "DESCRIBE"}
 
 
 # -- applying and checking -----------------------------------------------------------------------------------
-class AclsNotApplied(RuntimeError):
+class AclsNotApplied(RuntimeFailure, RuntimeError):
     """The broker refused to create some of the ACLs."""
 
 
@@ -139,7 +151,7 @@ def describe_missing(principal: str | None, missing: list[Permission], *, hint: 
 
 
 # -- the worker's start-up check and its runtime errors ------------------------------------------------------
-class AccessDenied(RuntimeError):
+class AccessDenied(ConfigurationError, RuntimeError):
     """The principal lacks permissions the worker needs; the message names them and how to grant them."""
 
 
@@ -227,3 +239,28 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
     if config is not None:
         line += "; " + acls_print_hint(conn.security.principal, config)
     return line
+
+
+@contextmanager
+def denials_explained(conn: Connection, config: WorkerConfig | None = None) -> Iterator[None]:
+    """A Kafka failure raised inside for lack of an ACL becomes AccessDenied, naming the permission."""
+    try:
+        yield
+    except KafkaFailure as exc:
+        if (denial := explain_denial(exc, conn, config)) is not None:
+            raise AccessDenied(denial) from exc
+        raise
+
+
+@contextmanager
+def write_denials_explained(conn: Connection, topic: str) -> Iterator[None]:
+    """A producer refused for lack of WRITE on `topic` inside: AccessDenied, with the command to grant it."""
+    try:
+        yield
+    except KafkaFailure as exc:
+        if (cause := authorization_cause(exc)) is None:
+            raise
+        who = conn.security.principal or "this client"
+        raise AccessDenied(
+            f"the broker refused {who}: missing WRITE on topic {topic!r} ({cause.kind}); grant it: "
+            f"rollout-stream acls apply --role producer --input-topic {topic} --principal ...") from exc

@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from stream.errors import ConfigurationError, RuntimeFailure
 from stream.security import SecuritySettings
 
 __all__ = [
@@ -29,7 +30,7 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 DEFAULT_KAFKA_PORT = 9092
 
 
-class BadBootstrap(ValueError):
+class BadBootstrap(ConfigurationError, ValueError):
     """A bootstrap address list that is not `host[:port],...`."""
 
 
@@ -118,8 +119,10 @@ def make_admin(conn: Connection, **overrides: Any) -> Any:
     return raw_admin(conn, **overrides)
 
 
-class BrokerUnreachable(ConnectionError):
+class BrokerUnreachable(RuntimeFailure, ConnectionError):
     """No bootstrap server accepted a TCP connection."""
+
+    advice = "is the broker running?"
 
 
 def probe(conn: Connection, timeout_s: float = 5.0) -> None:

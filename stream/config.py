@@ -18,6 +18,7 @@ from core.windows import (
     WindowConfig,
 )
 from stream.clients import MAX_RECORD_BYTES
+from stream.errors import ConfigurationError
 
 __all__ = ["ConfigError", "ZeroVariancePolicy", "TopicNames", "WorkerConfig", "parse_zero_variance"]
 
@@ -25,7 +26,7 @@ _REWARD_DEFAULTS = RewardConfig()  # the reward settings' defaults are core's (n
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigurationError, ValueError):
     """A configuration a person must fix before the worker can start."""
 
 

@@ -11,7 +11,7 @@ kernel when it dies, even by kill -9:
   restarts while the others run gets its own slot back; host names keep hosts apart.
 
 Two hosts given the same explicit id cannot see each other's locks; there Kafka fences the older producer and
-the worker stops with a message naming the id (stream/commands/run.py).
+the worker stops with a message naming the id (`fenced_as_taken_over`).
 """
 
 from __future__ import annotations
@@ -21,18 +21,41 @@ import hashlib
 import os
 import socket
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from stream.config import ConfigError
+from stream.errors import RuntimeFailure
+from stream.kafka import ProducerFenced
+from stream.names import transactional_id
 
-__all__ = ["InstanceClaim", "InstanceInUse", "claim_instance", "lock_dir"]
+__all__ = ["InstanceClaim", "InstanceInUse", "InstanceTakenOver", "claim_instance", "fenced_as_taken_over",
+           "lock_dir"]
 
 MAX_SLOTS = 1024
 
 
 class InstanceInUse(ConfigError):
     """Another live worker of the same group on this host already is this instance."""
+
+
+class InstanceTakenOver(RuntimeFailure):
+    """A worker elsewhere started with this instance id and fenced this one's transactions: this one stops."""
+
+
+@contextmanager
+def fenced_as_taken_over(group_id: str, instance_id: str | None) -> Iterator[None]:
+    """A ProducerFenced raised inside becomes InstanceTakenOver, naming the id and its transactional id."""
+    try:
+        yield
+    except ProducerFenced as exc:
+        tid = transactional_id(group_id, instance_id or "")
+        raise InstanceTakenOver(
+            f"another worker took over instance id {instance_id!r} of group {group_id!r} (its transactional "
+            f"id {tid!r}): two live workers must not share an id; give each its own --instance-id, or omit "
+            "it on one host") from exc
 
 
 def lock_dir() -> Path:

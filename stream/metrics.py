@@ -22,9 +22,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from stream.errors import ConfigurationError
 from stream.outputs import STAGE_VERSION
 
-__all__ = ["LoopMetrics", "WorkerCollector", "MetricsServer", "serve_metrics"]
+__all__ = ["LoopMetrics", "MetricsPortUnavailable", "WorkerCollector", "MetricsServer", "serve_metrics"]
+
+
+class MetricsPortUnavailable(ConfigurationError, OSError):
+    """The metrics port cannot be listened on (taken, or privileged): choose another --metrics-port."""
 
 PREFIX = "rollout_stream"
 # Batches are tens of ms; end-to-end latency is dominated by the commit cadence (up to seconds).
@@ -240,4 +245,7 @@ class MetricsServer(ThreadingHTTPServer):
 
 def serve_metrics(worker: Any, port: int, host: str = "0.0.0.0") -> MetricsServer:
     """Start the endpoint for `worker` (before `worker.run()`, so the loop's observations are recorded)."""
-    return MetricsServer(worker, port, host).start()
+    try:
+        return MetricsServer(worker, port, host).start()
+    except OSError as exc:
+        raise MetricsPortUnavailable(f"cannot serve metrics on port {port}: {exc}") from exc

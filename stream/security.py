@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from stream.errors import ConfigurationError
+
 __all__ = [
     "ENV_VARS",
     "SASL_MECHANISMS",
@@ -49,7 +51,7 @@ ENV_VARS: dict[str, str] = {
 }
 
 
-class SecurityConfigError(ValueError):
+class SecurityConfigError(ConfigurationError, ValueError):
     """Connection security settings a person must fix (one readable line, never a secret in it)."""
 
 

@@ -14,7 +14,8 @@ PACKAGES = ("core", "codec", "stream")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "codec": ("codec",),
     "core": ("core", "codec"),
-    "stream.kafka": ("stream.kafka", "stream.logs", "stream.security", "stream.clients"),
+    "stream.kafka": ("stream.kafka", "stream.logs", "stream.security", "stream.clients", "stream.errors"),
+    "stream.errors": (),  # the error tree: importable from anywhere because it imports nothing of the project
     "stream": ("stream", "core", "codec"),
 }
 CLIENT_LIBRARIES = {"kafka": "stream.kafka.kafka_python"}

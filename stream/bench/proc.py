@@ -12,11 +12,12 @@ import time
 from typing import Any
 
 from stream.bench.runner import RunSpec
+from stream.errors import RuntimeFailure
 
 __all__ = ["RunnerProcess", "RunnerFailed"]
 
 
-class RunnerFailed(RuntimeError):
+class RunnerFailed(RuntimeFailure, RuntimeError):
     """The process under test died or did not report in time; the message ends with its stderr."""
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from codec import Array, Sample, encode_sample, group_key_of
 from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.errors import RuntimeFailure
 from stream.kafka import TopicPartition, TopicSpec, client_for
 
 __all__ = [
@@ -22,7 +23,12 @@ __all__ = [
     "delete_topics",
     "preload",
     "Preloaded",
+    "PreloadFailed",
 ]
+
+
+class PreloadFailed(RuntimeFailure, RuntimeError):
+    """A record of the backlog a benchmark drains was not acknowledged by the broker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +198,7 @@ def preload(
         producer.flush(timeout=300)
         for f in futures:
             if (error := f.exception()) is not None or not f.done():
-                raise RuntimeError(f"preloading {topic} failed: {error or 'not acknowledged'}")
+                raise PreloadFailed(f"preloading {topic} failed: {error or 'not acknowledged'}")
     finally:
         producer.close(timeout=30)
     consumer = client.assigned_consumer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES)

@@ -2,14 +2,16 @@
 
 Every message is one line that says what to do next.
 
-    BrokerError
-    ├── BrokerConfigError         change the machine or the options, then retry
+    BrokerError                   a RolloutStreamError (stream/errors.py)
+    ├── BrokerConfigError         change the machine or the options, then retry: a ConfigurationError (exit 2)
     │   ├── JavaNotFound
     │   │   └── UnsupportedJava   found, but older than Java 17
     │   ├── MavenNotFound         jars not cached and no mvn to fetch them
+    │   ├── OpenSSLNotFound       (stream/broker/pki.py) --secure needs openssl
     │   ├── PortInUse
-    │   └── BrokerAlreadyRunning  same data dir, other port
-    ├── JarResolutionFailed       mvn ran and failed (network, mirror)
+    │   ├── BrokerAlreadyRunning  same data dir, other port
+    │   └── BadOverride           an --override that is not KEY=VALUE, or a key rollout-stream sets itself
+    ├── JarResolutionFailed       mvn ran and failed (network, mirror): a RuntimeFailure (exit 1), as are
     ├── BrokerStartFailed         the JVM exited or never became ready; carries the log tail
     └── BrokerStopFailed          the process survived SIGKILL
 """
@@ -19,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from stream.errors import ConfigurationError, RolloutStreamError, RuntimeFailure
 
 if TYPE_CHECKING:
     from stream.broker.local import BrokerStatus
@@ -31,17 +35,18 @@ __all__ = [
     "MavenNotFound",
     "PortInUse",
     "BrokerAlreadyRunning",
+    "BadOverride",
     "JarResolutionFailed",
     "BrokerStartFailed",
     "BrokerStopFailed",
 ]
 
 
-class BrokerError(Exception):
+class BrokerError(RolloutStreamError):
     """Base class: the local broker could not be prepared, started or stopped."""
 
 
-class BrokerConfigError(BrokerError):
+class BrokerConfigError(BrokerError, ConfigurationError):
     """A retry will not help until the environment or the options change."""
 
 
@@ -73,11 +78,15 @@ class BrokerAlreadyRunning(BrokerConfigError):
     """A broker already runs from this data dir, on a different port than asked for."""
 
 
-class JarResolutionFailed(BrokerError):
+class BadOverride(BrokerConfigError, ValueError):
+    """A server.properties override that is not KEY=VALUE, or sets a key rollout-stream manages."""
+
+
+class JarResolutionFailed(BrokerError, RuntimeFailure):
     """mvn could not download/copy the Kafka jars."""
 
 
-class BrokerStartFailed(BrokerError):
+class BrokerStartFailed(BrokerError, RuntimeFailure):
     """The broker process exited during start, or did not become ready in time."""
 
     def __init__(self, message: str, *, log_path: Path | None = None, log_tail: Sequence[str] = ()) -> None:
@@ -86,5 +95,5 @@ class BrokerStartFailed(BrokerError):
         self.log_tail: tuple[str, ...] = tuple(log_tail)
 
 
-class BrokerStopFailed(BrokerError):
+class BrokerStopFailed(BrokerError, RuntimeFailure):
     """The broker process did not exit, not even after SIGKILL."""

@@ -7,6 +7,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from stream.broker.errors import BadOverride
+
 __all__ = [
     "MANAGED_KEYS",
     "MAX_MESSAGE_BYTES",
@@ -54,13 +56,13 @@ def new_cluster_id() -> str:
 
 
 def parse_override(text: str) -> tuple[str, str]:
-    """``KEY=VALUE`` → (key, value); ValueError with a readable message otherwise."""
+    """``KEY=VALUE`` → (key, value); BadOverride (a ValueError) with a readable message otherwise."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ValueError(f"broker property override {text!r} is not KEY=VALUE")
+        raise BadOverride(f"broker property override {text!r} is not KEY=VALUE")
     if key in MANAGED_KEYS:
-        raise ValueError(f"broker property {key} is set by rollout-stream itself (use --port / --data-dir)")
+        raise BadOverride(f"broker property {key} is set by rollout-stream itself (use --port / --data-dir)")
     return key, value.strip()
 
 

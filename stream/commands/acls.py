@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from stream.access import AclsNotApplied
 from stream.acls import (
     Permission,
     producer_permissions,
@@ -17,6 +16,7 @@ from stream.acls import (
     worker_permissions,
 )
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from stream.errors import described
 from stream.kafka import KafkaFailure
 from stream.commands.options import (
     DEFAULT_TOPICS,
@@ -173,16 +173,9 @@ def apply(
     conn = connection_from_options(bootstrap_servers, security)
     from stream.access import apply_permissions
 
-    try:
-        count = apply_permissions(conn, request.principal, permissions)
-    except AclsNotApplied as exc:
-        fail(str(exc), 1)
-    except KafkaFailure as exc:
-        fail(
-            f"cannot create ACLs on {conn.bootstrap_servers} as {conn.security.principal or 'this client'}: "
-            f"{exc}",
-            1,
-        )
+    as_who = conn.security.principal or "this client"
+    with described(KafkaFailure, f"cannot create ACLs on {conn.bootstrap_servers} as {as_who}"):
+        count = apply_permissions(conn, request.principal, permissions)  # AclsNotApplied: exit 1
     builtins.print(f"granted {count} ACLs to {request.principal} ({request.role})")
 
 

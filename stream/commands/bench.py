@@ -13,6 +13,7 @@ from stream.commands.connection import (
     SecurityOptions,
     connection_from_options,
 )
+from stream.errors import described
 from stream.kafka import KafkaFailure
 from stream.commands.options import Bootstrap, fail, grouped_options
 
@@ -109,12 +110,8 @@ def bench(
     def progress(line: str) -> None:
         print(f"bench: {line}", file=sys.stderr, flush=True)
 
-    try:
+    with described(KafkaFailure, "Kafka error"):  # RunnerFailed, PreloadFailed: exit 1 too
         report = run_bench(settings, progress, security=conn.security)
-    except KafkaFailure as exc:
-        fail(f"Kafka error: {exc}", 1)
-    except RuntimeError as exc:
-        fail(f"{type(exc).__name__}: {exc}", 1)
     if json_output:
         print(json.dumps(report.to_json(), indent=2))
     else:

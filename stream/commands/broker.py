@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from stream.broker.errors import BrokerConfigError, BrokerError
+from stream.broker.errors import BrokerConfigError
 from stream.broker.jars import cached_jars, default_cache_root, resolve_jars
 from stream.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, LocalBroker
 from stream.broker.properties import parse_override
-from stream.commands.options import CommandGroup, fail
+from stream.commands.options import CommandGroup
 
 __all__ = ["broker_app", "register"]
 
@@ -46,17 +44,6 @@ DataDir = Annotated[
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _one_line_errors() -> Iterator[None]:
-    """BrokerError → `error: …` on stderr; exit 2 for configuration problems, 1 for runtime ones."""
-    try:
-        yield
-    except BrokerConfigError as exc:
-        fail(str(exc), 2)
-    except BrokerError as exc:
-        fail(str(exc), 1)
 
 
 @broker_app.command("start")
@@ -108,17 +95,13 @@ def start(
 
     Example: export KAFKA_BOOTSTRAP_SERVERS=$(rollout-stream broker start)
     """
-    try:
-        overrides = dict(parse_override(item) for item in override or [])
-    except ValueError as exc:
-        fail(str(exc), 2)
+    overrides = dict(parse_override(item) for item in override or [])  # BadOverride: exit 2
     broker = LocalBroker(port=port, data_dir=data_dir, overrides=overrides, progress=_stderr, secure=secure)
-    with _one_line_errors():
-        before = broker.status()
-        if before.running and before.secure != secure:
-            raise BrokerConfigError(f"the broker running from {broker.data_dir} is "
-                                    f"{'secured' if before.secure else 'PLAINTEXT'}: stop it first")
-        bootstrap = broker.start(timeout=timeout)
+    before = broker.status()
+    if before.running and before.secure != secure:
+        raise BrokerConfigError(f"the broker running from {broker.data_dir} is "
+                                f"{'secured' if before.secure else 'PLAINTEXT'}: stop it first")
+    bootstrap = broker.start(timeout=timeout)  # BrokerConfigError: exit 2, other BrokerErrors: 1
     if before.running:
         _stderr(f"already running (pid {before.pid}) from {broker.data_dir}")
     if secure:
@@ -143,9 +126,8 @@ def stop(
     Delete --data-dir (after stopping) to start from an empty cluster.
     """
     broker = LocalBroker(data_dir=data_dir)
-    with _one_line_errors():
-        pid = broker.status().pid
-        outcome = broker.stop(timeout=timeout)
+    pid = broker.status().pid
+    outcome = broker.stop(timeout=timeout)  # BrokerStopFailed: exit 1
     messages = {
         "terminated": f"stopped broker pid {pid} (clean shutdown)",
         "killed": f"killed broker pid {pid} (no clean shutdown within {timeout:g} s)",
@@ -177,9 +159,8 @@ def fetch_jars() -> None:
 
     Nothing is downloaded when the cache is already complete. Use it before going offline, and in CI.
     """
-    with _one_line_errors():
-        cached = cached_jars()
-        jars = cached or resolve_jars(progress=_stderr)
+    cached = cached_jars()
+    jars = cached or resolve_jars(progress=_stderr)  # MavenNotFound: exit 2, JarResolutionFailed: 1
     if cached is not None:
         _stderr(
             f"Kafka {jars.version} jars already cached in {jars.lib_dir} (cache root {default_cache_root()})"

@@ -21,17 +21,11 @@ from typing import Annotated, Any
 import typer
 
 from stream.client_properties import load_properties
-from stream.clients import BadBootstrap, BrokerUnreachable, Connection
+from stream.clients import BadBootstrap, Connection
 from stream.commands.options import fail, option_group, resolve_bootstrap
-from stream.kafka import ConnectionCheckFailed, check_connection
-from stream.security import (
-    ENV_VARS,
-    SASL_MECHANISMS,
-    SECURITY_PROTOCOLS,
-    SecretStr,
-    SecurityConfigError,
-    SecuritySettings,
-)
+from stream.errors import described
+from stream.kafka import check_connection
+from stream.security import ENV_VARS, SASL_MECHANISMS, SECURITY_PROTOCOLS, SecretStr, SecuritySettings
 
 __all__ = [
     "NO_SECURITY_OPTIONS",
@@ -169,35 +163,27 @@ def connection_from_options(
     client_id: str = "rollout-stream",
     check: bool = True,
 ) -> Connection:
-    """A Connection that has been seen to work (TCP, TLS, SASL login), or `error: …` and a non-zero exit.
+    """A Connection that has been seen to work (TCP, TLS, SASL login).
 
-    Exit 2 when the settings are wrong or the broker refuses them (a retry will not help), 1 when no broker
-    answers. Omitting the bootstrap address (here and in --kafka-config) uses the local development broker.
+    Raises a ConfigurationError (exit 2) when the settings are wrong or the broker refuses them (a retry will
+    not help: SecurityConfigError, BadBootstrap, ConnectionCheckFailed), BrokerUnreachable (exit 1) when no
+    broker answers. Omitting the bootstrap address (here and in --kafka-config) uses the local development
+    broker.
     """
-    try:
-        security, file_bootstrap = security_from_options(options)
-        security.client_settings()  # loads CA and key files now: a bad path is a one-line error here
-    except SecurityConfigError as exc:
-        fail(str(exc), 2)
+    security, file_bootstrap = security_from_options(options)
+    security.client_settings()  # loads CA and key files now: a bad path is a one-line error here
     bootstrap = bootstrap_servers or file_bootstrap
     if not bootstrap:
         bootstrap = resolve_bootstrap(None)
         _refuse_plaintext_to_secure_local_broker(security)
-    try:
+    given = (
+        "--bootstrap-servers (or KAFKA_BOOTSTRAP_SERVERS)" if bootstrap_servers
+        else f"bootstrap.servers in {options.kafka_config}"
+    )
+    with described(BadBootstrap, given, advice="give host:port[,host:port...] (a missing port is 9092)"):
         conn = Connection(bootstrap, client_id=client_id, security=security)
-    except BadBootstrap as exc:
-        given = (
-            "--bootstrap-servers (or KAFKA_BOOTSTRAP_SERVERS)" if bootstrap_servers
-            else f"bootstrap.servers in {options.kafka_config}"
-        )
-        fail(f"{given}: {exc}; give host:port[,host:port...] (a missing port is 9092)", 2)
     if check:
-        try:
-            check_connection(conn)
-        except BrokerUnreachable as exc:
-            fail(f"{exc}; is the broker running?", 1)
-        except ConnectionCheckFailed as exc:
-            fail(str(exc), 2)
+        check_connection(conn)  # BrokerUnreachable says "is the broker running?" itself
     return conn
 
 

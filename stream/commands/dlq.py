@@ -16,7 +16,7 @@ from codec import DeadLetterReason
 from stream.clients import MAX_RECORD_BYTES, Connection
 from stream.kafka import KafkaFailure, TopicPartition, client_for
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.topics import MissingTopic, require_topics
+from stream.topics import require_topics
 from stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -27,7 +27,7 @@ from stream.commands.options import (
     option_group,
 )
 from stream.dlq.cursor import cursor_name, resume_state
-from stream.dlq.inspect import RecordNotFound, compare_rewards, decode_value, fetch_record, group_members
+from stream.dlq.inspect import compare_rewards, decode_value, fetch_record, group_members
 from stream.dlq.record import readable_header
 from stream.dlq.render import (
     json_line,
@@ -38,10 +38,11 @@ from stream.dlq.render import (
     show_view,
     stats_view,
 )
-from stream.dlq.replay import ReplayFailed, ReplayOptions, run_replay
-from stream.dlq.scan import DeadLetterScanner, ScanStalled, TopicMissing
-from stream.dlq.selection import Selection, SelectionError, parse_coordinates
+from stream.dlq.replay import ReplayOptions, run_replay
+from stream.dlq.scan import DeadLetterScanner
+from stream.dlq.selection import Selection, parse_coordinates
 from stream.dlq.stats import DeadLetterStats
+from stream.errors import described
 from stream.layout import Flow, output_console
 
 dlq_app = typer.Typer(
@@ -102,17 +103,15 @@ ShowProgress = Annotated[
 
 
 def _selection(filters: DeadLetterFilters, limit: int | None = None) -> Selection:
-    try:
-        return Selection.build(
-            reasons=filters.reason or (),
-            groups=filters.group or (),
-            since=filters.since,
-            until=filters.until,
-            limit=limit,
-            now_ms=int(time.time() * 1000),
-        )
-    except SelectionError as exc:
-        fail(str(exc))
+    """The records the filters select (SelectionError names the filter to correct: exit 2)."""
+    return Selection.build(
+        reasons=filters.reason or (),
+        groups=filters.group or (),
+        since=filters.since,
+        until=filters.until,
+        limit=limit,
+        now_ms=int(time.time() * 1000),
+    )
 
 
 def _connect(bootstrap_servers: str | None, security: SecurityOptions) -> Connection:
@@ -129,15 +128,13 @@ def _print(doc: dict[str, Any], json_out: bool, view: Callable[[dict[str, Any]],
 
 @contextmanager
 def _scanner(conn: Connection, topic: str, progress: bool | None) -> Iterator[DeadLetterScanner]:
-    """A scanner on a fresh read_committed consumer, with Kafka and scan failures as one-line errors."""
+    """A scanner on a fresh read_committed consumer (TopicMissing, ScanStalled, RecordNotFound: exit 1)."""
     consumer = None
     try:
-        consumer = client_for(conn).assigned_consumer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES)
-        yield DeadLetterScanner(consumer, topic, progress=progress)
-    except (TopicMissing, ScanStalled, RecordNotFound) as exc:
-        fail(str(exc), 1)
-    except KafkaFailure as exc:
-        fail(f"Kafka error on {conn.bootstrap_servers}: {exc}", 1)
+        with described(KafkaFailure, f"Kafka error on {conn.bootstrap_servers}"):
+            consumer = client_for(conn).assigned_consumer(client_id=conn.client_id,
+                                                          max_record_bytes=MAX_RECORD_BYTES)
+            yield DeadLetterScanner(consumer, topic, progress=progress)
     finally:
         if consumer is not None:
             consumer.close()
@@ -241,10 +238,7 @@ def show(
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """All headers, the decoded sample (or a hex preview), and the group's sibling rewards side by side."""
-    try:
-        partition, offset = parse_coordinates(coordinates)
-    except SelectionError as exc:
-        fail(str(exc))
+    partition, offset = parse_coordinates(coordinates)
     conn = _connect(bootstrap_servers, security)
     with _scanner(conn, dead_letter_topic, False) as scanner:
         record = fetch_record(scanner, partition, offset)
@@ -309,25 +303,18 @@ def replay_(
     if to is not None and to == dead_letter_topic:
         fail("--to must not be the dead-letter topic itself")
     conn = _connect(bootstrap_servers, security)
-    try:  # before the ledger topic (<dead-letter topic>.replays) is created for it
-        require_topics(conn, {dead_letter_topic: "--dead-letter-topic", **({to: "--to"} if to else {})})
-    except MissingTopic as exc:
-        fail(str(exc), 2)
+    # before the ledger topic (<dead-letter topic>.replays) is created for it
+    require_topics(conn, {dead_letter_topic: "--dead-letter-topic", **({to: "--to"} if to else {})})
     options = ReplayOptions(
         dead_letter_topic, selection, to=to, max_replays=max_replays, rate=rate, dry_run=dry_run
     )
-    try:
-        report = run_replay(conn, options, progress=progress)
+    try:  # TopicMissing, ScanStalled, ReplayFailed: exit 1
+        with described(KafkaFailure, f"Kafka error on {conn.bootstrap_servers}",
+                       advice="the open transaction was aborted and the cursor did not move past unpublished "
+                       "records"):
+            report = run_replay(conn, options, progress=progress)
     except KeyboardInterrupt:
         _replay_interrupted(conn, options, json_out)
-    except (TopicMissing, ScanStalled, ReplayFailed) as exc:
-        fail(str(exc), 1)
-    except KafkaFailure as exc:
-        fail(
-            f"Kafka error on {conn.bootstrap_servers}: {exc}; the open transaction was "
-            f"aborted and the cursor did not move past unpublished records",
-            1,
-        )
     _print(replay_document(report), json_out, lambda doc: replay_view(doc, rows))
 
 

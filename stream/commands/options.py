@@ -6,6 +6,10 @@ A command takes the whole group as one parameter and `grouped_options` shows typ
 
     @grouped_options
     def stats(..., filters: DeadLetterFilters = ALL_RECORDS, ...) -> None:
+
+How a command fails is decided here too: a command parses its options, calls the library and lets the typed
+errors of stream/errors.py propagate; `CommandGroup` turns one into `error: LINE` on stderr (`error_line`)
+and its `exit_code` (2: configuration or usage, 1: runtime, 3: the dead-letter limit stopped the worker).
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar, get_type_hints
 
 import typer
 from typer.core import TyperGroup, TyperOption
 
 from stream.config import TopicNames
+from stream.errors import ConfigurationError, RolloutStreamError, RuntimeFailure, described
 
 if TYPE_CHECKING:
     # typer's (vendored click) Context: not exported, and only CommandGroup's signatures need it.
@@ -36,6 +41,7 @@ __all__ = [
     "GroupSize",
     "InputTopic",
     "OutputTopic",
+    "error_line",
     "fail",
     "grouped_options",
     "option_group",
@@ -126,22 +132,31 @@ def _is_group(annotation: Any) -> bool:
     return isinstance(annotation, type) and annotation in _GROUPS
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
-    """One readable line on stderr and a non-zero exit."""
-    print(f"error: {message}", file=sys.stderr)
-    raise typer.Exit(code)
+def fail(message: str, code: Literal[1, 2] = 2) -> NoReturn:
+    """Refuse what the command was given (exit 2: a ConfigurationError), or fail at run time (1)."""
+    raise (ConfigurationError if code == 2 else RuntimeFailure)(message)
+
+
+def error_line(exc: RolloutStreamError) -> str:
+    """The line a command failing with `exc` prints on stderr: what it was doing, what failed, what to do."""
+    line = f"{exc.doing}: {exc}" if exc.doing else str(exc)
+    return f"error: {line}; {exc.advice}" if exc.advice else f"error: {line}"
 
 
 @contextmanager
-def _usage_errors_in_one_line(command_path: Callable[[], str]) -> Iterator[None]:
-    """A usage error as `PATH: error: MESSAGE` and `Try 'PATH --help'.` on stderr, exit 2 (like `fail`).
+def _errors_in_one_line(command_path: Callable[[], str]) -> Iterator[None]:
+    """A failure as one line on stderr and a non-zero exit, never a traceback: the one place that decides.
 
-    typer would draw a rich box around it; a script or a log wants a line it can grep. `command_path` names
-    the command being parsed, for the errors click's option parser raises without a context
-    (`Option '--commit-interval' requires an argument.`).
+    A RolloutStreamError: `error: LINE` (`error_line`) and its `exit_code`. A usage error: `PATH: error:
+    MESSAGE` and `Try 'PATH --help'.`, exit 2; typer would draw a rich box around it, and a script or a log
+    wants a line it can grep. `command_path` names the command being parsed, for the errors click's option
+    parser raises without a context (`Option '--commit-interval' requires an argument.`).
     """
     try:
         yield
+    except RolloutStreamError as exc:
+        print(error_line(exc), file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
     except typer.TyperException as exc:  # click's errors: unknown option or command, bad or missing value
         if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: typer has printed the help, exits 2
             raise
@@ -172,8 +187,8 @@ def _uniform_value_names(params: list[Parameter], ctx: Context) -> list[Paramete
 
 
 class CommandGroup(TyperGroup):
-    """The class of every command group (`Typer(cls=CommandGroup)`): usage errors in one line, and one
-    way of naming values in every command's `--help`.
+    """The class of every command group (`Typer(cls=CommandGroup)`): failures and usage errors in one line
+    with their exit code, and one way of naming values in every command's `--help`.
 
     A group parses its own arguments in `make_context` and has each subcommand parse its own in `invoke`,
     so the group that catches an error knows which command was being parsed.
@@ -194,41 +209,41 @@ class CommandGroup(TyperGroup):
         def path() -> str:
             return " ".join(p for p in (parent.command_path if parent else "", info_name or "") if p)
 
-        with _usage_errors_in_one_line(path):
+        with _errors_in_one_line(path):
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: Context) -> Any:
         def path() -> str:
             return " ".join(p for p in (ctx.command_path, ctx.invoked_subcommand or "") if p)
 
-        with _usage_errors_in_one_line(path):
+        with _errors_in_one_line(path):
             return super().invoke(ctx)
 
 
 def resolve_bootstrap(bootstrap: str | None) -> str:
     """The given address, or the local development broker of ./.kafka-data (started when needed).
 
-    Exit 2 when it cannot start until something changes (its port is taken, no Java), 1 otherwise. A taken
-    port is explained for a command that has no --port: the address to pass instead, and whose port it is.
+    A BrokerConfigError when it cannot start until something changes (its port is taken, no Java; exit 2), a
+    BrokerError otherwise (exit 1). A taken port is explained for a command that has no --port: the address
+    to pass instead, and whose port it is.
     """
     if bootstrap:
         return bootstrap
     from stream.broker import BrokerConfigError, BrokerError, LocalBroker, PortInUse
 
     broker = LocalBroker(progress=lambda line: print(line, file=sys.stderr))
-    try:
-        return broker.ensure_running()
-    except PortInUse as exc:
-        here = f"no --bootstrap-servers given and no local broker runs from {broker.data_dir}"
-        holder = exc.holder
-        if holder is None:
-            fail(f"{here}; it cannot start there: port {exc.port} on 127.0.0.1 is in use by another process "
-                 f"(if that is Kafka, pass --bootstrap-servers 127.0.0.1:{exc.port})", 2)
-        use = (f"--kafka-config {holder.data_dir / 'secure' / 'worker.properties'}" if holder.secure
-               else f"--bootstrap-servers 127.0.0.1:{exc.port}")
-        fail(f"{here}; port {exc.port} is taken by the local broker from {holder.data_dir} "
-             f"(pid {holder.pid}): to use that one, pass {use}", 2)
-    except BrokerConfigError as exc:
-        fail(f"no --bootstrap-servers given and the local broker cannot start: {exc}", 2)
-    except BrokerError as exc:
-        fail(f"no --bootstrap-servers given and the local broker could not start: {exc}", 1)
+    # the innermost description wins: a BrokerConfigError "cannot start", any other BrokerError "could not"
+    with described(BrokerError, "no --bootstrap-servers given and the local broker could not start"), \
+            described(BrokerConfigError, "no --bootstrap-servers given and the local broker cannot start"):
+        try:
+            return broker.ensure_running()
+        except PortInUse as exc:
+            here = f"no --bootstrap-servers given and no local broker runs from {broker.data_dir}"
+            holder = exc.holder
+            if holder is None:
+                fail(f"{here}; it cannot start there: port {exc.port} on 127.0.0.1 is in use by another "
+                     f"process (if that is Kafka, pass --bootstrap-servers 127.0.0.1:{exc.port})")
+            use = (f"--kafka-config {holder.data_dir / 'secure' / 'worker.properties'}" if holder.secure
+                   else f"--bootstrap-servers 127.0.0.1:{exc.port}")
+            fail(f"{here}; port {exc.port} is taken by the local broker from {holder.data_dir} "
+                 f"(pid {holder.pid}): to use that one, pass {use}")

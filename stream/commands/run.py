@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Annotated
 
 import typer
 
 from core.config import ADVANTAGE_ESTIMATORS
-from stream.access import AccessDenied, check_worker_access, explain_denial
+from stream.access import check_worker_access, denials_explained
 from stream.allocator import reuse_freed_buffers
+from stream.clients import Connection
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
@@ -27,13 +30,13 @@ from stream.commands.options import (
     fail,
     grouped_options,
 )
-from stream.config import ConfigError, TopicNames, WorkerConfig, parse_zero_variance
-from stream.instance import InstanceInUse, claim_instance
-from stream.kafka import KafkaFailure, ProducerFenced
+from stream.config import TopicNames, WorkerConfig, parse_zero_variance
+from stream.errors import described
+from stream.instance import claim_instance, fenced_as_taken_over
+from stream.kafka import KafkaFailure
 from stream.logs import configure_logging, log_event
-from stream.names import transactional_id
-from stream.topics import MissingTopic, TopicMismatch, TopicSettings, ensure_topics, require_topics
-from stream.worker import DeadLetterLimitExceeded, ProduceFailed, Worker
+from stream.topics import TopicSettings, ensure_topics, require_topics
+from stream.worker import Worker
 
 log = logging.getLogger("rollout_stream.run")
 
@@ -148,120 +151,107 @@ def run(
         fail(f"--log-format must be text or json, got {log_format!r}")
     if log_level.lower() not in ("debug", "info", "warning", "error"):
         fail(f"--log-level must be debug, info, warning or error, got {log_level!r}")
-    try:
-        config = WorkerConfig(
-            bootstrap_servers=bootstrap_servers,
-            topics=TopicNames(input_topic, output_topic, dead_letter_topic),
-            group_id=group_id,
-            group_size=group_size,
-            group_timeout_s=group_timeout,
-            advantage_estimator=advantage_estimator,
-            rewards_normalization=not no_rewards_normalization,
-            grpo_std_normalization=not no_std_normalization,
-            reward_key=reward_key,
-            zero_variance=parse_zero_variance(zero_variance),
-            commit_interval_s=commit_interval,
-            progress_interval_s=progress_interval,
-            closed_group_retention_s=closed_group_retention,
-            session_timeout_s=session_timeout,
-            heartbeat_file=heartbeat_file,
-            delivery=delivery,  # type: ignore[arg-type]
-            instance_id=instance_id,
-            commit_max_records=commit_max_records,
-            max_open_groups=max_open_groups,
-            max_open_bytes=max_open_mib * 1024 * 1024,
-            metrics_port=metrics_port,
-            max_dead_letter_ratio=max_dead_letter_ratio,
-            dead_letter_window=dead_letter_window,
-        )
-    except ConfigError as exc:
-        fail(str(exc))
+    config = WorkerConfig(
+        bootstrap_servers=bootstrap_servers,
+        topics=TopicNames(input_topic, output_topic, dead_letter_topic),
+        group_id=group_id,
+        group_size=group_size,
+        group_timeout_s=group_timeout,
+        advantage_estimator=advantage_estimator,
+        rewards_normalization=not no_rewards_normalization,
+        grpo_std_normalization=not no_std_normalization,
+        reward_key=reward_key,
+        zero_variance=parse_zero_variance(zero_variance),
+        commit_interval_s=commit_interval,
+        progress_interval_s=progress_interval,
+        closed_group_retention_s=closed_group_retention,
+        session_timeout_s=session_timeout,
+        heartbeat_file=heartbeat_file,
+        delivery=delivery,  # type: ignore[arg-type]
+        instance_id=instance_id,
+        commit_max_records=commit_max_records,
+        max_open_groups=max_open_groups,
+        max_open_bytes=max_open_mib * 1024 * 1024,
+        metrics_port=metrics_port,
+        max_dead_letter_ratio=max_dead_letter_ratio,
+        dead_letter_window=dead_letter_window,
+    )
     if partitions < 1:
         fail(f"--partitions must be at least 1, got {partitions}")
     configure_logging(log_format, log_level)
-    stop_requested: list[int] = []  # a signal during set-up: stop before the loop starts, exit 0
-
-    def _early_stop(signum: int, _frame: object) -> None:
-        log_event(log, "signal", signal=signal.Signals(signum).name, phase="startup")
-        stop_requested.append(signum)
-
-    signal.signal(signal.SIGTERM, _early_stop)
-    signal.signal(signal.SIGINT, _early_stop)
+    signals = _StopSignals()
     conn = connection_from_options(config.bootstrap_servers, security)
-    try:  # before anything else: a second live worker with this id would fence this one's transactions
-        claim = claim_instance(conn.bootstrap_servers, config.group_id, config.instance_id)
-    except InstanceInUse as exc:
-        fail(str(exc), 2)
+    # before anything else: a second live worker with this id would fence this one's transactions
+    claim = claim_instance(conn.bootstrap_servers, config.group_id, config.instance_id)
     config = replace(config, instance_id=claim.instance_id)
-    if conn.security.protocol != "PLAINTEXT":
-        try:  # every missing ACL named now, before anything is read or written
+    with denials_explained(conn, config):  # an ACL missing at start, or revoked while running
+        if conn.security.protocol != "PLAINTEXT":  # every missing ACL named now, before anything is read
             check_worker_access(conn, config, create_topics=create_topics)
-        except AccessDenied as exc:
-            fail(str(exc), 2)
+        with described(KafkaFailure, f"cannot set up topics on {conn.bootstrap_servers}"):
+            _set_up_topics(conn, config, create=create_topics, partitions=partitions)
+        reuse_freed_buffers()
+        worker = Worker(config, conn, claim=claim)
+        with _metrics_served(worker, config.metrics_port), described(KafkaFailure, "Kafka error"), \
+                fenced_as_taken_over(config.group_id, config.instance_id):
+            signals.stop(worker)
+            worker.run()
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT stop the worker cleanly (exit 0); one during set-up stops it before its loop."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+        self.early = False
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.worker is None:
+            log_event(log, "signal", signal=signal.Signals(signum).name, phase="startup")
+            self.early = True
+        else:
+            log_event(log, "signal", signal=signal.Signals(signum).name)
+            self.worker.request_stop()
+
+    def stop(self, worker: Worker) -> None:
+        """From now on a signal stops `worker`; one that came during set-up stops it now."""
+        self.worker = worker
+        if self.early:
+            worker.request_stop()
+
+
+def _set_up_topics(conn: Connection, config: WorkerConfig, *, create: bool, partitions: int) -> None:
+    """Create the worker's topics (--create-topics), or require them: MissingTopic names the flag of each."""
+    route = [config.zero_variance.topic] if config.zero_variance.topic else []
+    if create:
+        created = ensure_topics(conn, data_topics=[config.topics.input, config.topics.output, *route],
+                                dead_letter_topics=[config.topics.dead_letter],
+                                settings=TopicSettings(partitions=partitions))
+        if created:
+            log_event(log, "topics.created", topics=",".join(created))
+        return
     named = {config.topics.input: "--input-topic", config.topics.output: "--output-topic",
              config.topics.dead_letter: "--dead-letter-topic"}
-    if config.zero_variance.topic:
-        named[config.zero_variance.topic] = "--zero-variance route:"
-    created: list[str] = []
+    named.update(dict.fromkeys(route, "--zero-variance route:"))
+    require_topics(conn, named, hint="create them with `rollout-stream topics create` (check the names for a "
+                   "typo), or pass --create-topics")
+
+
+@contextmanager
+def _metrics_served(worker: Worker, port: int | None) -> Iterator[None]:
+    """/metrics, /healthz and /readyz on `port` while the worker runs (MetricsPortUnavailable: exit 2)."""
+    if port is None:
+        yield
+        return
+    from stream.metrics import serve_metrics
+
+    server = serve_metrics(worker, port)
+    log_event(log, "metrics.serving", port=port, paths="/metrics,/healthz,/readyz")
     try:
-        if create_topics:
-            created = ensure_topics(
-                conn,
-                data_topics=[config.topics.input, config.topics.output]
-                + ([config.zero_variance.topic] if config.zero_variance.topic else []),
-                dead_letter_topics=[config.topics.dead_letter],
-                settings=TopicSettings(partitions=partitions),
-            )
-        else:
-            require_topics(conn, named, hint="create them with `rollout-stream topics create` (check the names "
-                           "for a typo), or pass --create-topics")
-    except MissingTopic as exc:
-        fail(str(exc), 2)
-    except KafkaFailure as exc:
-        if denial := explain_denial(exc, conn, config):
-            fail(denial, 2)
-        fail(f"cannot set up topics on {conn.bootstrap_servers}: {exc}", 1)
-    if created:
-        log_event(log, "topics.created", topics=",".join(created))
-    reuse_freed_buffers()
-    worker = Worker(config, conn, claim=claim)
-    metrics_server = None
-    if config.metrics_port is not None:
-        from stream.metrics import serve_metrics
-
-        try:
-            metrics_server = serve_metrics(worker, config.metrics_port)
-        except OSError as exc:
-            fail(f"cannot serve metrics on port {config.metrics_port}: {exc}", 2)
-        log_event(log, "metrics.serving", port=config.metrics_port, paths="/metrics,/healthz,/readyz")
-
-    def _stop(signum: int, _frame: object) -> None:
-        log_event(log, "signal", signal=signal.Signals(signum).name)
-        worker.request_stop()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    if stop_requested:
-        worker.request_stop()
-    try:
-        worker.run()
-    except TopicMismatch as exc:
-        fail(str(exc), 2)
-    except DeadLetterLimitExceeded as exc:
-        fail(str(exc), 3)
-    except ProduceFailed as exc:
-        fail(f"stopping without committing past an unpublished record: {exc}", 1)
-    except ProducerFenced:
-        fail(f"another worker took over instance id {config.instance_id!r} of group {config.group_id!r} (its "
-             f"transactional id {transactional_id(config.group_id, config.instance_id or '')!r}): two live "
-             "workers must not share an id; give each its own --instance-id, or omit it on one host", 1)
-    except KafkaFailure as exc:
-        if denial := explain_denial(exc, conn, config):  # an ACL missing or revoked while running
-            fail(denial, 2)
-        fail(f"Kafka error: {exc}", 1)
+        yield
     finally:
-        if metrics_server is not None:
-            metrics_server.stop()
+        server.stop()
 
 
 def register(app: typer.Typer) -> None:

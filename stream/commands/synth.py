@@ -9,11 +9,10 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from core.validate import SampleLimits
+from stream.access import write_denials_explained
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, fail, grouped_options
-from stream.kafka import AuthorizationFailed
 from stream.producer import RolloutProducer
-from stream.topics import MissingTopic
 from stream.synth import (
     FaultRates,
     RateLimiter,
@@ -86,8 +85,9 @@ def synth(
                      seed=seed, run_id=run_id or default_run_id(), write_group_size=not omit_group_size)
     conn = connection_from_options(bootstrap_servers, security)
     progress = SendProgress(plan)
-    try:
-        with RolloutProducer(conn, topic=input_topic, check=False) as producer:
+    try:  # MissingTopic: exit 2
+        with write_denials_explained(conn, input_topic), \
+                RolloutProducer(conn, topic=input_topic, check=False) as producer:
             try:
                 send_groups(producer.send_raw, plan, groups, progress, start_index=start_index,
                             limiter=RateLimiter(rate),
@@ -97,12 +97,6 @@ def synth(
                 _interrupted(progress, groups)
     except KeyboardInterrupt:  # while connecting, or a second Ctrl-C while delivering the last records
         _interrupted(progress, groups, delivered=False)
-    except MissingTopic as exc:
-        fail(str(exc), 2)
-    except AuthorizationFailed as exc:
-        fail(f"the broker refused {conn.security.principal or 'this client'}: missing WRITE on topic {input_topic!r} "
-             f"({exc.kind}); grant it: rollout-stream acls apply --role producer --input-topic "
-             f"{input_topic} --principal ...", 2)
     print(json.dumps(expectation_document(progress, groups)))
 
 

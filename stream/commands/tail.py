@@ -17,9 +17,9 @@ from rich.text import Text
 from codec import TrainSample
 from core.rewards import declared_rollout_key
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, fail, grouped_options
+from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, grouped_options
 from stream.layout import Fit, Flow, output_console
-from stream.topics import MissingTopic, require_topics
+from stream.topics import require_topics
 
 if TYPE_CHECKING:
     from stream.reader import GroupInfo
@@ -161,10 +161,7 @@ def tail(
 
     console = output_console()
     conn = connection_from_options(bootstrap_servers, security)
-    try:
-        require_topics(conn, {output_topic: "--output-topic"})
-    except MissingTopic as exc:
-        fail(str(exc), 2)
+    require_topics(conn, {output_topic: "--output-topic"})  # MissingTopic: exit 2
     shown = 0
     reader = TrainDataReader(conn, output_topic, f"rollout-stream-tail-{uuid.uuid4().hex[:8]}",
                              groups_per_batch=1, start="earliest" if from_beginning else "latest",

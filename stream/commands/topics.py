@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.kafka import KafkaFailure
 from stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -18,7 +17,7 @@ from stream.commands.options import (
     fail,
     grouped_options,
 )
-from stream.topics import TopicMismatch, TopicSettings, ensure_changelog, ensure_topics
+from stream.topics import TopicSettings, ensure_changelog, ensure_topics
 from stream.names import changelog_topic_name
 
 topics_app = typer.Typer(cls=CommandGroup, help="Manage the stage's Kafka topics.", no_args_is_help=True)
@@ -48,16 +47,11 @@ def create(
     conn = connection_from_options(bootstrap_servers, security)
     settings = TopicSettings(partitions, replication_factor, max_message_mib * 1024 * 1024,
                              int(dead_letter_retention_days * 24 * 3600 * 1000))
-    try:
-        created = ensure_topics(conn, data_topics=[input_topic, output_topic, *(extra_topic or [])],
-                                dead_letter_topics=[dead_letter_topic], settings=settings)
-        if changelog_group_id:
-            changelog = changelog_topic_name(changelog_group_id, input_topic)
-            print(f"{changelog}: {'created' if ensure_changelog(conn, changelog, partitions) else 'exists'}")
-    except TopicMismatch as exc:
-        fail(str(exc), 2)
-    except KafkaFailure as exc:
-        fail(str(exc), 1)
+    created = ensure_topics(conn, data_topics=[input_topic, output_topic, *(extra_topic or [])],
+                            dead_letter_topics=[dead_letter_topic], settings=settings)
+    if changelog_group_id:  # TopicMismatch (exists with another partition count): exit 2
+        changelog = changelog_topic_name(changelog_group_id, input_topic)
+        print(f"{changelog}: {'created' if ensure_changelog(conn, changelog, partitions) else 'exists'}")
     for name in [input_topic, output_topic, *(extra_topic or []), dead_letter_topic]:
         print(f"{name}: {'created' if name in created else 'exists'}")
 

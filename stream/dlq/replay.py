@@ -13,13 +13,14 @@ from stream.dlq.ledger import ReplayLedger, ensure_ledger_topic, load_ledger
 from stream.dlq.lineage import ReplayAction, decide
 from stream.dlq.scan import DeadLetterScanner, ScanPlan
 from stream.dlq.selection import Selection
+from stream.errors import RuntimeFailure
 from stream.kafka import Committed, Producer, SendFuture, TopicPartition, client_for
 from stream.synth import RateLimiter
 
 __all__ = ["ReplayFailed", "ReplayOptions", "ReplayReport", "run_replay"]
 
 
-class ReplayFailed(RuntimeError):
+class ReplayFailed(RuntimeFailure, RuntimeError):
     """A replayed record was not acknowledged; its transaction was aborted and the cursor did not move."""
 
 

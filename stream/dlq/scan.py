@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from stream.dlq.record import DeadLetterRecord, parse_record
+from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, TopicPartition
 
 __all__ = ["TopicMissing", "ScanStalled", "PartitionRange", "ScanPlan", "DeadLetterScanner"]
@@ -19,11 +20,11 @@ __all__ = ["TopicMissing", "ScanStalled", "PartitionRange", "ScanPlan", "DeadLet
 PROGRESS_THRESHOLD = 10_000
 
 
-class TopicMissing(LookupError):
+class TopicMissing(RuntimeFailure, LookupError):
     """The dead-letter topic does not exist (or this client may not see it)."""
 
 
-class ScanStalled(RuntimeError):
+class ScanStalled(RuntimeFailure, RuntimeError):
     """A partition stopped advancing below the end offset captured at start."""
 
 

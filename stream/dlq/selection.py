@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from codec import DeadLetterReason
 from stream.dlq.record import DeadLetterRecord, parse_iso_ms
+from stream.errors import ConfigurationError
 
 __all__ = ["SelectionError", "Selection", "parse_time", "parse_coordinates"]
 
@@ -18,7 +19,7 @@ _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-class SelectionError(ValueError):
+class SelectionError(ConfigurationError, ValueError):
     """A filter a person must correct (bad time, unknown reason, bad coordinates)."""
 
 

@@ -4,11 +4,17 @@ Each client implementation translates its own exceptions into these (the origina
 its class name is `kind`), so the worker, the reader and the tools decide on meaning, not on a library's
 class names: a fenced producer stops the worker, a missing ACL is named with the permission to grant, a
 retriable failure is retried or restored from the last commit.
+
+A KafkaFailure is a RuntimeFailure (exit 1; stream/errors.py): a missing ACL is one too until a caller that
+knows what was asked says which (stream.access `denials_explained`: AccessDenied, exit 2). A
+ConnectionCheckFailed is a ConfigurationError (exit 2): the broker answered, the settings are wrong.
 """
 
 from __future__ import annotations
 
 from typing import Literal
+
+from stream.errors import ConfigurationError, RuntimeFailure
 
 __all__ = [
     "AuthenticationRefused",
@@ -29,7 +35,7 @@ __all__ = [
 Resource = Literal["topic", "group", "transactional_id", "cluster", "unknown"]
 
 
-class KafkaFailure(RuntimeError):
+class KafkaFailure(RuntimeFailure, RuntimeError):
     """A Kafka operation failed. `kind`: the client's own name for it; `retriable`: trying again may help."""
 
     retriable: bool = False
@@ -74,7 +80,7 @@ class UnknownTopic(KafkaFailure):
     """The topic or partition does not exist (or is not visible yet)."""
 
 
-class ConnectionCheckFailed(ConnectionError):
+class ConnectionCheckFailed(ConfigurationError, ConnectionError):
     """The broker answered but cannot be used as configured; the message says why and what to do."""
 
 

@@ -18,6 +18,7 @@ from codec import changelog_key, encode_changelog
 from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
 from core.offsets import OffsetLedger
 from core.windows import ClosedGroup, WindowStore
+from stream.errors import RuntimeFailure
 from stream.kafka import GroupConsumer, KafkaFailure, Producer, ProducerFenced, TopicPartition, authorization_cause
 from stream.logs import log_event
 from stream.outputs import OutputRecord
@@ -28,11 +29,13 @@ __all__ = ["AtLeastOnce", "ChangelogWrite", "CommitAborted", "Delivery", "Exactl
 log = logging.getLogger("rollout_stream.delivery")
 
 
-class ProduceFailed(RuntimeError):
+class ProduceFailed(RuntimeFailure, RuntimeError):
     """The broker refused an output after the client's retries: stop without committing past it."""
 
+    doing = "stopping without committing past an unpublished record"
 
-class CommitAborted(RuntimeError):
+
+class CommitAborted(RuntimeFailure, RuntimeError):
     """A transaction was aborted; the worker must restore its state from the last commit."""
 
 

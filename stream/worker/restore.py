@@ -13,12 +13,13 @@ from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
 from core.offsets import OffsetLedger
 from core.records import Outcome
 from core.windows import ClosedGroup, WindowKey, WindowStore
+from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Client, GroupConsumer, Record, TopicPartition
 
 __all__ = ["Restored", "Restorer", "RestoreStalled", "read_changelog"]
 
 
-class RestoreStalled(RuntimeError):
+class RestoreStalled(RuntimeFailure, RuntimeError):
     """A restore read made no progress for too long (broker unavailable?)."""
 
 

@@ -11,6 +11,7 @@ from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, Outcome, Published
 from core.config import RewardConfig
 from stream.config import WorkerConfig
+from stream.errors import PolicyStop
 from stream.logs import log_event
 from stream.outputs import OutputRecord, dead_letter_records, train_records
 from stream.worker.stats import WorkerStats
@@ -20,7 +21,7 @@ __all__ = ["DeadLetterLimitExceeded", "Router"]
 log = logging.getLogger("rollout_stream.worker")
 
 
-class DeadLetterLimitExceeded(RuntimeError):
+class DeadLetterLimitExceeded(PolicyStop, RuntimeError):
     """The worker stopped because too much of its recent input was dead-lettered (core.dead_letter_limit)."""
 
     def __init__(self, verdict: LimitExceeded, input_topic: str, dead_letter_topic: str) -> None:
