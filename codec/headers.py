@@ -1,5 +1,5 @@
 """Header names of dead-letter and replayed records: one definition for the worker (core, stream) and
-`dlq` (SPEC §4.4, docs/dlq.md)."""
+`dlq` (docs/spec.md §4.4, docs/dlq.md)."""
 
 __all__ = [
     "REASON",

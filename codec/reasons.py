@@ -1,4 +1,4 @@
-"""Dead-letter reason codes (part of the contract, SPEC §4.4)."""
+"""Dead-letter reason codes (part of the contract, docs/spec.md §4.4)."""
 
 from enum import StrEnum
 
@@ -12,5 +12,5 @@ class DeadLetterReason(StrEnum):
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
     INCOMPLETE_GROUP = "incomplete_group"
     LATE_MEMBER = "late_member"
-    # Not in SPEC §4.4's table: a group larger than the worker's buffer cap (issue 4, bounded memory).
+    # Beyond the contract (docs/spec.md §4.4): a group larger than the worker's buffer cap (issue 4).
     GROUP_TOO_LARGE = "group_too_large"

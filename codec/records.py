@@ -1,4 +1,4 @@
-"""Wire records: the rollout sample (input) and the train sample (output), SPEC §3."""
+"""Wire records: the rollout sample (input) and the train sample (output), docs/spec.md §3."""
 
 from __future__ import annotations
 

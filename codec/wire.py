@@ -86,7 +86,7 @@ def group_key_of(run_id: str | None, group_index: int) -> str:
 
 
 def group_key(sample: Sample) -> bytes:
-    """The Kafka key of a sample: its prompt group (`run_id`/`group_index`), SPEC §4.1."""
+    """The Kafka key of a sample: its prompt group (`run_id`/`group_index`), docs/spec.md §4.1."""
     if sample.group_index is None:
         raise ValueError("a sample without group_index has no group key")
     return group_key_of(sample.run_id, sample.group_index).encode()

@@ -1,4 +1,4 @@
-"""Train data for trainers: records → whole prompt groups → one global order → batches (SPEC §4.6).
+"""Train data for trainers: records → whole prompt groups → one global order → batches (docs/spec.md §4.6).
 
 Pure: decoded `codec.TrainSample`s and plain values in, decisions out; no Kafka, no clock, no logging.
 `stream.reader` polls, feeds what it reads in here, and commits what this module says (docs/reader.md).

@@ -1,4 +1,4 @@
-"""Trainer-side pure functions: collation into padded tensors, data-parallel sharding, staleness (SPEC §4.6).
+"""Trainer-side pure functions: tensor collation, data-parallel sharding, staleness (docs/spec.md §4.6).
 
 Collation works on whole arrays (one concatenation and one masked scatter per field), never per token.
 Sharding assigns whole rollouts (a rollout's sibling samples together) to ranks deterministically, so

@@ -1,4 +1,4 @@
-"""Reward post-processing settings, named as in the reference trainer (SPEC §2)."""
+"""Reward post-processing settings, named as in the reference trainer (docs/spec.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reward post-processing: shared-reward check and per-prompt-group normalization (SPEC §2).
+"""Reward post-processing: shared-reward check and per-prompt-group normalization (docs/spec.md §2).
 
 Bit-identical to the reference trainer (radixark/miles, `miles/ray/rollout/train_data_conversion.py`,
 `_post_process_rewards` / `_normalize_rewards_by_rollout` after PR #2498): the same torch float32
@@ -10,7 +10,7 @@ Exceptions::
 
     ValueError
      ├── RewardSelectionError   a sample's raw reward cannot be selected (missing, shape, not a number)
-     └── SharedRewardError      siblings of one rollout carry different raw rewards (SPEC §2.5 text)
+     └── SharedRewardError      siblings of one rollout carry different raw rewards (docs/spec.md §2.5 text)
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class RewardSelectionError(ValueError):
 
 
 class SharedRewardError(ValueError):
-    """Siblings of one rollout carry different raw rewards; `str()` is exactly SPEC §2.5's text."""
+    """Siblings of one rollout carry different raw rewards; `str()` is exactly docs/spec.md §2.5's text."""
 
     def __init__(self, message: str, violation: SharedRewardViolation | None = None) -> None:
         super().__init__(message)
@@ -96,7 +96,7 @@ class SharedRewardViolation:
 
 
 def selected_reward(sample: Sample, reward_key: str | None, *, require_finite: bool = False) -> float:
-    """The sample's raw reward: `reward`, or `reward[reward_key]` when a key is set (SPEC §2.1).
+    """The sample's raw reward: `reward`, or `reward[reward_key]` when a key is set (docs/spec.md §2.1).
 
     The one definition of reward selection: the batch API, the window's validation and the dead-letter
     tools all ask it. The value is returned unchanged (an int stays an int, as in the reference). An
@@ -147,7 +147,7 @@ class RolloutIdentity(Protocol):
 
 
 def declared_rollout_key(sample: RolloutIdentity) -> int | str | None:
-    """The rollout a sample names itself (SPEC §2.4): `rollout_id`, else `index`; None when it names
+    """The rollout a sample names itself (docs/spec.md §2.4): `rollout_id`, else `index`; None when it names
     neither, and is then a rollout of its own.
 
     Only a rollout's siblings share this key. Who holds a nameless sample gives it a key of its own:
@@ -159,7 +159,7 @@ def declared_rollout_key(sample: RolloutIdentity) -> int | str | None:
 
 
 def rollout_key(sample: Sample, row: int) -> RolloutKey:
-    """A batch row's rollout identity (SPEC §2.4): `declared_rollout_key`, else the row itself."""
+    """A batch row's rollout identity (docs/spec.md §2.4): `declared_rollout_key`, else the row itself."""
     key = declared_rollout_key(sample)
     return ("row", row) if key is None else key
 
@@ -176,7 +176,7 @@ def _raw_rewards(samples: Sequence[Sample], reward_key: str | None) -> list[floa
 def normalize_group(
     samples: Sequence[Sample], cfg: RewardConfig, *, rows: Sequence[int] | None = None
 ) -> GroupRewards | SharedRewardViolation:
-    """Check shared rewards and normalize one prompt group (SPEC §2.4–§2.7).
+    """Check shared rewards and normalize one prompt group (docs/spec.md §2.4–§2.7).
 
     `rows` are the samples' batch row indices, printed in a violation message and used as the
     identity of rows without `rollout_id`/`index` (default `range(len(samples))`). The shared-reward
@@ -450,7 +450,7 @@ def torch_free_normalization() -> bool:
 def prompt_groups(
     samples: Sequence[Sample], cfg: RewardConfig, prompt_group_sizes: Sequence[int] | None = None
 ) -> list[list[int]]:
-    """Batch row indices of each prompt group, by SPEC §2.3's precedence."""
+    """Batch row indices of each prompt group, by docs/spec.md §2.3's precedence."""
     count = len(samples)
     if prompt_group_sizes is not None:
         sizes = [operator.index(size) for size in prompt_group_sizes]

@@ -1,4 +1,4 @@
-"""Invariants a decoded rollout sample must hold before it may join a window (SPEC §4.4 invalid_sample)."""
+"""Invariants a decoded rollout sample must hold to join a window (docs/spec.md §4.4, invalid_sample)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prompt-group windows: a pure state machine fed (record, decoded sample, now) → outcomes (SPEC §4.3, §4.4).
+"""Prompt-group windows: a pure state machine fed (record, sample, now) → outcomes (docs/spec.md §4.3, §4.4).
 
 This module is the one place that decides a dead-letter reason.
 """
@@ -130,7 +130,7 @@ class HeldSample(msgspec.Struct, frozen=True, gc=False):
 
 
 def _held(sample: Sample) -> HeldSample:
-    # index only matters without a rollout_id (SPEC §2.4); not keeping it there saves its int per sample
+    # index only matters without a rollout_id (docs/spec.md §2.4); not keeping it saves an int per sample
     index = sample.index if sample.rollout_id is None else None
     return HeldSample(sample.reward, sample.rollout_id, index, sample.sibling_index)
 

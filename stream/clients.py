@@ -24,7 +24,7 @@ __all__ = [
     "probe",
 ]
 
-# Samples of 32 MiB must pass end to end (SPEC §4.5); topics and clients are sized for 64 MiB.
+# Samples of 32 MiB must pass end to end (docs/spec.md §4.5); topics and clients are sized for 64 MiB.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 # The port of an address given without one, as for every Kafka client (Java, librdkafka, kafka-python).
 DEFAULT_KAFKA_PORT = 9092

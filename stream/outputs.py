@@ -71,7 +71,7 @@ def _iso_ms(ms: int) -> str:
 
 
 def dead_letter_records(failure: DeadLettered, topic: str) -> list[OutputRecord]:
-    """Every refused record with its original key and value bytes and the SPEC §4.4 headers."""
+    """Every refused record with its original key and value bytes and the docs/spec.md §4.4 headers."""
     message = failure.message
     if len(message) > _MAX_MESSAGE_HEADER:
         message = message[: _MAX_MESSAGE_HEADER - 1] + "…"

@@ -1,4 +1,4 @@
-"""The producer helper rollout workers import: encodes samples and keys them by prompt group (SPEC §4.1)."""
+"""The rollout workers' producer helper: encodes samples and keys them by prompt group (docs/spec.md §4.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Train data for async trainers: whole prompt groups as torch batches, sharded over DP ranks (SPEC §4.6).
+"""Train data for async trainers: whole prompt groups as torch batches, per DP rank (docs/spec.md §4.6).
 
 How every rank reads the same sequence without talking to the others (docs/reader.md has the details).
 The decisions are pure and live in `core.assembly`; this module polls, decodes, commits and logs.

@@ -1,4 +1,4 @@
-"""docker-compose.yml and Dockerfile: valid for Compose, and carrying what SPEC §5 asks of them.
+"""docker-compose.yml and Dockerfile: valid for Compose, and carrying what docs/spec.md §5 asks of them.
 
 There is no container engine on the development machines or in CI, so the file is read with PyYAML (a test
 dependency) and checked here the way Compose would resolve it: every service, profile, dependency, health
@@ -284,7 +284,7 @@ def test_grafana_reads_the_provisioned_prometheus_and_the_dashboard_directory():
     assert (ROOT / "deploy/grafana/dashboards" / home.removeprefix(dashboards + "/")).is_file()
 
 
-# ---- text the SPEC asks for (unchanged since the first compose file) -----------------------------------
+# ---- text docs/spec.md §5 asks for (unchanged since the first compose file) ---------------------------
 def test_compose_pins_a_single_node_kraft_broker_fit_for_transactions_and_large_records():
     text = COMPOSE.read_text()
     for needle in [

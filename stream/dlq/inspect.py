@@ -153,7 +153,7 @@ def _selected(reward: Any, reward_key: str | None) -> Any:
 def compare_rewards(
     members: list[tuple[DeadLetterRecord, SampleHead | None]], reward_key: str | None = None
 ) -> list[RolloutRewards]:
-    """One row per rollout (first-seen order): its siblings' rewards side by side (SPEC §2.5's check)."""
+    """One row per rollout (first-seen order): its siblings' rewards side by side (docs/spec.md §2.5)."""
     by_rollout: dict[Any, list[tuple[int, Any, str, int]]] = {}
     for record, head in members:
         if head is None:

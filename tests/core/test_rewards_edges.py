@@ -1,4 +1,4 @@
-"""Edge cases of reward post-processing (SPEC §2) as parametrized tables."""
+"""Edge cases of reward post-processing (docs/spec.md §2) as parametrized tables."""
 
 from __future__ import annotations
 

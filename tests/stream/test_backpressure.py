@@ -1,5 +1,6 @@
-"""Bounded memory (SPEC §4.5): at the open-group cap the worker pauses fetching, loses nothing and still
-publishes every group; a single group larger than the byte cap is dead-lettered whole as group_too_large."""
+"""Bounded memory (docs/spec.md §4.5): at the open-group cap the worker pauses fetching, loses nothing and
+still publishes every group; a single group larger than the byte cap is dead-lettered whole as
+group_too_large."""
 
 from __future__ import annotations
 

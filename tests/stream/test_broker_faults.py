@@ -1,6 +1,6 @@
-"""Broker faults (SPEC §4.5): the worker survives its broker stopping and starting again (same port, same
-data): it backs off instead of spinning, says so in its log, and afterwards every outcome is there exactly
-once."""
+"""Broker faults (docs/spec.md §4.5): the worker survives its broker stopping and starting again (same port,
+same data): it backs off instead of spinning, says so in its log, and afterwards every outcome is there
+exactly once."""
 
 from __future__ import annotations
 

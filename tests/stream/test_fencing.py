@@ -1,4 +1,4 @@
-"""Zombie fencing (SPEC §4.5, KIP-447): a worker frozen (SIGSTOP) with an open transaction loses its
+"""Zombie fencing (docs/spec.md §4.5, KIP-447): a worker frozen (SIGSTOP) with an open transaction loses its
 partitions to a second worker; when it thaws it must not commit anything for them. A read_committed reader
 then sees every outcome exactly once."""
 
