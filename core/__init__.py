@@ -1,4 +1,4 @@
-"""Pure core of rollout-stream: reward post-processing and grouping logic, no I/O (SPEC §2)."""
+"""Pure core of rollout-stream: reward post-processing and grouping logic, no I/O (docs/spec.md §2)."""
 
 from core.config import RewardConfig
 from core.rewards import (
