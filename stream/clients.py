@@ -3,8 +3,9 @@ are built by the Kafka seam's factory, `stream.kafka.client_for(conn)`."""
 
 from __future__ import annotations
 
+import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stream.errors import ConfigurationError, RuntimeFailure
@@ -28,6 +29,19 @@ __all__ = [
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 # The port of an address given without one, as for every Kafka client (Java, librdkafka, kafka-python).
 DEFAULT_KAFKA_PORT = 9092
+
+
+CLIENTS = ("confluent", "kafka-python")
+CLIENT_ENV = "ROLLOUT_STREAM_CLIENT"
+
+
+def default_client() -> str:
+    """The client library to use when none is named: $ROLLOUT_STREAM_CLIENT, else confluent-kafka."""
+    return os.environ.get(CLIENT_ENV, "").strip() or "confluent"
+
+
+class BadClient(ConfigurationError, ValueError):
+    """A client library name that is not one of CLIENTS."""
 
 
 class BadBootstrap(ConfigurationError, ValueError):
@@ -85,8 +99,13 @@ class Connection:
     bootstrap_servers: str
     client_id: str = "rollout-stream"
     security: SecuritySettings = SecuritySettings()
+    # Which Kafka client library implements the seam (stream.kafka.client_for); ROLLOUT_STREAM_CLIENT or
+    # --client choose, confluent-kafka (librdkafka) by default.
+    client: str = field(default_factory=default_client)
 
     def __post_init__(self) -> None:
+        if self.client not in CLIENTS:
+            raise BadClient(f"the Kafka client must be {' or '.join(CLIENTS)}, got {self.client!r}")
         addresses = bootstrap_addresses(self.bootstrap_servers)
         object.__setattr__(self, "bootstrap_servers", ",".join(format_address(h, p) for h, p in addresses))
 

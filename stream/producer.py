@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from codec import Sample, encode_sample, group_key
-from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.kafka import SendFuture, check_connection, client_for
 from stream.security import SecuritySettings
 from stream.topics import require_topics
@@ -25,9 +25,11 @@ class RolloutProducer:
     """
 
     def __init__(self, bootstrap_servers: str | Connection, topic: str = "rollouts", *,
-                 security: SecuritySettings | None = None, check: bool = True, **producer_settings: Any) -> None:
+                 security: SecuritySettings | None = None, check: bool = True, client: str | None = None,
+                 **producer_settings: Any) -> None:
         """`bootstrap_servers`: an address, or a Connection (address and TLS/SASL settings); `security`
-        applies to an address (e.g. SecuritySettings.from_env()).
+        applies to an address (e.g. SecuritySettings.from_env()); `client` picks the Kafka client library
+        (confluent or kafka-python; default: $ROLLOUT_STREAM_CLIENT, else confluent).
 
         Fails at once, naming what is wrong, where kafka-python would block for its max_block_ms on the first
         send: BrokerUnreachable (no server at the address), ConnectionCheckFailed (TLS/SASL refused; skipped
@@ -35,10 +37,11 @@ class RolloutProducer:
         """
         self.topic = topic
         if isinstance(bootstrap_servers, Connection):
-            conn = replace(bootstrap_servers, client_id="rollout-stream-producer")
+            conn = replace(bootstrap_servers, client_id="rollout-stream-producer",
+                           **({"client": client} if client else {}))
         else:
             conn = Connection(bootstrap_servers, client_id="rollout-stream-producer",
-                              security=security or SecuritySettings())
+                              security=security or SecuritySettings(), client=client or default_client())
         if check:
             check_connection(conn)
         require_topics(conn, {topic: ""}, hint="create it with `rollout-stream topics create` (check the name "

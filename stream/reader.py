@@ -48,7 +48,7 @@ from core.assembly import (
     plan_batch,
 )
 from core.collate import Collated, collate
-from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
 from stream.names import rank_group_id
@@ -366,6 +366,7 @@ class TrainDataReader:
         max_record_bytes: int = MAX_RECORD_BYTES,
         layout: Layout = "tensors",
         balance_data: bool = False,
+        client: str | None = None,
     ) -> None:
         if layout not in ("tensors", "miles"):
             raise ValueError(f"layout must be tensors or miles, got {layout!r}")
@@ -383,11 +384,13 @@ class TrainDataReader:
             raise ValueError(f"start must be committed, earliest or latest, got {start!r}")
         if not group_id:
             raise ValueError("group_id must not be empty")
-        # An address (with `security`, e.g. SecuritySettings.from_env()), or a Connection that carries both.
-        self.conn = (replace(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}")
+        # An address (with `security`, e.g. SecuritySettings.from_env()), or a Connection that carries both;
+        # `client` picks the Kafka client library (default: $ROLLOUT_STREAM_CLIENT, else confluent).
+        self.conn = (replace(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}",
+                             **({"client": client} if client else {}))
                      if isinstance(bootstrap_servers, Connection) else
                      Connection(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}",
-                                security=security or SecuritySettings()))
+                                security=security or SecuritySettings(), client=client or default_client()))
         self.topic = topic
         self.group_id = group_id
         self.groups_per_batch = groups_per_batch

@@ -210,6 +210,27 @@ def unique_group_id(request: pytest.FixtureRequest) -> str:
     return f"g-{_slug(request.node.name)}-{uuid.uuid4().hex[:12]}"
 
 
+# -- every Kafka test on every client the project supports --------------------------------------------------
+KAFKA_CLIENTS = ("confluent", "kafka-python")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kafka_bootstrap" in metafunc.fixturenames and "kafka_client" in metafunc.fixturenames:
+        only = os.environ.get("ROLLOUT_STREAM_TEST_CLIENTS", "").strip()
+        clients = [c for c in KAFKA_CLIENTS if not only or c in only.split(",")]
+        metafunc.parametrize("kafka_client", clients, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def kafka_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """The client library this Kafka test runs on (parametrized over both): set as ROLLOUT_STREAM_CLIENT, the
+    default of every Connection, so in-process clients and CLI subprocesses alike use it."""
+    client = getattr(request, "param", None)
+    if client is not None:
+        monkeypatch.setenv("ROLLOUT_STREAM_CLIENT", client)
+    return client
+
+
 # -- the `kafka` marker: added to tests that use the broker, and a time bound for them ---------------
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

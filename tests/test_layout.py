@@ -18,7 +18,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "stream.errors": (),  # the error tree: importable from anywhere because it imports nothing of the project
     "stream": ("stream", "core", "codec"),
 }
-CLIENT_LIBRARIES = {"kafka": "stream.kafka.kafka_python"}
+CLIENT_LIBRARIES = {"kafka": "stream.kafka.kafka_python", "confluent_kafka": "stream.kafka.confluent"}
 
 
 def module_name(path: Path) -> str:

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from stream.client_properties import load_properties
-from stream.clients import BadBootstrap, Connection
+from stream.clients import BadBootstrap, CLIENT_ENV, Connection, default_client
 from stream.commands.options import fail, option_group, resolve_bootstrap
 from stream.errors import described
 from stream.kafka import check_connection
@@ -48,7 +48,19 @@ def _opt(flag: str, field: str, help: str, **kw: Any) -> Any:
 @option_group
 @dataclass(frozen=True)
 class SecurityOptions:
-    """The raw values of the security flags of one command invocation (not validated yet)."""
+    """The raw values of the connection and security flags of one command invocation (not validated yet)."""
+
+    client: Annotated[
+        str | None,
+        typer.Option(
+            "--client",
+            envvar=CLIENT_ENV,
+            show_default=False,
+            rich_help_panel=_PANEL,
+            help="Kafka client library: confluent (librdkafka; the default: faster, static membership) or "
+            "kafka-python.",
+        ),
+    ] = None
 
     kafka_config: Annotated[
         Path | None,
@@ -134,7 +146,7 @@ class SecurityOptions:
         return {
             names.get(f.name, f.name): getattr(self, f.name)
             for f in fields(self)
-            if f.name != "kafka_config" and getattr(self, f.name) not in (None, "")
+            if f.name not in ("kafka_config", "client") and getattr(self, f.name) not in (None, "")
         }
 
 
@@ -181,7 +193,8 @@ def connection_from_options(
         else f"bootstrap.servers in {options.kafka_config}"
     )
     with described(BadBootstrap, given, advice="give host:port[,host:port...] (a missing port is 9092)"):
-        conn = Connection(bootstrap, client_id=client_id, security=security)
+        conn = Connection(bootstrap, client_id=client_id, security=security,
+                          client=options.client or default_client())
     if check:
         check_connection(conn)  # BrokerUnreachable says "is the broker running?" itself
     return conn

@@ -61,7 +61,12 @@ def check_connection(conn: Any, timeout_s: float = 10.0) -> None:
 
 
 def client_for(conn: Any) -> Client:
-    """The client implementation for a `stream.clients.Connection` (kafka-python today)."""
-    from stream.kafka.kafka_python import KafkaPythonClient
+    """The client implementation a `stream.clients.Connection` names (`conn.client`): confluent-kafka
+    (librdkafka) or kafka-python. Each library is imported only here, when chosen."""
+    if conn.client == "kafka-python":
+        from stream.kafka.kafka_python import KafkaPythonClient
 
-    return KafkaPythonClient(conn)
+        return KafkaPythonClient(conn)
+    from stream.kafka.confluent import ConfluentClient
+
+    return ConfluentClient(conn)

@@ -123,7 +123,10 @@ class Worker:
         cfg = self.config
         consumer = self._consumer = self.client.group_consumer(
             cfg.group_id, client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes,
-            session_timeout_s=cfg.session_timeout_s)
+            session_timeout_s=cfg.session_timeout_s,
+            # Static membership: restarted with its instance id, a worker gets its partitions back at once
+            # instead of after the session timeout (KIP-345).
+            instance_id=self.instance_id)
         partitions = self._await_topic(consumer, cfg.topics.input)
         if not partitions:
             consumer.close()

@@ -25,6 +25,7 @@ from codec import Sample, encode_sample, group_key
 from core.records import DeadLettered, InputRecord
 from stream.cli import app
 from stream.clients import Connection, make_consumer, make_producer
+from stream.kafka import client_for
 from stream.config import WorkerConfig
 from stream.dlq import headers as H
 from stream.dlq.cursor import CursorState, cursor_name, resume_state
@@ -401,7 +402,8 @@ def test_show_headers_decoded_sample_hex_preview_and_sibling_rewards(worker_dlq)
 def test_scan_stops_at_the_end_offsets_seen_at_start(kafka_bootstrap):
     input_topic, dlq = replay_topics(kafka_bootstrap)
     produce(kafka_bootstrap, dlq_records(dlq, [(f"r/{i}", 0, input_topic) for i in range(6)]))
-    consumer = make_consumer(Connection(kafka_bootstrap))
+    consumer = client_for(Connection(kafka_bootstrap)).assigned_consumer(client_id="scan-test",
+                                                                         max_record_bytes=1 << 20)
     try:
         bar = io.StringIO()
         scanner = DeadLetterScanner(

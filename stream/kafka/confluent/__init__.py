@@ -1,0 +1,726 @@
+"""The seam on confluent-kafka (librdkafka): the default client, for its speed and static membership.
+
+What librdkafka does differently, handled here and nowhere else:
+
+* rebalance callbacks run inside `consume()` on the calling thread (what the seam promises), with the eager
+  `range` assignor so `on_assigned` gets the member's whole assignment, as kafka-python's does;
+* a message is an object of methods (`topic()`, `offset()`, ...): records are handed out as light tuples with
+  the seam's attribute names;
+* its default partitioner hashes keys with CRC32: producers use `murmur2_random`, Java's rule, so a group
+  lands in the same partition whichever client produced it;
+* delivery reports arrive through `poll()`/`flush()` callbacks: each send gets a future they complete;
+* open broker connections are only known from its statistics (one JSON document a second).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_INVALID, Consumer, KafkaError, KafkaException
+from confluent_kafka import Producer as _RdProducer
+from confluent_kafka import TopicPartition as RdTP
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from stream.kafka.errors import (
+    AuthorizationFailed,
+    BrokerUnavailable,
+    CommitFailed,
+    KafkaFailure,
+    ProducerFenced,
+    TopicExists,
+    UnknownTopic,
+)
+from stream.kafka.partitioner import partition_for_key
+from stream.kafka.seam import (
+    AclSpec,
+    Committed,
+    Header,
+    Offsets,
+    Polled,
+    RebalanceListener,
+    TopicInfo,
+    TopicPartition,
+    TopicSpec,
+    Written,
+)
+
+__all__ = ["ConfluentClient", "settings_for", "translate"]
+
+log = logging.getLogger("rollout_stream.kafka")
+
+FETCH_PARTITION_BYTES = 4 * 1024 * 1024
+FETCH_MAX_BYTES = 16 * 1024 * 1024
+TIMEOUT_S = 30.0  # metadata and offset queries
+
+_AUTH = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "group",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional_id",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
+}
+_FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+_COMMIT = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
+           KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST}
+_UNAVAILABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+                KafkaError.REQUEST_TIMED_OUT, KafkaError._RESOLVE, KafkaError.NOT_COORDINATOR,
+                KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
+_UNKNOWN_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
+
+
+def translate(exc: BaseException | KafkaError) -> BaseException:
+    """librdkafka's error (a KafkaException, or a KafkaError) as the seam's; anything else unchanged."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
+    if not isinstance(error, KafkaError):
+        return exc  # type: ignore[return-value]
+    code, kind, text = error.code(), error.name(), error.str()
+    out: KafkaFailure
+    if code in _AUTH:
+        out = AuthorizationFailed(text, resource=_AUTH[code], kind=kind)  # type: ignore[arg-type]
+    elif code in _FENCED:
+        out = ProducerFenced(text, kind=kind)
+    elif code in _COMMIT:
+        out = CommitFailed(text, kind=kind)
+    elif code == KafkaError.TOPIC_ALREADY_EXISTS:
+        out = TopicExists(text, kind=kind)
+    elif code in _UNKNOWN_TOPIC:
+        out = UnknownTopic(text, kind=kind)
+    elif code in _UNAVAILABLE:
+        out = BrokerUnavailable(text, kind=kind)
+    else:
+        out = KafkaFailure(text, kind=kind, retriable=error.retriable())
+    if isinstance(exc, BaseException):
+        out.__cause__ = exc
+    return out
+
+
+class _Translated:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ: Any, exc: BaseException | None, tb: Any) -> bool:
+        if isinstance(exc, KafkaException):
+            raise translate(exc) from exc
+        return False
+
+
+_translated = _Translated()
+
+
+def _rd(tp: TopicPartition, offset: int | None = None, metadata: str | None = None) -> RdTP:
+    if offset is None:
+        return RdTP(tp.topic, tp.partition)
+    return RdTP(tp.topic, tp.partition, offset) if metadata is None else RdTP(tp.topic, tp.partition, offset,
+                                                                            metadata=metadata)
+
+
+def _rd_offsets(offsets: Offsets) -> list[RdTP]:
+    out = []
+    for tp, pos in offsets.items():
+        if isinstance(pos, int):
+            out.append(_rd(tp, pos))
+        else:
+            out.append(_rd(tp, pos.offset, pos.metadata or None))
+    return out
+
+
+class Rec(NamedTuple):
+    """A consumed record with the seam's attribute names (librdkafka's Message has methods)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header] | None
+
+
+# ---- settings ----------------------------------------------------------------------------------------------
+def settings_for(conn: Any, client_id: str | None = None) -> dict[str, Any]:
+    """librdkafka properties for a `stream.clients.Connection` (address, client id, TLS/SASL)."""
+    sec = conn.security
+    out: dict[str, Any] = {"bootstrap.servers": conn.bootstrap_servers, "client.id": client_id or conn.client_id,
+                           "security.protocol": sec.protocol.lower(), "logger": log}
+    if sec.uses_tls:
+        if sec.ssl_cafile:
+            out["ssl.ca.location"] = str(sec.ssl_cafile)
+        if sec.ssl_certfile:
+            out["ssl.certificate.location"] = str(sec.ssl_certfile)
+        if sec.ssl_keyfile:
+            out["ssl.key.location"] = str(sec.ssl_keyfile)
+        if sec.ssl_key_password:
+            out["ssl.key.password"] = sec.ssl_key_password.get_secret_value()
+        out["ssl.endpoint.identification.algorithm"] = "https" if sec.ssl_check_hostname else "none"
+    if sec.uses_sasl:
+        out["sasl.mechanism"] = sec.sasl_mechanism
+        if sec.sasl_mechanism == "OAUTHBEARER":
+            path = sec.sasl_oauth_token_file
+
+            def token(_config: str) -> tuple[str, float]:
+                # Read at every (re)authentication, so a sidecar can refresh the file.
+                return path.read_text().strip(), time.time() + 300
+
+            out["oauth_cb"] = token
+        else:
+            out["sasl.username"] = sec.sasl_username
+            out["sasl.password"] = sec.sasl_password.get_secret_value()
+    return out
+
+
+# ---- consumers ---------------------------------------------------------------------------------------------
+class _Consumer:
+    def __init__(self, consumer: Consumer) -> None:
+        self._c = consumer
+        self._paused: set[tuple[str, int]] = set()
+        self._next: dict[tuple[str, int], int] = {}  # per partition: the offset after the last record handed out
+        self.connections: int | None = None
+
+    def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
+        with _translated:
+            messages = self._c.consume(max_records or 500, timeout_s)
+        out: dict[TopicPartition, list[Rec]] = {}
+        for m in messages:
+            error = m.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise translate(KafkaException(error))
+            tp = TopicPartition(m.topic(), m.partition())
+            batch = out.get(tp)
+            if batch is None:
+                batch = out[tp] = []
+            batch.append(Rec(tp.topic, tp.partition, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers()))
+        for tp, batch in out.items():
+            self._next[tp] = batch[-1].offset + 1
+        return out
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        tps = list(partitions)
+        if tps:
+            with _translated:
+                self._c.pause([_rd(tp) for tp in tps])
+            self._paused |= {(tp.topic, tp.partition) for tp in tps}
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        tps = list(partitions)
+        if tps:
+            with _translated:
+                self._c.resume([_rd(tp) for tp in tps])
+                # librdkafka purged what it had fetched for a paused partition and may fetch from an older
+                # position on resume: go on after the last record handed out, so none comes twice.
+                for tp in tps:
+                    if (tp.topic, tp.partition) in self._next:
+                        self.seek(tp, self._next[(tp.topic, tp.partition)])
+            self._paused -= {(tp.topic, tp.partition) for tp in tps}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._next[(tp.topic, tp.partition)] = offset
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self._c.seek(_rd(tp, offset))
+                return
+            except KafkaException as exc:  # "Erroneous state" until the partition's fetcher has started
+                if exc.args[0].code() != KafkaError._STATE or time.monotonic() > deadline:
+                    raise translate(exc) from exc
+                time.sleep(0.01)
+
+    def position(self, tp: TopicPartition) -> int:
+        pos = self.fetch_position(tp)
+        if pos >= 0:
+            return pos
+        committed = self.committed(tp)
+        if committed is not None:
+            return committed.offset
+        return self.beginning_offsets([tp])[tp]
+
+    def fetch_position(self, tp: TopicPartition) -> int:
+        try:
+            found = self._c.position([_rd(tp)])
+        except KafkaException:
+            return -1
+        offset = found[0].offset if found else OFFSET_INVALID
+        return offset if offset >= 0 else -1
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        try:
+            _low, high = self._c.get_watermark_offsets(_rd(tp), cached=True)
+        except KafkaException:
+            return None
+        return high if high >= 0 else None
+
+    def backlog(self) -> int:
+        behind = 0
+        for rtp in self._c.assignment():
+            if (rtp.topic, rtp.partition) in self._paused:
+                continue
+            tp = TopicPartition(rtp.topic, rtp.partition)
+            high, pos = self.highwater(tp), self.fetch_position(tp)
+            if high is not None and pos >= 0:
+                behind += max(0, high - pos)
+        return behind
+
+    def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
+        with _translated:
+            return self._c.get_watermark_offsets(_rd(tp), timeout=TIMEOUT_S, cached=False)
+
+    def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {TopicPartition(*tp): self._watermarks(TopicPartition(*tp))[0] for tp in tps}
+
+    def end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {TopicPartition(*tp): self._watermarks(TopicPartition(*tp))[1] for tp in tps}
+
+    def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
+        with _translated:
+            found = self._c.offsets_for_times([_rd(tp, ts) for tp, ts in timestamps.items()], timeout=TIMEOUT_S)
+        return {TopicPartition(f.topic, f.partition): (f.offset if f.offset >= 0 else None) for f in found}
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        with _translated:
+            meta = self._c.list_topics(topic, timeout=TIMEOUT_S)
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            return None
+        return set(found.partitions)
+
+    def committed(self, tp: TopicPartition) -> Committed | None:
+        with _translated:
+            found = self._c.committed([_rd(tp)], timeout=TIMEOUT_S)
+        if not found or found[0].offset < 0:
+            return None
+        return Committed(found[0].offset, found[0].metadata or "")
+
+    def commit(self, offsets: Offsets) -> None:
+        if not offsets:
+            return
+        with _translated:
+            self._c.commit(offsets=_rd_offsets(offsets), asynchronous=False)
+
+    def group_metadata(self) -> Any:
+        return self._c.consumer_group_metadata()
+
+    def close(self) -> None:
+        self._c.close()
+
+
+class _GroupConsumer(_Consumer):
+    def subscribe(self, topic: str, listener: RebalanceListener) -> None:
+        def assigned(_c: Any, tps: list[RdTP]) -> None:
+            listener.on_assigned({tp.partition for tp in tps})
+
+        def revoked(_c: Any, tps: list[RdTP]) -> None:
+            listener.on_revoked({tp.partition for tp in tps})
+            self._forget(tps)
+
+        def lost(_c: Any, tps: list[RdTP]) -> None:
+            listener.on_lost({tp.partition for tp in tps})
+            self._forget(tps)
+
+        with _translated:
+            self._c.subscribe([topic], on_assign=assigned, on_revoke=revoked, on_lost=lost)
+
+    def _forget(self, tps: list[RdTP]) -> None:
+        for tp in tps:
+            self._paused.discard((tp.topic, tp.partition))
+            self._next.pop((tp.topic, tp.partition), None)
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(tp.topic, tp.partition) for tp in self._c.assignment()}
+
+    def connection_count(self) -> int | None:
+        return self.connections
+
+
+class _AssignedConsumer(_Consumer):
+    def assign(self, tps: Sequence[TopicPartition]) -> None:
+        self._paused.clear()
+        self._next.clear()
+        with _translated:
+            self._c.assign([_rd(tp) for tp in tps])
+
+    def seek_to_beginning(self, tps: Sequence[TopicPartition]) -> None:
+        self._reassign(tps, OFFSET_BEGINNING)
+
+    def seek_to_end(self, tps: Sequence[TopicPartition]) -> None:
+        self._reassign(tps, OFFSET_END)
+
+    def _reassign(self, tps: Sequence[TopicPartition], logical: int) -> None:
+        # A logical offset is resolved at (re)assignment; seek() to one needs a started fetcher.
+        current = {(tp.topic, tp.partition): tp for tp in self._c.assignment()}
+        for tp in tps:
+            current[(tp.topic, tp.partition)] = _rd(tp, logical)
+            self._next.pop((tp.topic, tp.partition), None)
+        with _translated:
+            self._c.assign(list(current.values()))
+
+
+# ---- producer ----------------------------------------------------------------------------------------------
+class _Future:
+    __slots__ = ("_done", "_error", "_written", "_producer")
+
+    def __init__(self, producer: _Producer) -> None:
+        self._done, self._error, self._written, self._producer = False, None, None, producer
+
+    def _report(self, error: KafkaError | None, message: Any) -> None:
+        self._done = True
+        if error is not None:
+            self._error = translate(KafkaException(error))
+        else:
+            self._written = Written(message.topic(), message.partition(), message.offset())
+
+    def done(self) -> bool:
+        return self._done
+
+    def exception(self) -> BaseException | None:
+        return self._error if self._done else None
+
+    def get(self, timeout: float | None = None) -> Written:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._done:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise BrokerUnavailable("not acknowledged in time", kind="KafkaTimeoutError")
+            self._producer._p.poll(min(0.1, left) if left is not None else 0.1)
+        if self._error is not None:
+            raise self._error
+        assert self._written is not None
+        return self._written
+
+
+class _Producer:
+    def __init__(self, producer: _RdProducer) -> None:
+        self._p = producer
+        self._sends = 0
+
+    def send(self, topic: str, value: bytes | None, key: bytes | None = None, *, partition: int | None = None,
+             headers: Sequence[Header] | None = None, timestamp_ms: int | None = None) -> _Future:
+        future = _Future(self)
+        kwargs: dict[str, Any] = {"on_delivery": future._report}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if headers:
+            kwargs["headers"] = list(headers)
+        if timestamp_ms is not None:
+            kwargs["timestamp"] = timestamp_ms
+        while True:
+            try:
+                self._p.produce(topic, value, key, **kwargs)
+                break
+            except BufferError:  # the local queue is full: serve delivery reports until there is room
+                self._p.poll(0.05)
+            except KafkaException as exc:
+                raise translate(exc) from exc
+        self._sends += 1
+        if self._sends % 1000 == 0:
+            self._p.poll(0)  # delivery reports, without waiting
+        return future
+
+    def partitions_for(self, topic: str) -> list[int] | None:
+        try:
+            meta = self._p.list_topics(topic, timeout=TIMEOUT_S)
+        except KafkaException:
+            return None
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            return None
+        return sorted(found.partitions)
+
+    def partition_for(self, topic: str, key: bytes) -> int | None:
+        partitions = self.partitions_for(topic)
+        return partitions[partition_for_key(key, len(partitions))] if partitions else None
+
+    def flush(self, timeout: float | None = None) -> None:
+        with _translated:
+            self._p.flush(-1 if timeout is None else timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        self._p.flush(-1 if timeout is None else timeout)
+
+    def init_transactions(self) -> None:
+        with _translated:
+            self._p.init_transactions(TIMEOUT_S * 2)
+
+    def begin_transaction(self) -> None:
+        with _translated:
+            self._p.begin_transaction()
+
+    def send_offsets_to_transaction(self, offsets: Offsets, group_metadata: Any) -> None:
+        with _translated:
+            self._p.send_offsets_to_transaction(_rd_offsets(offsets), group_metadata, TIMEOUT_S)
+
+    def commit_transaction(self) -> None:
+        with _translated:
+            self._p.commit_transaction(TIMEOUT_S)
+
+    def abort_transaction(self) -> None:
+        with _translated:
+            self._p.abort_transaction(TIMEOUT_S)
+
+
+# ---- admin -------------------------------------------------------------------------------------------------
+_RESOURCE_TYPES = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
+                   "transactional-id": ResourceType.TRANSACTIONAL_ID, "cluster": ResourceType.BROKER}
+_OPERATIONS = {"Read": AclOperation.READ, "Write": AclOperation.WRITE, "Describe": AclOperation.DESCRIBE,
+               "Create": AclOperation.CREATE, "IdempotentWrite": AclOperation.IDEMPOTENT_WRITE}
+
+
+def _ops(found: Any) -> frozenset[str] | None:
+    if found is None:
+        return None
+    return frozenset(op.name for op in found)
+
+
+class _Admin:
+    def __init__(self, admin: AdminClient) -> None:
+        self._a = admin
+
+    def _result(self, future: Any) -> Any:
+        with _translated:
+            return future.result(TIMEOUT_S)
+
+    def list_topics(self) -> set[str]:
+        with _translated:
+            return set(self._a.list_topics(timeout=TIMEOUT_S).topics)
+
+    def describe_topics(self, names: Sequence[str], *, authorized_operations: bool = False) -> list[TopicInfo]:
+        from confluent_kafka import TopicCollection
+
+        futures = self._a.describe_topics(TopicCollection(list(names)),
+                                          include_authorized_operations=authorized_operations,
+                                          request_timeout=TIMEOUT_S)
+        out = []
+        for name in names:
+            try:
+                desc = futures[name].result(TIMEOUT_S)
+            except KafkaException as exc:
+                out.append(TopicInfo(name, None, translate(exc)))  # type: ignore[arg-type]
+                continue
+            out.append(TopicInfo(name, len(desc.partitions), None,
+                                 _ops(desc.authorized_operations) if authorized_operations else None))
+        return out
+
+    def create_topics(self, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0) -> dict[str, Exception | None]:
+        if not specs:
+            return {}
+        futures = self._a.create_topics([NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.configs))
+                                         for s in specs], operation_timeout=timeout_s, request_timeout=timeout_s)
+        out: dict[str, Exception | None] = {}
+        for name, future in futures.items():
+            try:
+                future.result(timeout_s)
+                out[name] = None
+            except KafkaException as exc:
+                out[name] = translate(exc)  # type: ignore[assignment]
+        for name in out:
+            if out[name] is None:
+                self._wait_for_leaders(name, timeout_s)
+        return out
+
+    def _wait_for_leaders(self, name: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            topic = self._a.list_topics(name, timeout=TIMEOUT_S).topics.get(name)
+            if topic is not None and topic.error is None and topic.partitions and \
+                    all(p.leader >= 0 for p in topic.partitions.values()):
+                return
+            time.sleep(0.05)
+
+    def delete_topics(self, names: Sequence[str], *, timeout_s: float = 30.0) -> None:
+        if not names:
+            return
+        for future in self._a.delete_topics(list(names), operation_timeout=timeout_s).values():
+            try:
+                future.result(timeout_s)
+            except KafkaException:
+                pass  # as kafka-python's raise_errors=False: best effort
+
+    def topic_configs(self, name: str) -> dict[str, str]:
+        futures = self._a.describe_configs([ConfigResource(ResourceType.TOPIC, name)])
+        out: dict[str, str] = {}
+        for future in futures.values():
+            for key, entry in self._result(future).items():
+                out[key] = str(entry.value)
+        return out
+
+    def group_offsets(self, groups: Sequence[str], tps: Sequence[TopicPartition]
+                      ) -> dict[str, dict[TopicPartition, tuple[int, str]]]:
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        out: dict[str, dict[TopicPartition, tuple[int, str]]] = {}
+        for group in groups:  # the API takes one group per request
+            futures = self._a.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group, [_rd(tp) for tp in tps])], request_timeout=TIMEOUT_S)
+            result = self._result(futures[group])
+            out[group] = {TopicPartition(tp.topic, tp.partition): (tp.offset, tp.metadata or "")
+                          for tp in result.topic_partitions if tp.offset >= 0}
+        return out
+
+    def _cluster(self, authorized_operations: bool = False) -> Any:
+        return self._result(self._a.describe_cluster(include_authorized_operations=authorized_operations,
+                                                     request_timeout=TIMEOUT_S))
+
+    def broker_count(self) -> int:
+        return len(self._cluster().nodes)
+
+    def broker_ready(self, port: int) -> bool:
+        return any(node.port == port for node in self._cluster().nodes)
+
+    def create_acls(self, acls: Sequence[AclSpec]) -> list[tuple[AclSpec, Exception]]:
+        bindings = [AclBinding(_RESOURCE_TYPES[a.resource], "kafka-cluster" if a.resource == "cluster" else a.name,
+                               ResourcePatternType.PREFIXED if a.prefixed else ResourcePatternType.LITERAL,
+                               a.principal, a.host, _OPERATIONS[a.operation], AclPermissionType.ALLOW)
+                    for a in acls]
+        failed = []
+        for spec, binding in zip(acls, bindings, strict=True):
+            try:
+                self._a.create_acls([binding])[binding].result(TIMEOUT_S)
+            except KafkaException as exc:
+                failed.append((spec, translate(exc)))  # type: ignore[arg-type]
+        return failed
+
+    def may_create_topic(self, name: str) -> bool:
+        futures = self._a.create_topics([NewTopic(name, 1, -1)], validate_only=True, request_timeout=TIMEOUT_S)
+        try:
+            futures[name].result(TIMEOUT_S)
+        except KafkaException as exc:
+            return exc.args[0].code() not in (KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                              KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+        return True
+
+    def group_operations(self, group: str) -> frozenset[str] | None:
+        futures = self._a.describe_consumer_groups([group], include_authorized_operations=True,
+                                                   request_timeout=TIMEOUT_S)
+        try:
+            desc = futures[group].result(TIMEOUT_S)
+        except KafkaException as exc:
+            failure = translate(exc)
+            if isinstance(failure, AuthorizationFailed):
+                raise failure from exc
+            return None
+        return _ops(desc.authorized_operations)
+
+    def cluster_operations(self) -> frozenset[str] | None:
+        return _ops(self._cluster(authorized_operations=True).authorized_operations)
+
+    def may_describe_transaction(self, transactional_id: str, budget_s: float = 10.0) -> bool:
+        # confluent-kafka has no DescribeTransactions; the producer's init_transactions() reports a refusal.
+        return True
+
+    def close(self) -> None:
+        """The admin client has no connection to close explicitly."""
+
+
+# ---- the client --------------------------------------------------------------------------------------------
+class ConfluentClient:
+    """Builds librdkafka clients for one `stream.clients.Connection`."""
+
+    name = "confluent"
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def _consumer_settings(self, client_id: str | None, max_record_bytes: int, isolation: str,
+                           tuning: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **settings_for(self.conn, client_id),
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": isolation,
+            "enable.partition.eof": False,
+            "max.partition.fetch.bytes": min(max_record_bytes, FETCH_PARTITION_BYTES),
+            "fetch.max.bytes": FETCH_MAX_BYTES,
+            "receive.message.max.bytes": max(max_record_bytes, FETCH_MAX_BYTES) + 1024 * 1024,
+            "reconnect.backoff.max.ms": 5000,
+            # An offset query waits behind the connection's in-flight fetch, which the broker holds for up to
+            # this long when there is nothing new: 500 ms (the default) per query made restores slow.
+            "fetch.wait.max.ms": 100,
+            **tuning,
+        }
+
+    def group_consumer(self, group_id: str, *, client_id: str | None = None, max_record_bytes: int,
+                       session_timeout_s: float = 45.0, instance_id: str | None = None,
+                       isolation: str = "read_committed", **tuning: Any) -> _GroupConsumer:
+        tuning.pop("rejoin_after_s", None)  # kafka-python's dropped joins: librdkafka does not drop them
+        consumer_ref: list[_GroupConsumer] = []
+
+        def stats(document: str) -> None:
+            brokers = json.loads(document).get("brokers", {})
+            consumer_ref[0].connections = sum(1 for b in brokers.values()
+                                              if b.get("state") == "UP" and b.get("nodeid", -1) >= 0)
+
+        settings = {
+            **self._consumer_settings(client_id, max_record_bytes, isolation, _librdkafka_names(tuning)),
+            "group.id": group_id,
+            "session.timeout.ms": int(session_timeout_s * 1000),
+            "heartbeat.interval.ms": max(100, int(session_timeout_s * 1000 / 3)),
+            "partition.assignment.strategy": "range",
+            "statistics.interval.ms": 1000,
+            "stats_cb": stats,
+        }
+        if instance_id is not None:
+            settings["group.instance.id"] = instance_id
+        with _translated:
+            consumer = _GroupConsumer(Consumer(settings))
+        consumer_ref.append(consumer)
+        return consumer
+
+    def assigned_consumer(self, *, client_id: str | None = None, max_record_bytes: int,
+                          isolation: str = "read_committed", commit_group: str | None = None,
+                          **tuning: Any) -> _AssignedConsumer:
+        settings = self._consumer_settings(client_id, max_record_bytes, isolation, _librdkafka_names(tuning))
+        # librdkafka needs a group id even for a consumer that never joins one.
+        settings["group.id"] = commit_group or f"rollout-stream-unjoined-{id(self):x}"
+        with _translated:
+            return _AssignedConsumer(Consumer(settings))
+
+    def producer(self, *, client_id: str | None = None, max_record_bytes: int, transactional_id: str | None = None,
+                 transaction_timeout_s: float = 60.0, **tuning: Any) -> _Producer:
+        settings: dict[str, Any] = {
+            **settings_for(self.conn, client_id),
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "partitioner": "murmur2_random",  # Java's (and kafka-python's) rule for keyed records
+            "message.max.bytes": max_record_bytes + 1024 * 1024,
+            "reconnect.backoff.max.ms": 5000,
+            **_librdkafka_names(tuning),
+        }
+        if transactional_id is not None:
+            settings["transactional.id"] = transactional_id
+            settings["transaction.timeout.ms"] = int(transaction_timeout_s * 1000)
+        with _translated:
+            return _Producer(_RdProducer(settings))
+
+    def admin(self, *, client_id: str | None = None, **tuning: Any) -> _Admin:
+        settings = {**settings_for(self.conn, client_id), **_librdkafka_names(tuning)}
+        with _translated:
+            return _Admin(AdminClient(settings))
+
+
+# kafka-python spellings some callers pass as tuning, in librdkafka's names.
+_NAMES = {"linger_ms": "linger.ms", "batch_size": "batch.size", "fetch_max_wait_ms": "fetch.wait.max.ms",
+          "max_poll_records": None, "request_timeout_ms": "request.timeout.ms", "bootstrap_timeout_ms": None,
+          "ssl_context": None, "ssl_check_hostname": None}
+
+
+def _librdkafka_names(tuning: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in tuning.items():
+        name = _NAMES.get(key, key)
+        if name is not None:
+            out[name] = value
+    return out
