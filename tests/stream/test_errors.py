@@ -1,4 +1,4 @@
-"""The error tree (stream/errors.py) and the one place that turns an error into `error: …` and an exit code."""
+"""The error tree (stream/errors.py) and the one place that turns an error into `error: …` and its exit."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_every_exception_the_stream_package_defines_is_in_the_tree():
     (ConnectionCheckFailed, ConfigurationError, ConnectionError, 2),
     (BrokerUnreachable, RuntimeFailure, ConnectionError, 1),
     (KafkaFailure, RuntimeFailure, RuntimeError, 1),
-    (AuthorizationFailed, RuntimeFailure, RuntimeError, 1),  # exit 2 once a command explains it (AccessDenied)
+    (AuthorizationFailed, RuntimeFailure, RuntimeError, 1),  # 2 once a command explains it (AccessDenied)
     (ProduceFailed, RuntimeFailure, RuntimeError, 1),
     (DeadLetterLimitExceeded, PolicyStop, RuntimeError, 3),
 ])
@@ -58,7 +58,8 @@ def test_the_line_is_what_was_being_done_the_failure_and_what_to_do():
         with described(KafkaFailure, "Kafka error"):  # only the kinds named
             raise MissingTopic({"t": "--input-topic"}, "b:9092", "create it")
     assert not other.value.doing
-    assert error_line(ProduceFailed("x")) == "error: stopping without committing past an unpublished record: x"
+    stopping = "error: stopping without committing past an unpublished record: x"
+    assert error_line(ProduceFailed("x")) == stopping
 
 
 @pytest.mark.parametrize(("error", "code"), [
