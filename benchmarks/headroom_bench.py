@@ -15,10 +15,10 @@ import argparse
 import dataclasses
 import statistics
 
-from stream.bench.proc import RunnerProcess
-from stream.bench.results import BenchSettings
-from stream.bench.suite import DRAIN_TIMEOUT_S, FIRST_RECORD_S, _Bench
-from stream.bench.workloads import Workload, create_topics, delete_topics, preload
+from stream.tools.bench.proc import RunnerProcess
+from stream.tools.bench.results import BenchSettings
+from stream.tools.bench.suite import DRAIN_TIMEOUT_S, FIRST_RECORD_S, _Bench
+from stream.tools.bench.workloads import Workload, create_topics, delete_topics, preload
 
 
 def main() -> None:

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from stream.allocator import reuse_freed_buffers
-from stream.bench.workloads import Workload, group_records
+from stream.worker.allocator import reuse_freed_buffers
+from stream.tools.bench.workloads import Workload, group_records
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
 from stream.worker import Worker

@@ -4,7 +4,7 @@
     .venv/bin/python examples/async_trainer.py --steps 5 --bootstrap-servers localhost:9092
 
 The policy is a bigram model (embedding + linear head over a 64-token vocabulary). A rollout-generator
-thread takes the shape of each prompt group from `stream.synth.plan_groups` (group, rollouts, sibling
+thread takes the shape of each prompt group from `stream.tools.synth.plan_groups` (group, rollouts, sibling
 samples, prompt tokens), samples every response from a snapshot of the policy at the weight version it
 "generates" with (the current one, or up to 3 versions old, as long generations are), records the
 snapshot's log-probs, and rewards a rollout with the share of even tokens in its responses (siblings share
@@ -36,7 +36,7 @@ from stream.commands.options import resolve_bootstrap
 from stream.config import TopicNames, WorkerConfig
 from stream.logs import configure_logging
 from stream.producer import RolloutProducer
-from stream.synth import SynthPlan, plan_groups
+from stream.tools.synth import SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_topics
 from stream.worker import Worker
 

@@ -77,7 +77,7 @@ class WorkerConfig:
     grpo_std_normalization: bool = _REWARD_DEFAULTS.grpo_std_normalization
     reward_key: str | None = _REWARD_DEFAULTS.reward_key
     zero_variance: ZeroVariancePolicy = field(default_factory=ZeroVariancePolicy)
-    commit_interval_s: float = 0.1  # caught up: a quarter of it (stream/cadence.py; docs/benchmarks.md)
+    commit_interval_s: float = 0.1  # caught up: a quarter of it (stream/worker/cadence.py; docs/benchmarks.md)
     progress_interval_s: float = 10.0
     closed_group_retention_s: float | None = None  # default: max(1 h, 2 × group timeout)
     max_closed_groups: int = DEFAULT_MAX_CLOSED_GROUPS

@@ -29,10 +29,10 @@ import pytest
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from stream.broker.errors import BrokerError, PortInUse
-from stream.broker.jars import kafka_version, pom_path
-from stream.broker.local import LocalBroker
-from stream.broker.process import free_port
+from stream.tools.broker.errors import BrokerError, PortInUse
+from stream.tools.broker.jars import kafka_version, pom_path
+from stream.tools.broker.local import LocalBroker
+from stream.tools.broker.process import free_port
 
 KAFKA_TEST_TIMEOUT_S = 120.0
 

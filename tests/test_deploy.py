@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.dead_letter_limit import DeadLetterWindow
 from stream.config import WorkerConfig
-from stream.metrics import LoopMetrics, WorkerCollector
+from stream.worker.metrics import LoopMetrics, WorkerCollector
 from stream.worker import Snapshot, WorkerStats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ REQUIRED_ALERTS = {
     "RolloutStreamNotReady",
     "RolloutStreamOpenWindowBytesNearCap",
 }
-# Labels that come from the scrape or the histogram, not from stream/metrics.py's label names.
+# Labels that come from the scrape or the histogram, not from stream/worker/metrics.py's label names.
 TARGET_LABELS = {"job", "instance", "le"}
 
 
@@ -59,7 +59,7 @@ def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def exposed() -> dict[str, set[str]]:
-    """Every sample name a worker's /metrics serves, with its label names (rendered by stream/metrics.py
+    """Every sample name a worker's /metrics serves, with its label names (rendered by stream/worker/metrics.py
     from a worker-shaped object that has seen a dead-letter and a lagging partition)."""
     stats = WorkerStats(records_in=10, dead_lettered=Counter({"decode_error": 1}),
                         dead_letter_groups=Counter({"decode_error": 1}))
@@ -87,7 +87,7 @@ def check_expression(expr: str) -> list[str]:
     """Problems with one PromQL expression: metrics the worker does not expose, grouping labels none of them
     carries."""
     metrics = set(METRIC.findall(expr))
-    problems = [f"{m} is not exposed by stream/metrics.py" for m in sorted(metrics - set(EXPOSED))]
+    problems = [f"{m} is not exposed by stream/worker/metrics.py" for m in sorted(metrics - set(EXPOSED))]
     labels = TARGET_LABELS.union(*(EXPOSED.get(m, set()) for m in metrics))
     for group in GROUPING.findall(expr):
         for label in filter(None, (part.strip() for part in group.split(","))):

@@ -11,11 +11,25 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "codec", "stream")
 
 # package (or module prefix) → project packages it may import at module level
+BASE = ("stream.clients", "stream.config", "stream.errors", "stream.logs", "stream.names", "stream.security",
+        "stream.topics", "stream.layout", "core", "codec")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "codec": ("codec",),
     "core": ("core", "codec"),
-    "stream.kafka": ("stream.kafka", "stream.logs", "stream.security", "stream.clients", "stream.errors"),
     "stream.errors": (),  # the error tree: importable from anywhere because it imports nothing of the project
+    # the seam and its clients
+    "stream.kafka": ("stream.kafka", "stream.logs", "stream.security", "stream.clients", "stream.errors"),
+    # the worker
+    "stream.worker": ("stream.worker", "stream.kafka", *BASE),
+    # what other processes import
+    "stream.producer": ("stream.producer", "stream.kafka", *BASE),
+    "stream.reader": ("stream.reader", "stream.kafka", *BASE),
+    # operator tools
+    "stream.tools": ("stream.tools", "stream.kafka", "stream.worker", "stream.producer", "stream.reader", *BASE),
+    # the shared base: the settings, names and errors everything else uses
+    **{module: ("stream.kafka", *BASE) for module in BASE
+       if module.startswith("stream.") and module != "stream.errors"},
+    # commands that only parse and call (stream.commands, stream.app, stream.cli)
     "stream": ("stream", "core", "codec"),
 }
 CLIENT_LIBRARIES = {"kafka": "stream.kafka.kafka_python", "confluent_kafka": "stream.kafka.confluent"}

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from stream.acls import (
+from stream.tools.acls import (
     Permission,
     producer_permissions,
     reader_permissions,
@@ -171,7 +171,7 @@ def apply(
     """Create the same ACLs as a principal allowed to (ALTER on the cluster)."""
     permissions = _permissions(request)
     conn = connection_from_options(bootstrap_servers, security)
-    from stream.access import apply_permissions
+    from stream.tools.access import apply_permissions
 
     as_who = conn.security.principal or "this client"
     with described(KafkaFailure, f"cannot create ACLs on {conn.bootstrap_servers} as {as_who}"):

@@ -78,8 +78,8 @@ def bench(
 
     Creates and deletes its own topics. The full run takes under ten minutes on 2 cores.
     """
-    from stream.bench.results import BenchSettings
-    from stream.bench.suite import run_bench
+    from stream.tools.bench.results import BenchSettings
+    from stream.tools.bench.suite import run_bench
 
     if delivery not in DELIVERIES:
         fail(f"--delivery must be exactly-once, at-least-once or both, got {delivery!r}")
@@ -115,7 +115,7 @@ def bench(
     if json_output:
         print(json.dumps(report.to_json(), indent=2))
     else:
-        from stream.bench.report import render
+        from stream.tools.bench.report import render
 
         render(report)
 

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from stream.broker.errors import BrokerConfigError
-from stream.broker.jars import cached_jars, default_cache_root, resolve_jars
-from stream.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, LocalBroker
-from stream.broker.properties import parse_override
+from stream.tools.broker.errors import BrokerConfigError
+from stream.tools.broker.jars import cached_jars, default_cache_root, resolve_jars
+from stream.tools.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, LocalBroker
+from stream.tools.broker.properties import parse_override
 from stream.commands.options import CommandGroup
 
 __all__ = ["broker_app", "register"]
@@ -105,7 +105,7 @@ def start(
     if before.running:
         _stderr(f"already running (pid {before.pid}) from {broker.data_dir}")
     if secure:
-        from stream.broker.secure import describe_secure_broker
+        from stream.tools.broker.secure import describe_secure_broker
 
         for line in describe_secure_broker(broker.material(), bootstrap):
             _stderr(line)

@@ -201,7 +201,7 @@ def connection_from_options(
 
 
 def _refuse_plaintext_to_secure_local_broker(security: SecuritySettings) -> None:
-    from stream.broker.local import LocalBroker
+    from stream.tools.broker.local import LocalBroker
 
     status = LocalBroker().status()
     if status.running and getattr(status, "secure", False) and security.protocol == "PLAINTEXT":

@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from stream.allocator import reuse_freed_buffers
+from stream.worker.allocator import reuse_freed_buffers
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
@@ -24,7 +24,7 @@ from stream.config import TopicNames, WorkerConfig
 from stream.layout import Flow, output_console, titled
 from stream.logs import configure_logging
 from stream.producer import RolloutProducer
-from stream.synth import Expected, FaultRates, RateLimiter, SynthPlan, plan_groups
+from stream.tools.synth import Expected, FaultRates, RateLimiter, SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_topics
 from stream.worker import Worker
 

@@ -26,10 +26,10 @@ from stream.commands.options import (
     grouped_options,
     option_group,
 )
-from stream.dlq.cursor import cursor_name, resume_state
-from stream.dlq.inspect import compare_rewards, decode_value, fetch_record, group_members
-from stream.dlq.record import readable_header
-from stream.dlq.render import (
+from stream.tools.dlq.cursor import cursor_name, resume_state
+from stream.tools.dlq.inspect import compare_rewards, decode_value, fetch_record, group_members
+from stream.tools.dlq.record import readable_header
+from stream.tools.dlq.render import (
     json_line,
     list_view,
     replay_document,
@@ -38,10 +38,10 @@ from stream.dlq.render import (
     show_view,
     stats_view,
 )
-from stream.dlq.replay import ReplayOptions, run_replay
-from stream.dlq.scan import DeadLetterScanner
-from stream.dlq.selection import Selection, parse_coordinates
-from stream.dlq.stats import DeadLetterStats
+from stream.tools.dlq.replay import ReplayOptions, run_replay
+from stream.tools.dlq.scan import DeadLetterScanner
+from stream.tools.dlq.selection import Selection, parse_coordinates
+from stream.tools.dlq.stats import DeadLetterStats
 from stream.errors import described
 from stream.layout import Flow, output_console
 

@@ -229,7 +229,7 @@ def resolve_bootstrap(bootstrap: str | None) -> str:
     """
     if bootstrap:
         return bootstrap
-    from stream.broker import BrokerConfigError, BrokerError, LocalBroker, PortInUse
+    from stream.tools.broker import BrokerConfigError, BrokerError, LocalBroker, PortInUse
 
     broker = LocalBroker(progress=lambda line: print(line, file=sys.stderr))
     # the innermost description wins: a BrokerConfigError "cannot start", any other BrokerError "could not"

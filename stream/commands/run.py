@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 
 from core.config import ADVANTAGE_ESTIMATORS
-from stream.access import check_worker_access, denials_explained
-from stream.allocator import reuse_freed_buffers
+from stream.tools.access import check_worker_access, denials_explained
+from stream.worker.allocator import reuse_freed_buffers
 from stream.clients import Connection
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
@@ -32,7 +32,7 @@ from stream.commands.options import (
 )
 from stream.config import TopicNames, WorkerConfig, parse_zero_variance
 from stream.errors import described
-from stream.instance import claim_instance, fenced_as_taken_over
+from stream.worker.instance import claim_instance, fenced_as_taken_over
 from stream.kafka import KafkaFailure
 from stream.logs import configure_logging, log_event
 from stream.topics import TopicSettings, ensure_topics, require_topics
@@ -244,7 +244,7 @@ def _metrics_served(worker: Worker, port: int | None) -> Iterator[None]:
     if port is None:
         yield
         return
-    from stream.metrics import serve_metrics
+    from stream.worker.metrics import serve_metrics
 
     server = serve_metrics(worker, port)
     log_event(log, "metrics.serving", port=port, paths="/metrics,/healthz,/readyz")

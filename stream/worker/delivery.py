@@ -21,7 +21,7 @@ from core.windows import ClosedGroup, WindowStore
 from stream.errors import RuntimeFailure
 from stream.kafka import GroupConsumer, KafkaFailure, Producer, ProducerFenced, TopicPartition, authorization_cause
 from stream.logs import log_event
-from stream.outputs import OutputRecord
+from stream.worker.outputs import OutputRecord
 
 __all__ = ["AtLeastOnce", "ChangelogWrite", "CommitAborted", "Delivery", "ExactlyOnce", "ProduceFailed",
            "closed_entry"]

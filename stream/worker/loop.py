@@ -20,14 +20,14 @@ from core.offsets import OffsetLedger
 from core.records import InputRecord, Outcome
 from core.rewards import torch_free_normalization
 from core.windows import WindowStore
-from stream.cadence import POLL_RECORDS, CommitCadence, caught_up
+from stream.worker.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.clients import Connection
 from stream.config import WorkerConfig
-from stream.instance import InstanceClaim, claim_instance
+from stream.worker.instance import InstanceClaim, claim_instance
 from stream.kafka import Client, GroupConsumer, Record, TopicPartition, client_for
 from stream.logs import log_event
 from stream.names import changelog_topic_name, transactional_id
-from stream.outputs import OutputRecord
+from stream.worker.outputs import OutputRecord
 from stream.topics import ensure_changelog
 from stream.worker.backpressure import BackPressure
 from stream.worker.broker_watch import BrokerWatch
@@ -49,7 +49,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, conn: Connection, *, clock: Callable[[], float] = time.time,
                  claim: InstanceClaim | None = None, client: Client | None = None) -> None:
         self.config, self.conn, self.clock = config, conn, clock
-        self.claim = claim  # this worker's instance id, held while it runs (stream/instance.py)
+        self.claim = claim  # this worker's instance id, held while it runs (stream/worker/instance.py)
         self.client = client or client_for(conn)
         self.stats = WorkerStats()
         self.store = WindowStore(config.windows)
@@ -61,7 +61,7 @@ class Worker:
         self.cadence = CommitCadence(config.commit_interval_s, config.commit_max_records)
         self.router = Router(config, config.windows.reward, self.stats, self.ledger, self._send,
                              lambda topic, key: self._delivery.producer.partition_for(topic, key))
-        self.metrics: object | None = None  # stream.metrics.LoopMetrics while an endpoint serves this worker
+        self.metrics: object | None = None  # stream.worker.metrics.LoopMetrics while an endpoint serves this worker
         self.snapshot = Snapshot(self.stats)
         self.last_tick = 0.0  # monotonic time of the loop's last iteration (liveness)
         self._stop = threading.Event()
@@ -70,7 +70,7 @@ class Worker:
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def observe_with(self, metrics: object) -> None:
-        """Report batch, commit and latency observations to `metrics` (stream.metrics.LoopMetrics)."""
+        """Report batch, commit and latency observations to `metrics` (stream.worker.metrics.LoopMetrics)."""
         self.metrics = metrics
 
     def request_stop(self) -> None:

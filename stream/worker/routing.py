@@ -13,7 +13,7 @@ from core.config import RewardConfig
 from stream.config import WorkerConfig
 from stream.errors import PolicyStop
 from stream.logs import log_event
-from stream.outputs import OutputRecord, dead_letter_records, train_records
+from stream.worker.outputs import OutputRecord, dead_letter_records, train_records
 from stream.worker.stats import WorkerStats
 
 __all__ = ["DeadLetterLimitExceeded", "Router"]

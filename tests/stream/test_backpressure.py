@@ -17,7 +17,7 @@ from codec import Sample, encode_sample, group_key
 from core import RewardConfig, post_process_rewards
 from stream.config import WorkerConfig
 from stream.producer import RolloutProducer
-from stream.synth import SynthPlan, plan_groups
+from stream.tools.synth import SynthPlan, plan_groups
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = pytest.mark.kafka(timeout=90)

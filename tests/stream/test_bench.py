@@ -57,9 +57,9 @@ def test_bench_table_and_option_errors():
 def test_table_renders_every_section_and_judges_the_targets():
     from rich.console import Console
 
-    from stream.bench.latency import LatencyResult, percentile
-    from stream.bench.report import render
-    from stream.bench.results import (
+    from stream.tools.bench.latency import LatencyResult, percentile
+    from stream.tools.bench.report import render
+    from stream.tools.bench.results import (
         BenchReport,
         BenchSettings,
         MemoryResult,
@@ -67,7 +67,7 @@ def test_table_renders_every_section_and_judges_the_targets():
         Throughput,
         WorkloadResult,
     )
-    from stream.bench.workloads import Workload
+    from stream.tools.bench.workloads import Workload
 
     def tp(mode: str, rate: float) -> Throughput:
         return Throughput(
@@ -123,8 +123,8 @@ def test_table_renders_every_section_and_judges_the_targets():
 
 
 def test_bench_measures_the_worker_default_commit_cadence():
-    from stream.bench.results import BenchSettings
-    from stream.bench.runner import RunSpec
+    from stream.tools.bench.results import BenchSettings
+    from stream.tools.bench.runner import RunSpec
     from stream.config import WorkerConfig
 
     worker = WorkerConfig(bootstrap_servers="x:1", group_id="g")

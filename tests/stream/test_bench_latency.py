@@ -10,8 +10,8 @@ from collections import deque
 import pytest
 from kafka import TopicPartition
 
-from stream.bench.latency import measure_latency
-from stream.bench.workloads import Workload
+from stream.tools.bench.latency import measure_latency
+from stream.tools.bench.workloads import Workload
 from stream.clients import Connection, make_consumer, make_producer
 
 DELAY_S = 0.3

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream.cadence import POLL_MS, CommitCadence
+from stream.worker.cadence import POLL_MS, CommitCadence
 
 
 def test_under_a_backlog_commits_are_one_interval_apart_or_max_records():
@@ -62,7 +62,7 @@ def test_caught_up_needs_a_short_poll_and_less_than_a_poll_left(kafka_bootstrap,
     """On a real consumer: what `backlog` reads from kafka-python's subscription state is the lag."""
     import time
 
-    from stream.cadence import POLL_RECORDS, caught_up
+    from stream.worker.cadence import POLL_RECORDS, caught_up
     from stream.clients import Connection, make_producer
     from stream.kafka import TopicPartition, client_for
 

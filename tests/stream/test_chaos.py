@@ -13,7 +13,7 @@ import pytest
 
 from core import RewardConfig, post_process_rewards
 from stream.producer import RolloutProducer
-from stream.synth import Expected, FaultRates, SynthPlan, plan_groups
+from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
 from tests.stream.helpers import new_topics, read_topic, spawn_worker, train_samples
 
 pytestmark = pytest.mark.kafka(timeout=240)

@@ -22,7 +22,7 @@ from core import RewardConfig, post_process_rewards
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
 from stream.producer import RolloutProducer
-from stream.synth import Expected, FaultRates, SynthPlan, plan_groups
+from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_topics
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 

@@ -27,16 +27,16 @@ from stream.cli import app
 from stream.clients import Connection, make_consumer, make_producer
 from stream.kafka import client_for
 from stream.config import WorkerConfig
-from stream.dlq import headers as H
-from stream.dlq.cursor import CursorState, cursor_name, resume_state
-from stream.dlq.inspect import compare_rewards, hexdump
-from stream.dlq.lineage import decide
-from stream.dlq.record import DeadLetterRecord, SampleHead
-from stream.dlq.replay import ReplayOptions, run_replay
-from stream.dlq.scan import DeadLetterScanner
-from stream.dlq.selection import Selection, SelectionError, parse_coordinates, parse_time
-from stream.dlq.stats import TopGroups
-from stream.outputs import DLQ_HEADERS, dead_letter_records
+from stream.tools.dlq import headers as H
+from stream.tools.dlq.cursor import CursorState, cursor_name, resume_state
+from stream.tools.dlq.inspect import compare_rewards, hexdump
+from stream.tools.dlq.lineage import decide
+from stream.tools.dlq.record import DeadLetterRecord, SampleHead
+from stream.tools.dlq.replay import ReplayOptions, run_replay
+from stream.tools.dlq.scan import DeadLetterScanner
+from stream.tools.dlq.selection import Selection, SelectionError, parse_coordinates, parse_time
+from stream.tools.dlq.stats import TopGroups
+from stream.worker.outputs import DLQ_HEADERS, dead_letter_records
 from stream.producer import RolloutProducer
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 
@@ -583,7 +583,7 @@ def test_interrupted_replay_resumes_under_its_replay_id(kafka_bootstrap, monkeyp
     produce(kafka_bootstrap, dlq_records(dlq, [("r/1", i, input_topic) for i in range(5)]))
     conn = Connection(kafka_bootstrap)
     options = ReplayOptions(dlq, Selection.build(groups=["r/1"], now_ms=NOW), rate=0, batch_records=2)
-    import stream.dlq.replay as replay_module
+    import stream.tools.dlq.replay as replay_module
 
     calls = {"n": 0}
     real_wait = replay_module.RateLimiter.wait

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stream.producer import RolloutProducer
-from stream.synth import FaultRates, SynthPlan, plan_groups
+from stream.tools.synth import FaultRates, SynthPlan, plan_groups
 from tests.stream.helpers import new_topics, read_topic, spawn_worker
 
 RESTORED_WITHIN_S = 5.0

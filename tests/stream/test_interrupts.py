@@ -24,11 +24,11 @@ from codec import Sample, encode_sample, group_key
 from core.records import DeadLettered, InputRecord
 from stream.clients import Connection, make_producer
 from stream.config import TopicNames, WorkerConfig
-from stream.dlq import headers as H
-from stream.dlq.cursor import cursor_name
-from stream.dlq.selection import Selection
-from stream.outputs import dead_letter_records
-from stream.synth import (
+from stream.tools.dlq import headers as H
+from stream.tools.dlq.cursor import cursor_name
+from stream.tools.dlq.selection import Selection
+from stream.worker.outputs import dead_letter_records
+from stream.tools.synth import (
     FaultRates,
     SendProgress,
     SynthPlan,

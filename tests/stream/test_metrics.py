@@ -13,10 +13,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from codec import Sample
-from stream.broker.process import free_port
+from stream.tools.broker.process import free_port
 from stream.clients import Connection
 from stream.config import WorkerConfig
-from stream.metrics import serve_metrics
+from stream.worker.metrics import serve_metrics
 from stream.producer import RolloutProducer
 from stream.worker import Worker
 from tests.stream.helpers import new_topics, wait_until

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.broker.properties import server_properties
+from stream.tools.broker.properties import server_properties
 from stream.clients import BrokerUnreachable
 from stream.producer import RolloutProducer
 from stream.topics import MissingTopic

@@ -18,8 +18,8 @@ from core.records import DeadLettered, InputRecord
 from stream.cli import app
 from stream.clients import Connection, make_producer
 from stream.config import WorkerConfig
-from stream.dlq.record import readable_header
-from stream.outputs import dead_letter_records
+from stream.tools.dlq.record import readable_header
+from stream.worker.outputs import dead_letter_records
 from tests.stream.helpers import new_topics, running_worker, wait_until
 from tests.stream.test_cli_help import COMMANDS, options_of
 

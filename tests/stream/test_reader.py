@@ -29,7 +29,7 @@ from stream.reader import (
     TrainDataReader,
     rank_group_id,
 )
-from stream.synth import Expected, FaultRates, SynthPlan, plan_groups
+from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples
 
 

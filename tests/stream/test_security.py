@@ -28,26 +28,26 @@ import pytest
 from kafka import TopicPartition
 from kafka.admin import UserScramCredentialUpsertion
 
-from stream.access import apply_permissions
-from stream.acls import (
+from stream.tools.access import apply_permissions
+from stream.tools.acls import (
     Permission,
     producer_permissions,
     reader_permissions,
     worker_permissions,
 )
-from stream.broker.errors import BrokerError, PortInUse
+from stream.tools.broker.errors import BrokerError, PortInUse
 from stream.kafka.kafka_python import kafka_acl
 from stream.names import changelog_topic_name
-from stream.broker.local import LocalBroker
-from stream.broker.pki import issue, new_ca
-from stream.broker.process import free_port
-from stream.broker.secure import SecureMaterial, prepare_secure_material
+from stream.tools.broker.local import LocalBroker
+from stream.tools.broker.pki import issue, new_ca
+from stream.tools.broker.process import free_port
+from stream.tools.broker.secure import SecureMaterial, prepare_secure_material
 from stream.clients import Connection, make_admin, make_consumer
 from stream.config import TopicNames
 from stream.kafka import AuthenticationRefused, ListenerMismatch, TlsRefused, check_connection
 from stream.producer import RolloutProducer
 from stream.security import SecretStr, SecuritySettings
-from stream.synth import FaultRates, SynthPlan, plan_groups
+from stream.tools.synth import FaultRates, SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_changelog, ensure_topics
 
 EXE = str(Path(sys.executable).with_name("rollout-stream"))

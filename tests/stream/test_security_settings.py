@@ -10,16 +10,16 @@ import pytest
 from kafka.errors import KafkaError, TopicAuthorizationFailedError, TransactionalIdAuthorizationFailedError
 from typer.testing import CliRunner
 
-from stream.access import explain_denial
+from stream.tools.access import explain_denial
 from stream.kafka import AuthorizationFailed, authorization_cause
 from stream.kafka.kafka_python import translate
-from stream.acls import (
+from stream.tools.acls import (
     producer_permissions,
     reader_permissions,
     render_kafka_acls,
     worker_permissions,
 )
-from stream.broker.pki import issue, new_ca
+from stream.tools.broker.pki import issue, new_ca
 from stream.cli import app
 from stream.client_properties import load_properties
 from stream.clients import Connection

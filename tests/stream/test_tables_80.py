@@ -25,7 +25,7 @@ from core.assembly import GroupInfo
 from core.records import DeadLettered, InputRecord
 from stream.clients import Connection, make_producer
 from stream.layout import PIPE_WIDTH, Fit, Flow, output_console, titled
-from stream.outputs import dead_letter_records
+from stream.worker.outputs import dead_letter_records
 
 REASONS = [r.value for r in R]
 KEY = "synth-3f2a9c1b/1052"  # a synth group key: run id and group index
@@ -92,8 +92,8 @@ def test_the_output_console_is_the_terminal_width_or_whole_lines_in_a_pipe(monke
 
 
 def bench_report(quick: bool):
-    from stream.bench.latency import LatencyResult
-    from stream.bench.results import (
+    from stream.tools.bench.latency import LatencyResult
+    from stream.tools.bench.results import (
         BenchReport,
         BenchSettings,
         MemoryResult,
@@ -101,7 +101,7 @@ def bench_report(quick: bool):
         Throughput,
         WorkloadResult,
     )
-    from stream.bench.workloads import Workload
+    from stream.tools.bench.workloads import Workload
 
     def tp(mode: str, rate: float) -> Throughput:
         return Throughput(
@@ -153,7 +153,7 @@ def bench_report(quick: bool):
 
 
 def bench_text(quick: bool, width: int) -> str:
-    from stream.bench.report import render as render_bench
+    from stream.tools.bench.report import render as render_bench
 
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     render_bench(bench_report(quick), console)
@@ -234,7 +234,7 @@ def list_rows() -> list[dict]:
 
 
 def test_dlq_list_at_80_columns_is_a_block_per_record_with_every_key_reason_and_message():
-    from stream.dlq.render import list_view
+    from stream.tools.dlq.render import list_view
 
     rows = list_rows()
     text = render(list_view(rows, 80))
@@ -245,7 +245,7 @@ def test_dlq_list_at_80_columns_is_a_block_per_record_with_every_key_reason_and_
 
 
 def test_dlq_list_in_a_pipe_is_one_line_per_record_with_whole_messages():
-    from stream.dlq.render import list_view
+    from stream.tools.dlq.render import list_view
 
     rows = list_rows()
     text = render(list_view(rows, PIPE_WIDTH), PIPE_WIDTH)
@@ -310,7 +310,7 @@ def replay_doc(dry_run: bool) -> dict:
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_dlq_replay_at_80_columns_keeps_to_or_why_not_whole(dry_run):
-    from stream.dlq.render import replay_view
+    from stream.tools.dlq.render import replay_view
 
     doc = replay_doc(dry_run)
     text = render(replay_view(doc, 50))
@@ -374,7 +374,7 @@ def show_doc() -> dict:
 
 
 def test_dlq_show_at_80_columns():
-    from stream.dlq.render import show_view
+    from stream.tools.dlq.render import show_view
 
     text = render(show_view(show_doc()))
     assert_readable(
@@ -394,7 +394,7 @@ def test_dlq_show_at_80_columns():
 
 
 def test_dlq_stats_at_80_columns():
-    from stream.dlq.render import stats_view
+    from stream.tools.dlq.render import stats_view
 
     doc = {
         "topic": "rollouts-dlq",
@@ -551,7 +551,7 @@ def test_a_group_key_too_long_for_the_border_goes_inside_the_block():
 
 def test_demo_summary_title_and_last_line_in_a_pipe():
     from stream.commands.demo import _FinalOnly, _table
-    from stream.synth import Expected
+    from stream.tools.synth import Expected
 
     exp = Expected(1431, 180, Counter({"conflicting_duplicate": 68, "shared_reward_violation": 34}), 8, 1605)
     worker = SimpleNamespace(

@@ -29,7 +29,7 @@ from codec import DeadLetterReason as R
 from core import RewardConfig, post_process_rewards
 from stream.config import TopicNames
 from stream.producer import RolloutProducer
-from stream.synth import FaultRates, SynthPlan, plan_groups
+from stream.tools.synth import FaultRates, SynthPlan, plan_groups
 from tests.stream.helpers import new_topics, read_topic, train_samples, wait_until
 
 EXE = str(Path(sys.executable).with_name("rollout-stream"))

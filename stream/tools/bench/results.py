@@ -1,0 +1,238 @@
+"""What a benchmark run found: throughput per side, latency, memory, cadence points, and the targets."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from typing import Any
+
+from stream.tools.bench.latency import LatencyResult
+from stream.tools.bench.workloads import Workload, standard_workloads
+
+__all__ = [
+    "THROUGHPUT_TARGET",
+    "P99_TARGET_MS",
+    "MEMORY_TARGET",
+    "BenchSettings",
+    "Throughput",
+    "WorkloadResult",
+    "MemoryResult",
+    "SweepPoint",
+    "BenchReport",
+    "machine_info",
+]
+
+THROUGHPUT_TARGET = 0.85  # stage ≥ 0.85 × passthrough on workloads (a) and (b)
+P99_TARGET_MS = 250.0  # at half of the measured maximum rate
+MEMORY_TARGET = 1.5  # peak RSS ≤ 1.5 × open-window bytes + the idle worker's RSS
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSettings:
+    bootstrap: str
+    deliveries: tuple[str, ...] = ("exactly-once",)
+    quick: bool = False
+    partitions: int = 3
+    commit_interval_s: float = 0.1  # the worker's default (WorkerConfig.commit_interval_s)
+    commit_max_records: int = 5000
+    latency_s: float = 4.0
+    repeats: int = 2  # throughput drains per side and workload, alternating; the fastest is reported
+    sweep_latency_s: float = 3.0
+    memory: bool = True
+    compare_delivery: bool = True  # EOS vs ALO on (a) and (b), g8, when only one delivery is benchmarked
+    sweep: bool = True
+    profile_dir: str | None = None
+    workloads: tuple[Workload, ...] | None = None
+
+    def suite(self) -> list[Workload]:
+        return list(self.workloads) if self.workloads else standard_workloads(self.quick)
+
+
+@dataclass
+class Throughput:
+    mode: str
+    samples: int
+    bytes: int
+    seconds: float
+    cpu_s: float
+    loop_cpu_s: float  # the processing thread alone (kafka-python's IO/sender threads excluded)
+    commits: int
+    final_commit_s: float | None
+    thread_cpu_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "samples_per_s": round(self.samples_per_s, 1),
+            "mb_per_s": round(self.mb_per_s, 2),
+            "cpu_s": round(self.cpu_s, 2),
+            "loop_cpu_us_per_sample": round(self.loop_cpu_s / self.samples * 1e6, 1)
+            if self.samples
+            else None,
+            "commits": self.commits,
+            "thread_cpu_s": self.thread_cpu_s,
+        }
+
+
+@dataclass
+class WorkloadResult:
+    workload: Workload
+    delivery: str
+    stage: Throughput
+    passthrough: Throughput
+    latency: LatencyResult | None
+    passthrough_latency: LatencyResult | None = None  # same offered rate as `latency`
+
+    @property
+    def ratio(self) -> float:
+        return (
+            self.stage.samples_per_s / self.passthrough.samples_per_s
+            if self.passthrough.samples_per_s
+            else 0.0
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        w = self.workload
+        return {
+            "workload": w.name,
+            "label": w.label(),
+            "tokens": w.tokens,
+            "group_size": w.group_size,
+            "siblings": w.siblings,
+            "delivery": self.delivery,
+            "stage": self.stage.to_json(),
+            "passthrough": self.passthrough.to_json(),
+            "ratio": round(self.ratio, 3),
+            "latency": self.latency.to_json() if self.latency else None,
+            "passthrough_latency": self.passthrough_latency.to_json() if self.passthrough_latency else None,
+        }
+
+
+@dataclass
+class MemoryResult:
+    workload: Workload
+    base_rss: int
+    peak_rss: int
+    open_bytes: int
+    open_windows: int
+
+    @property
+    def ratio(self) -> float:
+        """Memory above the idle worker per byte held in open windows."""
+        return (self.peak_rss - self.base_rss) / self.open_bytes if self.open_bytes else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.peak_rss <= MEMORY_TARGET * self.open_bytes + self.base_rss
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload.label(),
+            "base_rss": self.base_rss,
+            "peak_rss": self.peak_rss,
+            "open_bytes": self.open_bytes,
+            "open_windows": self.open_windows,
+            "ratio": round(self.ratio, 3),
+            "ok": self.ok,
+        }
+
+
+@dataclass
+class SweepPoint:
+    commit_interval_s: float
+    commit_max_records: int
+    stage: Throughput
+    latency: LatencyResult | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "commit_interval_s": self.commit_interval_s,
+            "commit_max_records": self.commit_max_records,
+            "samples_per_s": round(self.stage.samples_per_s, 1),
+            "commits": self.stage.commits,
+            "latency": self.latency.to_json() if self.latency else None,
+        }
+
+
+@dataclass
+class BenchReport:
+    settings: BenchSettings
+    machine: dict[str, Any]
+    results: list[WorkloadResult] = field(default_factory=list)
+    delivery_compare: list[WorkloadResult] = field(default_factory=list)
+    memory: list[MemoryResult] = field(default_factory=list)
+    sweep: list[SweepPoint] = field(default_factory=list)
+    sweep_workload: Workload | None = None
+    seconds: float = 0.0
+
+    def targets(self) -> dict[str, Any]:
+        """Each target met (True), not met (False), or not measured (None: e.g. memory in a --quick run)."""
+        main = [r for r in self.results if r.workload.name in ("a", "b")]
+        lat = [r.latency.p99_ms for r in self.results if r.latency and r.latency.p99_ms is not None]
+        return {
+            "throughput_ratio_min_ab": round(min(r.ratio for r in main), 3) if main else None,
+            "throughput_ok": all(r.ratio >= THROUGHPUT_TARGET for r in main) if main else None,
+            "p99_ms_max": max(lat, default=None),
+            "p99_ok": all(x <= P99_TARGET_MS for x in lat) if lat else None,
+            "memory_ratio_max": round(max(m.ratio for m in self.memory), 3) if self.memory else None,
+            "memory_ok": all(m.ok for m in self.memory) if self.memory else None,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "machine": self.machine,
+            "settings": {
+                "deliveries": list(s.deliveries),
+                "quick": s.quick,
+                "partitions": s.partitions,
+                "commit_interval_s": s.commit_interval_s,
+                "commit_max_records": s.commit_max_records,
+                "latency_s": s.latency_s,
+                "repeats": s.repeats,
+            },
+            "results": [r.to_json() for r in self.results],
+            "delivery_compare": [r.to_json() for r in self.delivery_compare],
+            "memory": [m.to_json() for m in self.memory],
+            "sweep": {
+                "workload": self.sweep_workload.label() if self.sweep_workload else None,
+                "points": [p.to_json() for p in self.sweep],
+            },
+            "targets": self.targets(),
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def machine_info() -> dict[str, Any]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        mem = 0
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_bytes": mem,
+        "python": platform.python_version(),
+        "kafka_python": version("kafka-python"),
+        "platform": platform.platform(),
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+    }

@@ -1,0 +1,72 @@
+"""What replaying one dead-letter record means: where it goes, with which headers, or why it is refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stream.tools.dlq import headers as H
+from stream.tools.dlq.record import DeadLetterRecord
+
+__all__ = ["ReplayAction", "replay_headers", "decide"]
+
+_DROPPED = frozenset(H.FAILURE_HEADERS) | frozenset(H.REPLAY_HEADERS)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayAction:
+    """A record to publish to `topic` with `headers`; or, `topic` None, a refusal or a skip saying why."""
+
+    record: DeadLetterRecord
+    topic: str | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    refused: str | None = None  # not replayable as it is (--max-replays reached, no original topic)
+    skipped: str | None = None  # replayed already, by this or another selection (the replay ledger)
+
+    @property
+    def kind(self) -> str:
+        return "refused" if self.refused else "already_replayed" if self.skipped else "replay"
+
+    @property
+    def replay_count(self) -> int:
+        """The x-replay-count the replayed record carries (or would carry)."""
+        return self.record.replay_count + 1
+
+
+def replay_headers(record: DeadLetterRecord, replay_id: str) -> tuple[tuple[str, bytes], ...]:
+    """The record's headers without the failure headers, plus lineage (docs/dlq.md, "Replay contract").
+
+    Kept in order: x-original-topic/partition/offset/timestamp, x-failed-at, every producer header. Replaced:
+    x-replay-id, x-replay-count (previous + 1) and x-replayed-from (`topic:partition:offset` in the DLQ).
+    """
+    kept = tuple((k, v) for k, v in record.headers if k not in _DROPPED)
+    return kept + (
+        (H.REPLAY_ID, replay_id.encode()),
+        (H.REPLAY_COUNT, str(record.replay_count + 1).encode()),
+        (H.REPLAYED_FROM, f"{record.topic}:{record.partition}:{record.offset}".encode()),
+    )
+
+
+def decide(
+    record: DeadLetterRecord,
+    *,
+    to: str | None,
+    max_replays: int,
+    replay_id: str,
+    replayed_by: str | None = None,
+) -> ReplayAction:
+    """Replay to `to` (or the original topic) unless replayed before (`replayed_by`, from the ledger) or
+    its bytes were replayed `max_replays` times already (x-replay-count)."""
+    if replayed_by is not None:
+        return ReplayAction(record, None, skipped=f"by replay {replayed_by[:12]}")
+    if record.replay_count >= max_replays:
+        return ReplayAction(
+            record,
+            None,
+            refused=f"replay count {record.replay_count} reached --max-replays {max_replays}",
+        )
+    topic = to or record.original_topic
+    if topic is None:
+        return ReplayAction(record, None, refused="no x-original-topic header: give --to TOPIC")
+    if topic == record.topic:
+        return ReplayAction(record, None, refused=f"its original topic is the dead-letter topic {topic}")
+    return ReplayAction(record, topic, replay_headers(record, replay_id))
