@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated
 
 import typer
 
+from stream.clients import CLIENT_ENV
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
     connection_from_options,
 )
+from stream.commands.options import Bootstrap, fail, grouped_options
 from stream.errors import described
 from stream.kafka import KafkaFailure
-from stream.commands.options import Bootstrap, fail, grouped_options
 
 DELIVERIES = {
     "exactly-once": ("exactly-once",),
@@ -110,6 +112,8 @@ def bench(
     def progress(line: str) -> None:
         print(f"bench: {line}", file=sys.stderr, flush=True)
 
+    # Every process of the bench (runners, preload, observer) and its report use the client chosen.
+    os.environ[CLIENT_ENV] = conn.client
     with described(KafkaFailure, "Kafka error"):  # RunnerFailed, PreloadFailed: exit 1 too
         report = run_bench(settings, progress, security=conn.security)
     if json_output:

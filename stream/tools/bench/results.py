@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
+from stream.clients import default_client
 from stream.tools.bench.latency import LatencyResult
 from stream.tools.bench.workloads import Workload, standard_workloads
 
@@ -233,6 +234,8 @@ def machine_info() -> dict[str, Any]:
         "memory_bytes": mem,
         "python": platform.python_version(),
         "kafka_python": version("kafka-python"),
+        "confluent_kafka": version("confluent-kafka"),
+        "client": default_client(),
         "platform": platform.platform(),
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
     }

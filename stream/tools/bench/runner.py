@@ -22,7 +22,7 @@ from typing import Any
 from stream.worker.allocator import reuse_freed_buffers
 from stream.tools.bench.passthrough import Passthrough
 from stream.tools.bench.procstat import cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes, thread_cpu_seconds
-from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 
 __all__ = ["RunSpec", "main"]
 
@@ -46,6 +46,7 @@ class RunSpec:
     status_interval_s: float = 0.25
     security: dict[str, Any] | None = None  # SecuritySettings.to_values(); travels on the stdin pipe only
     extra_work_us: float = 0.0  # passthrough only: CPU work added per record (benchmarks/headroom_bench.py)
+    client: str = ""  # the Kafka client library ("": the default, $ROLLOUT_STREAM_CLIENT or confluent)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -65,7 +66,8 @@ class _Target:
         from stream.security import SecuritySettings
 
         security = SecuritySettings.from_values(spec.security) if spec.security else SecuritySettings()
-        conn = Connection(spec.bootstrap, client_id=f"bench-{spec.mode}", security=security)
+        conn = Connection(spec.bootstrap, client_id=f"bench-{spec.mode}", security=security,
+                          client=spec.client or default_client())
         self.stage = spec.mode == "stage"
         if self.stage:  # imported here: the passthrough process needs neither the worker nor torch
             from stream.config import TopicNames, WorkerConfig

@@ -78,6 +78,7 @@ class _Bench:
             profile=profile,
             commit_interval_s=self.s.commit_interval_s if interval is None else interval,
             commit_max_records=self.s.commit_max_records if max_records is None else max_records,
+            client=self.conn.client,
         )
 
     @staticmethod
