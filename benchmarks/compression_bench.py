@@ -42,9 +42,9 @@ from kafka import TopicPartition
 from kafka.admin import NewTopic
 
 from codec import Sample, encode_sample
+from stream.clients import Connection, make_admin, make_consumer, make_producer
 from stream.tools.broker.local import LocalBroker
 from stream.tools.broker.process import free_port
-from stream.clients import Connection, make_admin, make_consumer, make_producer
 
 CODECS: dict[str, Any] = {
     "none": lambda: True,

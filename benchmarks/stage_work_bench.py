@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from stream.worker.allocator import reuse_freed_buffers
-from stream.tools.bench.workloads import Workload, group_records
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
+from stream.tools.bench.workloads import Workload, group_records
 from stream.worker import Worker
+from stream.worker.allocator import reuse_freed_buffers
 
 ConsumerRecord = namedtuple("ConsumerRecord", "topic partition offset timestamp key value headers")
 

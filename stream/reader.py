@@ -51,8 +51,8 @@ from core.collate import Collated, collate
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
-from stream.names import rank_group_id
 from stream.logs import log_event
+from stream.names import rank_group_id
 from stream.security import SecuritySettings
 
 __all__ = [

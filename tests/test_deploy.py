@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.dead_letter_limit import DeadLetterWindow
 from stream.config import WorkerConfig
-from stream.worker.metrics import LoopMetrics, WorkerCollector
 from stream.worker import Snapshot, WorkerStats
+from stream.worker.metrics import LoopMetrics, WorkerCollector
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = ROOT / "deploy" / "prometheus"

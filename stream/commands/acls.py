@@ -8,16 +8,7 @@ from typing import Annotated
 
 import typer
 
-from stream.tools.acls import (
-    Permission,
-    producer_permissions,
-    reader_permissions,
-    render_kafka_acls,
-    worker_permissions,
-)
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.errors import described
-from stream.kafka import KafkaFailure
 from stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -28,6 +19,15 @@ from stream.commands.options import (
     fail,
     grouped_options,
     option_group,
+)
+from stream.errors import described
+from stream.kafka import KafkaFailure
+from stream.tools.acls import (
+    Permission,
+    producer_permissions,
+    reader_permissions,
+    render_kafka_acls,
+    worker_permissions,
 )
 
 __all__ = ["AclRequest", "acls_app", "register"]

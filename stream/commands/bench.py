@@ -91,8 +91,6 @@ def bench(
             "--latency-seconds > 0"
         )
     if profile_dir:
-        import os
-
         os.makedirs(profile_dir, exist_ok=True)
     conn = connection_from_options(bootstrap_servers, security, client_id="rollout-stream-bench")
     settings = BenchSettings(

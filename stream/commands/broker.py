@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
+from stream.commands.options import CommandGroup
 from stream.tools.broker.errors import BrokerConfigError
 from stream.tools.broker.jars import cached_jars, default_cache_root, resolve_jars
 from stream.tools.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, LocalBroker
 from stream.tools.broker.properties import parse_override
-from stream.commands.options import CommandGroup
 
 __all__ = ["broker_app", "register"]
 

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from stream.client_properties import load_properties
-from stream.clients import BadBootstrap, CLIENT_ENV, Connection, default_client
+from stream.clients import CLIENT_ENV, BadBootstrap, Connection, default_client
 from stream.commands.options import fail, option_group, resolve_bootstrap
 from stream.errors import described
 from stream.kafka import check_connection

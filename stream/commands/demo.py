@@ -13,7 +13,6 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from stream.worker.allocator import reuse_freed_buffers
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
@@ -27,6 +26,7 @@ from stream.producer import RolloutProducer
 from stream.tools.synth import Expected, FaultRates, RateLimiter, SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_topics
 from stream.worker import Worker
+from stream.worker.allocator import reuse_freed_buffers
 
 
 def _table(expected: Expected, worker: Worker, sent: int, title: str) -> Group:

@@ -14,9 +14,7 @@ from rich.console import RenderableType
 
 from codec import DeadLetterReason
 from stream.clients import MAX_RECORD_BYTES, Connection
-from stream.kafka import KafkaFailure, TopicPartition, client_for
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.topics import require_topics
 from stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -26,6 +24,9 @@ from stream.commands.options import (
     grouped_options,
     option_group,
 )
+from stream.errors import described
+from stream.kafka import KafkaFailure, TopicPartition, client_for
+from stream.layout import Flow, output_console
 from stream.tools.dlq.cursor import cursor_name, resume_state
 from stream.tools.dlq.inspect import compare_rewards, decode_value, fetch_record, group_members
 from stream.tools.dlq.record import readable_header
@@ -42,8 +43,7 @@ from stream.tools.dlq.replay import ReplayOptions, run_replay
 from stream.tools.dlq.scan import DeadLetterScanner
 from stream.tools.dlq.selection import Selection, parse_coordinates
 from stream.tools.dlq.stats import DeadLetterStats
-from stream.errors import described
-from stream.layout import Flow, output_console
+from stream.topics import require_topics
 
 dlq_app = typer.Typer(
     cls=CommandGroup,

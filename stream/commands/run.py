@@ -12,8 +12,6 @@ from typing import Annotated
 import typer
 
 from core.config import ADVANTAGE_ESTIMATORS
-from stream.tools.access import check_worker_access, denials_explained
-from stream.worker.allocator import reuse_freed_buffers
 from stream.clients import Connection
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
@@ -32,11 +30,13 @@ from stream.commands.options import (
 )
 from stream.config import TopicNames, WorkerConfig, parse_zero_variance
 from stream.errors import described
-from stream.worker.instance import claim_instance, fenced_as_taken_over
 from stream.kafka import KafkaFailure
 from stream.logs import configure_logging, log_event
+from stream.tools.access import check_worker_access, denials_explained
 from stream.topics import TopicSettings, ensure_topics, require_topics
 from stream.worker import Worker
+from stream.worker.allocator import reuse_freed_buffers
+from stream.worker.instance import claim_instance, fenced_as_taken_over
 
 log = logging.getLogger("rollout_stream.run")
 

@@ -9,10 +9,10 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from core.validate import SampleLimits
-from stream.tools.access import write_denials_explained
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, fail, grouped_options
 from stream.producer import RolloutProducer
+from stream.tools.access import write_denials_explained
 from stream.tools.synth import (
     FaultRates,
     RateLimiter,

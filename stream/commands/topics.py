@@ -17,8 +17,8 @@ from stream.commands.options import (
     fail,
     grouped_options,
 )
-from stream.topics import TopicSettings, ensure_changelog, ensure_topics
 from stream.names import changelog_topic_name
+from stream.topics import TopicSettings, ensure_changelog, ensure_topics
 
 topics_app = typer.Typer(cls=CommandGroup, help="Manage the stage's Kafka topics.", no_args_is_help=True)
 

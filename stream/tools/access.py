@@ -13,7 +13,6 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from stream.tools.acls import Permission, worker_permissions
 from stream.clients import Connection
 from stream.config import WorkerConfig
 from stream.errors import ConfigurationError, RuntimeFailure
@@ -26,6 +25,7 @@ from stream.kafka import (
     client_for,
 )
 from stream.names import transactional_id, transactional_id_prefix
+from stream.tools.acls import Permission, worker_permissions
 
 __all__ = [
     "AccessDenied",

@@ -123,9 +123,9 @@ def test_table_renders_every_section_and_judges_the_targets():
 
 
 def test_bench_measures_the_worker_default_commit_cadence():
+    from stream.config import WorkerConfig
     from stream.tools.bench.results import BenchSettings
     from stream.tools.bench.runner import RunSpec
-    from stream.config import WorkerConfig
 
     worker = WorkerConfig(bootstrap_servers="x:1", group_id="g")
     assert BenchSettings(bootstrap="x:1").commit_interval_s == worker.commit_interval_s

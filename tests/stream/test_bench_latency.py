@@ -10,9 +10,9 @@ from collections import deque
 import pytest
 from kafka import TopicPartition
 
+from stream.clients import Connection, make_consumer, make_producer
 from stream.tools.bench.latency import measure_latency
 from stream.tools.bench.workloads import Workload
-from stream.clients import Connection, make_consumer, make_producer
 
 DELAY_S = 0.3
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from stream.producer import RolloutProducer
 from stream.tools.broker.errors import PortInUse
 from stream.tools.broker.local import LocalBroker
 from stream.tools.broker.process import free_port
-from stream.producer import RolloutProducer
 from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
 from tests.stream.helpers import new_topics, read_topic, spawn_worker, train_samples, wait_until
 

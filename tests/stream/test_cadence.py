@@ -62,9 +62,9 @@ def test_caught_up_needs_a_short_poll_and_less_than_a_poll_left(kafka_bootstrap,
     """On a real consumer: what `backlog` reads from kafka-python's subscription state is the lag."""
     import time
 
-    from stream.worker.cadence import POLL_RECORDS, caught_up
     from stream.clients import Connection, make_producer
     from stream.kafka import TopicPartition, client_for
+    from stream.worker.cadence import POLL_RECORDS, caught_up
 
     conn = Connection(kafka_bootstrap)
     topic = topic_factory(1)

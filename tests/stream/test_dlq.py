@@ -24,9 +24,10 @@ from codec import DeadLetterReason as R
 from codec import Sample, encode_sample, group_key
 from core.records import DeadLettered, InputRecord
 from stream.cli import app
-from stream.clients import Connection, make_consumer, make_producer
-from stream.kafka import client_for
+from stream.clients import Connection, make_producer
 from stream.config import WorkerConfig
+from stream.kafka import client_for
+from stream.producer import RolloutProducer
 from stream.tools.dlq import headers as H
 from stream.tools.dlq.cursor import CursorState, cursor_name, resume_state
 from stream.tools.dlq.inspect import compare_rewards, hexdump
@@ -37,7 +38,6 @@ from stream.tools.dlq.scan import DeadLetterScanner
 from stream.tools.dlq.selection import Selection, SelectionError, parse_coordinates, parse_time
 from stream.tools.dlq.stats import TopGroups
 from stream.worker.outputs import DLQ_HEADERS, dead_letter_records
-from stream.producer import RolloutProducer
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 
 runner = CliRunner()

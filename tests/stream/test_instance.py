@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from stream.worker.instance import InstanceInUse, claim_instance
 from stream.producer import RolloutProducer
 from stream.tools.synth import FaultRates, SynthPlan, plan_groups
+from stream.worker.instance import InstanceInUse, claim_instance
 from tests.stream.helpers import new_topics, read_topic, spawn_worker
 
 HOST = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())

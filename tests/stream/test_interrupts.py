@@ -27,7 +27,6 @@ from stream.config import TopicNames, WorkerConfig
 from stream.tools.dlq import headers as H
 from stream.tools.dlq.cursor import cursor_name
 from stream.tools.dlq.selection import Selection
-from stream.worker.outputs import dead_letter_records
 from stream.tools.synth import (
     FaultRates,
     SendProgress,
@@ -38,6 +37,7 @@ from stream.tools.synth import (
     plan_groups,
     send_groups,
 )
+from stream.worker.outputs import dead_letter_records
 from tests.stream.helpers import read_topic, running_worker, wait_until
 
 EXE = Path(sys.executable).with_name("rollout-stream")

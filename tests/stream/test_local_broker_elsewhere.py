@@ -17,9 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 import stream.tools.broker
+from stream.cli import app
 from stream.tools.broker import LocalBroker, PortInUse, running_brokers
 from stream.tools.broker.process import free_port
-from stream.cli import app
 
 runner = CliRunner()
 

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from codec import Sample
-from stream.tools.broker.process import free_port
 from stream.clients import Connection
 from stream.config import WorkerConfig
-from stream.worker.metrics import serve_metrics
 from stream.producer import RolloutProducer
+from stream.tools.broker.process import free_port
 from stream.worker import Worker
+from stream.worker.metrics import serve_metrics
 from tests.stream.helpers import new_topics, wait_until
 
 pytestmark = pytest.mark.kafka

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from stream.tools.broker.properties import server_properties
 from stream.clients import BrokerUnreachable
 from stream.producer import RolloutProducer
+from stream.tools.broker.properties import server_properties
 from stream.topics import MissingTopic
 from tests.stream.helpers import new_topics
 

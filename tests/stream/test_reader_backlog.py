@@ -7,6 +7,7 @@ import time
 from collections import defaultdict
 
 import pytest
+
 from codec import TrainSample
 from stream.clients import Connection, make_producer
 from stream.kafka import TopicPartition, client_for

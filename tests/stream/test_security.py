@@ -28,6 +28,13 @@ import pytest
 from kafka import TopicPartition
 from kafka.admin import UserScramCredentialUpsertion
 
+from stream.clients import Connection, make_admin, make_consumer
+from stream.config import TopicNames
+from stream.kafka import AuthenticationRefused, ListenerMismatch, TlsRefused, check_connection
+from stream.kafka.kafka_python import kafka_acl
+from stream.names import changelog_topic_name
+from stream.producer import RolloutProducer
+from stream.security import SecretStr, SecuritySettings
 from stream.tools.access import apply_permissions
 from stream.tools.acls import (
     Permission,
@@ -36,17 +43,10 @@ from stream.tools.acls import (
     worker_permissions,
 )
 from stream.tools.broker.errors import BrokerError, PortInUse
-from stream.kafka.kafka_python import kafka_acl
-from stream.names import changelog_topic_name
 from stream.tools.broker.local import LocalBroker
 from stream.tools.broker.pki import issue, new_ca
 from stream.tools.broker.process import free_port
 from stream.tools.broker.secure import SecureMaterial, prepare_secure_material
-from stream.clients import Connection, make_admin, make_consumer
-from stream.config import TopicNames
-from stream.kafka import AuthenticationRefused, ListenerMismatch, TlsRefused, check_connection
-from stream.producer import RolloutProducer
-from stream.security import SecretStr, SecuritySettings
 from stream.tools.synth import FaultRates, SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_changelog, ensure_topics
 

@@ -10,9 +10,20 @@ import pytest
 from kafka.errors import KafkaError, TopicAuthorizationFailedError, TransactionalIdAuthorizationFailedError
 from typer.testing import CliRunner
 
-from stream.tools.access import explain_denial
+from stream.cli import app
+from stream.client_properties import load_properties
+from stream.clients import Connection
+from stream.commands.connection import SecurityOptions, security_from_options
+from stream.config import TopicNames, WorkerConfig
 from stream.kafka import AuthorizationFailed, authorization_cause
 from stream.kafka.kafka_python import translate
+from stream.security import (
+    MASK,
+    SecretStr,
+    SecurityConfigError,
+    SecuritySettings,
+)
+from stream.tools.access import explain_denial
 from stream.tools.acls import (
     producer_permissions,
     reader_permissions,
@@ -20,17 +31,6 @@ from stream.tools.acls import (
     worker_permissions,
 )
 from stream.tools.broker.pki import issue, new_ca
-from stream.cli import app
-from stream.client_properties import load_properties
-from stream.clients import Connection
-from stream.commands.connection import SecurityOptions, security_from_options
-from stream.config import TopicNames, WorkerConfig
-from stream.security import (
-    MASK,
-    SecretStr,
-    SecurityConfigError,
-    SecuritySettings,
-)
 
 PASSWORD = "pa55-w0rd-that-must-not-leak"
 

@@ -10,13 +10,13 @@ import pytest
 
 from codec import DeadLetterReason as R
 from codec import Sample, encode_sample, group_key
-from core import RewardConfig, post_process_rewards
+from core import post_process_rewards
 from stream.clients import Connection
 from stream.config import WorkerConfig, ZeroVariancePolicy
-from stream.worker.outputs import DLQ_HEADERS
 from stream.producer import RolloutProducer
 from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_topics
+from stream.worker.outputs import DLQ_HEADERS
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = pytest.mark.kafka

@@ -13,10 +13,10 @@ import pytest
 from codec import Sample, decode_train_sample, encode_sample, group_key
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
-from stream.worker.instance import InstanceClaim
 from stream.kafka import BrokerUnavailable, ProducerFenced
 from stream.kafka.memory import MemoryCluster
 from stream.worker import Worker
+from stream.worker.instance import InstanceClaim
 
 TOPICS = TopicNames("in", "out", "dlq")
 

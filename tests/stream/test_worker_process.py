@@ -24,8 +24,8 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from codec import Sample, decode_sample, decode_train_sample
 from codec import DeadLetterReason as R
+from codec import Sample, decode_sample, decode_train_sample
 from core import RewardConfig, post_process_rewards
 from stream.config import TopicNames
 from stream.producer import RolloutProducer

@@ -21,7 +21,14 @@ from typing import Any
 import kafka.errors as ke
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTP
-from kafka.admin import ACL, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePattern, ResourceType
+from kafka.admin import (
+    ACL,
+    ACLOperation,
+    ACLPermissionType,
+    ACLResourcePatternType,
+    ResourcePattern,
+    ResourceType,
+)
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.net.sasl.oauth import AbstractTokenProvider
 from kafka.partitioner.default import murmur2

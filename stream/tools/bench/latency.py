@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stream.tools.bench.workloads import Workload, group_records
 from stream.clients import MAX_RECORD_BYTES, Connection
 from stream.kafka import TopicPartition, client_for
+from stream.tools.bench.workloads import Workload, group_records
 
 __all__ = ["LatencyResult", "percentile", "measure_latency"]
 

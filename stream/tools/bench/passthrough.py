@@ -11,9 +11,9 @@ import threading
 import time
 from typing import Literal
 
-from stream.worker.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.clients import Connection
 from stream.kafka import GroupConsumer, Producer, TopicPartition, client_for
+from stream.worker.cadence import POLL_RECORDS, CommitCadence, caught_up
 
 __all__ = ["Passthrough"]
 

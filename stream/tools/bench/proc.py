@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Any
 
-from stream.tools.bench.runner import RunSpec
 from stream.errors import RuntimeFailure
+from stream.tools.bench.runner import RunSpec
 
 __all__ = ["RunnerProcess", "RunnerFailed"]
 

@@ -12,6 +12,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from stream.layout import Fit, Flow, output_console, titled
 from stream.tools.bench.results import (
     MEMORY_TARGET,
     P99_TARGET_MS,
@@ -21,7 +22,6 @@ from stream.tools.bench.results import (
     SweepPoint,
     WorkloadResult,
 )
-from stream.layout import Fit, Flow, output_console, titled
 
 __all__ = ["render", "targets_view"]
 

@@ -19,10 +19,16 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from stream.worker.allocator import reuse_freed_buffers
-from stream.tools.bench.passthrough import Passthrough
-from stream.tools.bench.procstat import cpu_seconds, peak_rss_bytes, reset_peak_rss, rss_bytes, thread_cpu_seconds
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
+from stream.tools.bench.passthrough import Passthrough
+from stream.tools.bench.procstat import (
+    cpu_seconds,
+    peak_rss_bytes,
+    reset_peak_rss,
+    rss_bytes,
+    thread_cpu_seconds,
+)
+from stream.worker.allocator import reuse_freed_buffers
 
 __all__ = ["RunSpec", "main"]
 

@@ -8,7 +8,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-
+from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.kafka import TopicPartition, client_for
 from stream.tools.bench.latency import LatencyResult, measure_latency
 from stream.tools.bench.proc import RunnerFailed, RunnerProcess
 from stream.tools.bench.results import (
@@ -21,9 +22,14 @@ from stream.tools.bench.results import (
     machine_info,
 )
 from stream.tools.bench.runner import RunSpec
-from stream.tools.bench.workloads import BenchTopics, Preloaded, Workload, create_topics, delete_topics, preload
-from stream.clients import MAX_RECORD_BYTES, Connection
-from stream.kafka import TopicPartition, client_for
+from stream.tools.bench.workloads import (
+    BenchTopics,
+    Preloaded,
+    Workload,
+    create_topics,
+    delete_topics,
+    preload,
+)
 
 __all__ = ["run_bench", "SWEEP_INTERVALS", "SWEEP_MAX_RECORDS"]
 

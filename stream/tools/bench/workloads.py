@@ -133,10 +133,10 @@ def create_topics(conn: Connection, partitions: int, tag: str = "bench") -> Benc
     names = TopicTriple(f"{prefix}-rollouts", f"{prefix}-train", f"{prefix}-dlq")
     admin = client_for(conn).admin(client_id=conn.client_id)
     try:
-        for name, error in admin.create_topics(
+        for error in admin.create_topics(
             [TopicSpec(n, partitions, 1, {"max.message.bytes": str(MAX_RECORD_BYTES)})
              for n in (names.input, names.output, names.dead_letter)]
-        ).items():
+        ).values():
             if error is not None:
                 raise error
     finally:

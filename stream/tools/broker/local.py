@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from stream.clients import Connection
 from stream.kafka import KafkaFailure, client_for
 from stream.tools.broker.errors import (
     BrokerAlreadyRunning,
@@ -50,7 +51,6 @@ from stream.tools.broker.secure import (
     secure_listener_properties,
     write_private,
 )
-from stream.clients import Connection
 
 __all__ = [
     "DEFAULT_DATA_DIR",

@@ -24,8 +24,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from stream.tools.broker.pki import CertificateAuthority, IssuedCertificate, issue, new_ca
 from stream.security import SecretStr, SecuritySettings
+from stream.tools.broker.pki import CertificateAuthority, IssuedCertificate, issue, new_ca
 
 __all__ = [
     "ADMIN_USER",

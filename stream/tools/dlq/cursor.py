@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stream.tools.dlq.selection import Selection
 from stream.names import REPLAY_PREFIX, replay_cursor_group, replay_transactional_id
+from stream.tools.dlq.selection import Selection
 
 __all__ = ["CURSOR_PREFIX", "CursorState", "cursor_name", "transactional_id", "resume_state", "new_replay_id"]
 

@@ -8,9 +8,9 @@ from typing import Any
 from codec import DeadLetterReason, DecodeError, Sample, decode_sample
 from codec.arrays import Array
 from core.rewards import RewardSelectionError, select_reward
+from stream.errors import RuntimeFailure
 from stream.tools.dlq.record import DeadLetterRecord, SampleHead, sample_head
 from stream.tools.dlq.scan import DeadLetterScanner, PartitionRange, ScanPlan
-from stream.errors import RuntimeFailure
 
 __all__ = [
     "RecordNotFound",

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream.clients import Connection
+from stream.kafka import AssignedConsumer, TopicExists, TopicPartition, TopicSpec, client_for
+from stream.names import replay_ledger_topic
 from stream.tools.dlq.record import DeadLetterRecord
 from stream.tools.dlq.scan import ScanStalled
-from stream.names import replay_ledger_topic
-from stream.kafka import AssignedConsumer, TopicExists, TopicPartition, TopicSpec, client_for
 
 __all__ = ["ReplayLedger", "ledger_topic", "ensure_ledger_topic", "load_ledger"]
 

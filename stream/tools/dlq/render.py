@@ -16,10 +16,10 @@ from rich.table import Table
 from rich.text import Text
 
 from codec import DecodeError, Sample
+from stream.layout import Fit, Flow, titled
 from stream.tools.dlq.inspect import RolloutRewards, hexdump, sample_fields
 from stream.tools.dlq.record import DeadLetterRecord, SampleHead, iso_ms
 from stream.tools.dlq.replay import ReplayReport
-from stream.layout import Fit, Flow, titled
 
 __all__ = [
     "json_line",

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.errors import RuntimeFailure
+from stream.kafka import Committed, Producer, SendFuture, TopicPartition, client_for
 from stream.tools.dlq.cursor import CursorState, cursor_name, new_replay_id, resume_state, transactional_id
 from stream.tools.dlq.ledger import ReplayLedger, ensure_ledger_topic, load_ledger
 from stream.tools.dlq.lineage import ReplayAction, decide
 from stream.tools.dlq.scan import DeadLetterScanner, ScanPlan
 from stream.tools.dlq.selection import Selection
-from stream.errors import RuntimeFailure
-from stream.kafka import Committed, Producer, SendFuture, TopicPartition, client_for
 from stream.tools.synth import RateLimiter
 
 __all__ = ["ReplayFailed", "ReplayOptions", "ReplayReport", "run_replay"]

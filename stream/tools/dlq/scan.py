@@ -10,9 +10,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from stream.tools.dlq.record import DeadLetterRecord, parse_record
 from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, TopicPartition
+from stream.tools.dlq.record import DeadLetterRecord, parse_record
 
 __all__ = ["TopicMissing", "ScanStalled", "PartitionRange", "ScanPlan", "DeadLetterScanner"]
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from codec import DeadLetterReason
-from stream.tools.dlq.record import DeadLetterRecord, parse_iso_ms
 from stream.errors import ConfigurationError
+from stream.tools.dlq.record import DeadLetterRecord, parse_iso_ms
 
 __all__ = ["SelectionError", "Selection", "parse_time", "parse_coordinates"]
 
