@@ -176,21 +176,26 @@ def test_a_group_cut_short_is_incomplete_after_the_group_timeout():
 
 def test_sigint_stops_the_send_loop_between_records():
     """The handler only marks the request while a record is handed over: that record is counted."""
-    plan = SynthPlan(group_size=3, tokens=8, run_id="loop")
-    progress = SendProgress(plan)
-    sent: list[bytes] = []
+    # Python's own Ctrl-C handler, whatever an earlier in-process command (CliRunner) left installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        plan = SynthPlan(group_size=3, tokens=8, run_id="loop")
+        progress = SendProgress(plan)
+        sent: list[bytes] = []
 
-    def send(key: bytes, value: bytes) -> None:
-        sent.append(value)
-        if len(sent) == 5:
-            signal.raise_signal(signal.SIGINT)  # Ctrl-C while the fifth record is being sent
+        def send(key: bytes, value: bytes) -> None:
+            sent.append(value)
+            if len(sent) == 5:
+                signal.raise_signal(signal.SIGINT)  # Ctrl-C while the fifth record is being sent
 
-    with pytest.raises(KeyboardInterrupt):
-        send_groups(send, plan, 10, progress)
-    assert len(sent) == progress.records == 5
-    assert progress.groups == 1 and len(progress.current) == 2 and progress.current_size == 3
-    assert [r.value for r in progress.current] == sent[3:]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+        with pytest.raises(KeyboardInterrupt):
+            send_groups(send, plan, 10, progress)
+        assert len(sent) == progress.records == 5
+        assert progress.groups == 1 and len(progress.current) == 2 and progress.current_size == 3
+        assert [r.value for r in progress.current] == sent[3:]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # ---- synth on the broker ----------------------------------------------------------------------------
