@@ -1,5 +1,5 @@
-"""How to reach the cluster (`Connection`: addresses, client id, security), parsed once; the clients themselves
-are built by the Kafka seam's factory, `stream.kafka.client_for(conn)`."""
+"""How to reach the cluster (`Connection`: addresses, client id, security), parsed once; the clients
+themselves are built by the Kafka seam's factory, `stream.kafka.client_for(conn)`."""
 
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ def bench(
     ] = "exactly-once",
     partitions: Annotated[int, typer.Option(help="Partitions of the benchmark's topics.")] = 3,
     commit_interval: Annotated[
-        float, typer.Option(help="Worker and passthrough commit interval (s), as the worker's --commit-interval")
+        float,
+        typer.Option(help="Worker and passthrough commit interval (s), as the worker's --commit-interval"),
     ] = 0.1,
     commit_max_records: Annotated[
         int, typer.Option(help="Also commit after this many input records.")

@@ -1,4 +1,5 @@
-"""`rollout-stream demo`: the whole stage on the local broker, driven by synthetic rollouts, with a summary."""
+"""`rollout-stream demo`: the whole stage on the local broker, driven by synthetic rollouts, with a
+summary."""
 
 from __future__ import annotations
 

@@ -67,12 +67,14 @@ InputTopic = Annotated[str, typer.Option("--input-topic", envvar="ROLLOUT_STREAM
                                          help="Rollout samples topic (input).")]
 OutputTopic = Annotated[str, typer.Option("--output-topic", envvar="ROLLOUT_STREAM_OUTPUT_TOPIC",
                                           help="Train-data topic (normalized samples).")]
-DeadLetterTopic = Annotated[str, typer.Option("--dead-letter-topic", envvar="ROLLOUT_STREAM_DEAD_LETTER_TOPIC",
-                                              help="Dead-letter topic (refused records, original bytes + reason headers).")]
+DeadLetterTopic = Annotated[str, typer.Option(
+    "--dead-letter-topic", envvar="ROLLOUT_STREAM_DEAD_LETTER_TOPIC",
+    help="Dead-letter topic (refused records, original bytes + reason headers).")]
 GroupSize = Annotated[
     int | None,
     typer.Option("--group-size", envvar="ROLLOUT_STREAM_GROUP_SIZE",
-                 help="Rollouts per prompt group, used when a record leaves group_size unset.", show_default=False),
+                 help="Rollouts per prompt group, used when a record leaves group_size unset.",
+                 show_default=False),
 ]
 
 # Option group class -> its fields as command parameters (typer reads name, Annotated type and default).

@@ -50,14 +50,14 @@ def run(
     input_topic: InputTopic = DEFAULT_TOPICS.input,
     output_topic: OutputTopic = DEFAULT_TOPICS.output,
     dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
-    group_id: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_GROUP_ID",
-                                          help="Kafka consumer group of the workers (scale out by starting more).")]
-    = _DEFAULTS.group_id,
+    group_id: Annotated[str, typer.Option(
+        envvar="ROLLOUT_STREAM_GROUP_ID",
+        help="Kafka consumer group of the workers (scale out by starting more).")] = _DEFAULTS.group_id,
     group_size: GroupSize = None,
-    group_timeout: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_GROUP_TIMEOUT",
-                                                 help="Seconds a group may stay open after its first member's "
-                                                 "Kafka timestamp before it is dead-lettered as incomplete_group.")]
-    = _DEFAULTS.group_timeout_s,
+    group_timeout: Annotated[float, typer.Option(
+        envvar="ROLLOUT_STREAM_GROUP_TIMEOUT",
+        help="Seconds a group may stay open after its first member's "
+        "Kafka timestamp before it is dead-lettered as incomplete_group.")] = _DEFAULTS.group_timeout_s,
     advantage_estimator: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_ADVANTAGE_ESTIMATOR",
                                                      help=f"{', '.join(ADVANTAGE_ESTIMATORS[:-1])} or "
                                                      f"{ADVANTAGE_ESTIMATORS[-1]} (pass-through).")]
@@ -65,9 +65,9 @@ def run(
     no_rewards_normalization: Annotated[bool, typer.Option("--no-rewards-normalization",
                                                            envvar="ROLLOUT_STREAM_NO_REWARDS_NORMALIZATION",
                                                            help="Publish raw rewards unchanged.")] = False,
-    no_std_normalization: Annotated[bool, typer.Option("--no-std-normalization",
-                                                       envvar="ROLLOUT_STREAM_NO_STD_NORMALIZATION",
-                                                       help="GRPO/GSPO: subtract the group mean only.")] = False,
+    no_std_normalization: Annotated[bool, typer.Option(
+        "--no-std-normalization", envvar="ROLLOUT_STREAM_NO_STD_NORMALIZATION",
+        help="GRPO/GSPO: subtract the group mean only.")] = False,
     reward_key: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_REWARD_KEY",
                                                    help="Select reward[KEY] when rewards are mappings.",
                                                    show_default=False)] = None,
@@ -83,41 +83,43 @@ def run(
     progress_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_PROGRESS_INTERVAL",
                                                      help="Seconds between progress log lines.")]
     = _DEFAULTS.progress_interval_s,
-    closed_group_retention: Annotated[float | None, typer.Option(envvar="ROLLOUT_STREAM_CLOSED_GROUP_RETENTION",
-                                                                 help="Seconds a resolved group is remembered to "
-                                                                 "recognise late members and copies (default: "
-                                                                 "max(3600, 2 x group timeout)).",
-                                                                 show_default=False)] = None,
-    session_timeout: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_SESSION_TIMEOUT",
-                                                   help="Consumer group session timeout in seconds: how long a "
-                                                   "silent worker keeps its partitions.")]
-    = _DEFAULTS.session_timeout_s,
+    closed_group_retention: Annotated[float | None, typer.Option(
+        envvar="ROLLOUT_STREAM_CLOSED_GROUP_RETENTION",
+        help="Seconds a resolved group is remembered to "
+        "recognise late members and copies (default: "
+        "max(3600, 2 x group timeout)).",
+        show_default=False)] = None,
+    session_timeout: Annotated[float, typer.Option(
+        envvar="ROLLOUT_STREAM_SESSION_TIMEOUT",
+        help="Consumer group session timeout in seconds: how long a "
+        "silent worker keeps its partitions.")] = _DEFAULTS.session_timeout_s,
     create_topics: Annotated[bool, typer.Option(
         "--create-topics", envvar="ROLLOUT_STREAM_CREATE_TOPICS",
-        help="Create the input, output and dead-letter topics if missing (default: a missing topic is an error "
-        "naming it; `rollout-stream topics create` makes them).")] = False,
+        help="Create the input, output and dead-letter topics if missing (default: a missing topic is an "
+        "error naming it; `rollout-stream topics create` makes them).")] = False,
     partitions: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_PARTITIONS",
                                             help="Partitions for the topics --create-topics creates.")] = 3,
-    delivery: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_DELIVERY",
-                                          help="exactly-once (outputs, dead-letters, window changelog and input "
-                                          "offsets in one transaction; consumers read with read_committed) or "
-                                          "at-least-once (duplicates possible after a crash).")]
-    = _DEFAULTS.delivery,
-    instance_id: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_INSTANCE_ID",
-                                                    help="Stable name of this worker instance; its transactional "
-                                                    "id. Default: the first free <host>-N on this host (a "
-                                                    "restarted worker gets its own back). A second live worker "
-                                                    "with the same id is refused.", show_default=False)] = None,
+    delivery: Annotated[str, typer.Option(
+        envvar="ROLLOUT_STREAM_DELIVERY",
+        help="exactly-once (outputs, dead-letters, window changelog and input "
+        "offsets in one transaction; consumers read with read_committed) or "
+        "at-least-once (duplicates possible after a crash).")] = _DEFAULTS.delivery,
+    instance_id: Annotated[str | None, typer.Option(
+        envvar="ROLLOUT_STREAM_INSTANCE_ID",
+        help="Stable name of this worker instance; its transactional "
+        "id. Default: the first free <host>-N on this host (a "
+        "restarted worker gets its own back). A second live worker "
+        "with the same id is refused.", show_default=False)] = None,
     commit_max_records: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_COMMIT_MAX_RECORDS",
                                                     help="Also commit after this many input records.")]
     = _DEFAULTS.commit_max_records,
     max_open_groups: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_MAX_OPEN_GROUPS",
                                                  help="Pause fetching at this many open groups.")]
     = _DEFAULTS.max_open_groups,
-    max_open_mib: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_MAX_OPEN_MIB",
-                                              help="Pause fetching when open windows hold this many MiB; a single "
-                                              "group larger than this is dead-lettered as group_too_large.")]
-    = _DEFAULTS.max_open_bytes >> 20,
+    max_open_mib: Annotated[int, typer.Option(
+        envvar="ROLLOUT_STREAM_MAX_OPEN_MIB",
+        help="Pause fetching when open windows hold this many MiB; a single "
+        "group larger than this is dead-lettered as group_too_large.")] = _DEFAULTS.max_open_bytes >> 20,
     heartbeat_file: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_HEARTBEAT_FILE",
                                                        help="File touched every few seconds while the loop "
                                                        "runs (container health checks).", show_default=False)]
@@ -135,7 +137,8 @@ def run(
         envvar="ROLLOUT_STREAM_DEAD_LETTER_WINDOW",
         help="Resolved input records (published or dead-lettered) the dead-letter limit looks back over; "
         "nothing is judged before this many.")] = _DEFAULTS.dead_letter_window,
-    log_format: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_FORMAT", help="text or json.")] = "text",
+    log_format: Annotated[str, typer.Option(
+        envvar="ROLLOUT_STREAM_LOG_FORMAT", help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_LOG_LEVEL",
                                            help="debug, info, warning or error.")]
     = "info",

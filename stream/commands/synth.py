@@ -63,8 +63,8 @@ def synth(
         "followed by an extra rollout after they are complete (late_member)")] = 0.0,
     duplicate_rate: Annotated[float, _rate(
         "with a member sent twice, identical (dropped and counted)")] = 0.0,
-    omit_group_size: Annotated[bool, typer.Option(help="Leave group_size unset (the worker's --group-size applies).")]
-    = False,
+    omit_group_size: Annotated[bool, typer.Option(
+        help="Leave group_size unset (the worker's --group-size applies).")] = False,
     run_id: Annotated[str | None, typer.Option(help="Namespace of the group keys (default: random).",
                                                show_default=False)] = None,
     start_index: Annotated[int, typer.Option(help="First group_index.")] = 0,
@@ -77,8 +77,8 @@ def synth(
     dead-letters by reason, duplicates), so a run can be checked end to end.
     """
     faults = FaultRates.uniform(fault_rate) if fault_rate is not None else FaultRates(
-        malformed_rate, invalid_rate, shared_reward_rate, conflicting_duplicate_rate, incomplete_rate, late_rate,
-        duplicate_rate)
+        malformed_rate, invalid_rate, shared_reward_rate, conflicting_duplicate_rate, incomplete_rate,
+        late_rate, duplicate_rate)
     if faults.total() > 1.0:
         fail(_too_many_faults(faults, fault_rate))
     plan = SynthPlan(group_size=group_size, max_siblings=max_siblings, tokens=tokens, faults=faults,

@@ -1,4 +1,5 @@
-"""`rollout-stream topics create`: the stage's topics with large-record limits and long dead-letter retention."""
+"""`rollout-stream topics create`: the stage's topics with large-record limits and long dead-letter
+retention."""
 
 from __future__ import annotations
 
@@ -30,20 +31,27 @@ def create(
     input_topic: InputTopic = DEFAULT_TOPICS.input,
     output_topic: OutputTopic = DEFAULT_TOPICS.output,
     dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
-    partitions: Annotated[int, typer.Option(envvar="ROLLOUT_STREAM_PARTITIONS", help="Partitions per topic.")] = 3,
+    partitions: Annotated[int, typer.Option(
+        envvar="ROLLOUT_STREAM_PARTITIONS", help="Partitions per topic.")] = 3,
     replication_factor: Annotated[int, typer.Option(help="Replicas per partition.")] = 1,
     max_message_mib: Annotated[int, typer.Option(help="max.message.bytes of every topic, in MiB.")] = 64,
-    dead_letter_retention_days: Annotated[float, typer.Option(help="retention.ms of the dead-letter topic.")] = 90.0,
-    extra_topic: Annotated[list[str] | None, typer.Option(help="Another data topic to create (repeatable), e.g. a "
-                                                          "--zero-variance route target.")] = None,
-    changelog_group_id: Annotated[str | None, typer.Option(help="Also create the window changelog topic of this "
-                                                         "worker group (--delivery exactly-once), so the worker "
-                                                         "needs no CREATE permission.", show_default=False)] = None,
+    dead_letter_retention_days: Annotated[float, typer.Option(
+        help="retention.ms of the dead-letter topic.")] = 90.0,
+    extra_topic: Annotated[list[str] | None, typer.Option(
+        help="Another data topic to create (repeatable), e.g. a "
+        "--zero-variance route target.")] = None,
+    changelog_group_id: Annotated[str | None, typer.Option(
+        help="Also create the window changelog topic of this "
+        "worker group (--delivery exactly-once), so the worker "
+        "needs no CREATE permission.", show_default=False)] = None,
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Create the rollout, train-data and dead-letter topics (existing topics are left unchanged)."""
     if partitions < 1 or replication_factor < 1 or max_message_mib < 1 or dead_letter_retention_days <= 0:
-        fail("--partitions, --replication-factor, --max-message-mib and --dead-letter-retention-days must be positive")
+        fail(
+            "--partitions, --replication-factor, --max-message-mib and --dead-letter-retention-days "
+            "must be positive"
+        )
     conn = connection_from_options(bootstrap_servers, security)
     settings = TopicSettings(partitions, replication_factor, max_message_mib * 1024 * 1024,
                              int(dead_letter_retention_days * 24 * 3600 * 1000))
