@@ -1,4 +1,5 @@
-"""Commit positions for at-least-once delivery: an offset is committable only when all below it are resolved."""
+"""Commit positions for at-least-once delivery: an offset is committable only when all below it are
+resolved."""
 
 from __future__ import annotations
 

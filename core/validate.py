@@ -36,7 +36,9 @@ def _reward_problem(sample: Sample, reward_key: str | None) -> str | None:
     return None
 
 
-def validate_sample(sample: Sample, *, key: bytes | None, reward_key: str | None, limits: SampleLimits) -> str | None:
+def validate_sample(
+    sample: Sample, *, key: bytes | None, reward_key: str | None, limits: SampleLimits
+) -> str | None:
     """Return a readable reason the sample is invalid, or None when it may join its window."""
     if sample.group_index is None:
         return "group_index is missing"
@@ -59,7 +61,9 @@ def validate_sample(sample: Sample, *, key: bytes | None, reward_key: str | None
     if sample.response_length < 0:
         return f"response_length {sample.response_length} is negative"
     if sample.loss_mask is not None and len(sample.loss_mask) != sample.response_length:
-        return f"loss_mask has {len(sample.loss_mask)} entries but response_length is {sample.response_length}"
+        return (
+            f"loss_mask has {len(sample.loss_mask)} entries but response_length is {sample.response_length}"
+        )
     if sample.tokens is not None and sample.response_length > len(sample.tokens):
         return f"response_length {sample.response_length} exceeds the {len(sample.tokens)} tokens"
     if sample.rollout_log_probs is not None and len(sample.rollout_log_probs) != sample.response_length:

@@ -40,7 +40,8 @@ def replay_id(record: InputRecord) -> str:
 
 # The window's defaults, defined once: the worker's settings (stream/config.py) and flags take them from here.
 DEFAULT_GROUP_TIMEOUT_MS = 300_000  # a group open this long after its first member's timestamp is incomplete
-DEFAULT_CLOSED_RETENTION_MS = 3_600_000  # how long resolved groups are remembered (the worker: >= 2 x timeout)
+# how long resolved groups are remembered (the worker: >= 2 x timeout)
+DEFAULT_CLOSED_RETENTION_MS = 3_600_000
 DEFAULT_MAX_CLOSED_GROUPS = 200_000
 DEFAULT_MAX_GROUP_BYTES = 1 << 30  # a group holding more is dead-lettered as group_too_large
 
@@ -178,7 +179,9 @@ class WindowStore:
         group_size = effective_group_size(sample, cfg.limits)
         assert group_size is not None
         if window is None:
-            window = GroupWindow(gkey, record.partition, group_size, record.timestamp_ms + cfg.group_timeout_ms)
+            window = GroupWindow(
+                gkey, record.partition, group_size, record.timestamp_ms + cfg.group_timeout_ms
+            )
             self.open[wkey] = window
         return self._add(wkey, window, record, sample, group_size, now_ms)
 
@@ -267,7 +270,8 @@ class WindowStore:
             if len(window.rollouts) >= window.group_size:
                 return self._reject_group(
                     wkey, window, record, R.INVALID_SAMPLE,
-                    f"group has more rollouts than its group_size {window.group_size} (extra rollout {rkey!r})",
+                    f"group has more rollouts than its group_size {window.group_size} "
+                    f"(extra rollout {rkey!r})",
                     now_ms,
                 )
         member = Member(record, _held(sample), rkey)
@@ -304,7 +308,9 @@ class WindowStore:
         self._close(wkey, window, reason, message, now_ms, extra_digest=record_digest(record.value))
         return [DeadLettered(reason, message, window.key, records, now_ms)]
 
-    def _reject_record(self, record: InputRecord, gkey: str | None, problem: str, now_ms: int) -> list[Outcome]:
+    def _reject_record(
+        self, record: InputRecord, gkey: str | None, problem: str, now_ms: int
+    ) -> list[Outcome]:
         if gkey is None:
             key = record.key.decode("utf-8", "backslashreplace") if record.key is not None else None
             return [DeadLettered(R.INVALID_SAMPLE, problem, key, (record,), now_ms)]
@@ -319,9 +325,12 @@ class WindowStore:
                 return [DeadLettered(closed.reason, f"group already dead-lettered: {closed.message}", gkey,
                                      (record,), now_ms, straggler=True)]
             return [DeadLettered(R.INVALID_SAMPLE, problem, gkey, (record,), now_ms)]
-        # The group's first record is already invalid: reject the group so its later members carry this reason.
+        # The group's first record is already invalid: reject the group so its later members carry this
+        # reason.
         deadline = record.timestamp_ms + self.config.group_timeout_ms
-        self._remember(wkey, ClosedGroup(R.INVALID_SAMPLE, problem, deadline, now_ms, frozenset({record_digest(record.value)})))
+        self._remember(wkey, ClosedGroup(
+            R.INVALID_SAMPLE, problem, deadline, now_ms, frozenset({record_digest(record.value)})
+        ))
         return [DeadLettered(R.INVALID_SAMPLE, problem, gkey, (record,), now_ms)]
 
     def _after_close(
@@ -333,11 +342,12 @@ class WindowStore:
             return DeadLettered(R.LATE_MEMBER, f"group {gkey} was already published", gkey, (record,), now_ms)
         if closed.reason is R.INCOMPLETE_GROUP or record.timestamp_ms > closed.deadline_ms:
             return DeadLettered(
-                R.LATE_MEMBER, f"group {gkey} was already dead-lettered as {closed.reason.value}", gkey, (record,), now_ms
+                R.LATE_MEMBER, f"group {gkey} was already dead-lettered as {closed.reason.value}", gkey,
+                (record,), now_ms,
             )
         # One reason per rejected group: later members carry the group's reason until its deadline.
-        return DeadLettered(closed.reason, f"group already dead-lettered: {closed.message}", gkey, (record,), now_ms,
-                            straggler=True)
+        return DeadLettered(closed.reason, f"group already dead-lettered: {closed.message}", gkey, (record,),
+                            now_ms, straggler=True)
 
     def _close_incomplete(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         records = tuple(window.records())

@@ -1,6 +1,7 @@
 """A miles/slime rollout function's side: publish each finished prompt group to rollout-stream in one call.
 
-    .venv/bin/python examples/miles_publish.py --topic rollouts --groups 8   # local broker (started if needed)
+    # local broker (started if needed)
+    .venv/bin/python examples/miles_publish.py --topic rollouts --groups 8
 
 In a miles rollout function, replace the hand-off to the trainer with `publish_groups(producer, groups)`:
 each group is the list of miles `Sample`s of one prompt (any object with miles' attribute names, or
