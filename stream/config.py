@@ -1,4 +1,5 @@
-"""Worker configuration, modeled once: CLI flags and environment variables fill this struct and nothing else."""
+"""Worker configuration, modeled once: CLI flags and environment variables fill this struct and nothing
+else."""
 
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ def parse_zero_variance(text: str) -> ZeroVariancePolicy:
 
 def _check_topic(option: str, name: str) -> None:
     if not _TOPIC_RE.match(name) or name in (".", ".."):
-        raise ConfigError(f"{option}: {name!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-')")
+        raise ConfigError(
+            f"{option}: {name!r} is not a valid Kafka topic name (letters, digits, '.', '_', '-')"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,8 @@ class WorkerConfig:
     grpo_std_normalization: bool = _REWARD_DEFAULTS.grpo_std_normalization
     reward_key: str | None = _REWARD_DEFAULTS.reward_key
     zero_variance: ZeroVariancePolicy = field(default_factory=ZeroVariancePolicy)
-    commit_interval_s: float = 0.1  # caught up: a quarter of it (stream/worker/cadence.py; docs/benchmarks.md)
+    # caught up: a quarter of it (stream/worker/cadence.py; docs/benchmarks.md)
+    commit_interval_s: float = 0.1
     progress_interval_s: float = 10.0
     closed_group_retention_s: float | None = None  # default: max(1 h, 2 × group timeout)
     max_closed_groups: int = DEFAULT_MAX_CLOSED_GROUPS
@@ -117,10 +121,13 @@ class WorkerConfig:
         if self.group_size is not None and not 1 <= self.group_size <= MAX_GROUP_SIZE:
             raise ConfigError(f"--group-size must be between 1 and {MAX_GROUP_SIZE}, got {self.group_size}")
         if not self.group_timeout_s > 0:
-            raise ConfigError(f"--group-timeout must be a positive number of seconds, got {self.group_timeout_s}")
+            raise ConfigError(
+                f"--group-timeout must be a positive number of seconds, got {self.group_timeout_s}"
+            )
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             raise ConfigError(
-                f"--advantage-estimator must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {self.advantage_estimator!r}"
+                f"--advantage-estimator must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, "
+                f"got {self.advantage_estimator!r}"
             )
         if self.reward_key is not None and not self.reward_key:
             raise ConfigError("--reward-key must not be empty")
@@ -140,14 +147,19 @@ class WorkerConfig:
             raise ConfigError(f"--max-open-groups must be at least 1, got {self.max_open_groups}")
         smallest = max(self.max_record_bytes, 1 << 20)
         if self.max_open_bytes < smallest:
-            raise ConfigError(f"--max-open-mib must be at least {smallest / (1 << 20):g} (room for one record "
-                              f"of the largest size), got {self.max_open_bytes / (1 << 20):g}")
-        if self.closed_group_retention_s is not None and self.closed_group_retention_s < 2 * self.group_timeout_s:
+            raise ConfigError(f"--max-open-mib must be at least {smallest / (1 << 20):g} (room for one "
+                              f"record of the largest size), got {self.max_open_bytes / (1 << 20):g}")
+        if (
+            self.closed_group_retention_s is not None
+            and self.closed_group_retention_s < 2 * self.group_timeout_s
+        ):
             raise ConfigError(
                 f"--closed-group-retention ({self.closed_group_retention_s:g}s) must be at least twice "
                 f"--group-timeout ({self.group_timeout_s:g}s) to recognise late members")
         if self.instance_id is not None and not _TOPIC_RE.match(self.instance_id):
-            raise ConfigError(f"--instance-id {self.instance_id!r} may use letters, digits, '.', '_', '-' only")
+            raise ConfigError(
+                f"--instance-id {self.instance_id!r} may use letters, digits, '.', '_', '-' only"
+            )
         if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
             raise ConfigError(f"--metrics-port must be between 1 and 65535, got {self.metrics_port}")
         if not 0 <= self.max_dead_letter_ratio <= 1:
