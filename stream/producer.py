@@ -44,20 +44,24 @@ class RolloutProducer:
                               security=security or SecuritySettings(), client=client or default_client())
         if check:
             check_connection(conn)
-        require_topics(conn, {topic: ""}, hint="create it with `rollout-stream topics create` (check the name "
-                       "for a typo)")
-        self._producer = client_for(conn).producer(client_id=conn.client_id,
-                                                   max_record_bytes=producer_settings.pop("max_record_bytes", MAX_RECORD_BYTES),
-                                                   **producer_settings)
+        require_topics(conn, {topic: ""},
+                       hint="create it with `rollout-stream topics create` (check the name for a typo)")
+        self._producer = client_for(conn).producer(
+            client_id=conn.client_id,
+            max_record_bytes=producer_settings.pop("max_record_bytes", MAX_RECORD_BYTES),
+            **producer_settings,
+        )
 
     def send(self, sample: Sample, *, timestamp_ms: int | None = None,
              headers: list[tuple[str, bytes]] | None = None) -> SendFuture:
         """Encode and send one sample; its outcome is known after `flush()`. A send the client already knows
         failed (e.g. no Write ACL on the topic) raises at once: samples are never dropped silently."""
-        return self._producer.send(self.topic, encode_sample(sample), group_key(sample), timestamp_ms=timestamp_ms,
-                                   headers=headers)
+        return self._producer.send(self.topic, encode_sample(sample), group_key(sample),
+                                   timestamp_ms=timestamp_ms, headers=headers)
 
-    def send_raw(self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None) -> SendFuture:
+    def send_raw(
+        self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None
+    ) -> SendFuture:
         """Send bytes as they are (tests, replays, fault injection)."""
         return self._producer.send(self.topic, value, key, timestamp_ms=timestamp_ms)
 
@@ -70,7 +74,8 @@ class RolloutProducer:
         samples (objects or dicts, `Sample.from_miles`), all of one `group_index`.
 
         The streaming fields are filled for the group: `group_size` (default: the number of rollouts, by
-        `rollout_id`, else `index`), and each rollout's `sibling_count` and `sibling_index` in the order given.
+        `rollout_id`, else `index`), and each rollout's `sibling_count` and `sibling_index` in the order
+        given.
         """
         group = numbered_group(samples, group_size=group_size, run_id=run_id)
         return [self.send(s) for s in group]
@@ -96,7 +101,10 @@ def numbered_group(samples: Iterable[Any], *, group_size: int | None = None,
     if not group:
         raise ValueError("send_many needs at least one sample")
     if len({s.group_index for s in group}) != 1 or group[0].group_index is None:
-        raise ValueError(f"send_many publishes one prompt group: group_index values {sorted({str(s.group_index) for s in group})}")
+        raise ValueError(
+            "send_many publishes one prompt group: group_index values "
+            f"{sorted({str(s.group_index) for s in group})}"
+        )
     siblings: dict[object, list[int]] = {}
     for row, s in enumerate(group):
         key = s.rollout_id if s.rollout_id is not None else (s.index if s.index is not None else ("row", row))

@@ -371,7 +371,9 @@ class TrainDataReader:
         if layout not in ("tensors", "miles"):
             raise ValueError(f"layout must be tensors or miles, got {layout!r}")
         if balance_data and layout != "miles":
-            raise ValueError("balance_data applies to layout='miles' (balance_tokens shards the tensor layout)")
+            raise ValueError(
+                "balance_data applies to layout='miles' (balance_tokens shards the tensor layout)"
+            )
         if groups_per_batch < 1:
             raise ValueError(f"groups_per_batch must be >= 1, got {groups_per_batch}")
         if world_size < 1 or not 0 <= rank < world_size:

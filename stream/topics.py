@@ -9,8 +9,8 @@ from stream.clients import MAX_RECORD_BYTES, Connection
 from stream.errors import ConfigurationError
 from stream.kafka import Admin, Client, TopicExists, TopicSpec, UnknownTopic, client_for
 
-__all__ = ["TopicSettings", "ensure_topics", "ensure_changelog", "TopicMismatch", "MissingTopic", "require_topics",
-           "missing_topics"]
+__all__ = ["TopicSettings", "ensure_topics", "ensure_changelog", "TopicMismatch", "MissingTopic",
+           "require_topics", "missing_topics"]
 
 log = logging.getLogger("rollout_stream.topics")
 
@@ -59,7 +59,9 @@ class MissingTopic(ConfigurationError, LookupError):
 
     def __init__(self, missing: dict[str, str], bootstrap: str, hint: str) -> None:
         self.missing = missing
-        names = ", ".join(f"{name!r} ({option})" if option else repr(name) for name, option in missing.items())
+        names = ", ".join(
+            f"{name!r} ({option})" if option else repr(name) for name, option in missing.items()
+        )
         plural = "s" if len(missing) > 1 else ""
         verb = "do" if len(missing) > 1 else "does"
         super().__init__(f"topic{plural} {names} {verb} not exist on {bootstrap}: {hint}")
@@ -79,8 +81,10 @@ def missing_topics(conn: Connection, topics: list[str]) -> list[str]:
         admin.close()
 
 
-def require_topics(conn: Connection, topics: dict[str, str], *,
-                   hint: str = "create it with `rollout-stream topics create` (check the name for a typo)") -> None:
+def require_topics(
+    conn: Connection, topics: dict[str, str], *,
+    hint: str = "create it with `rollout-stream topics create` (check the name for a typo)",
+) -> None:
     """Raise MissingTopic naming every topic of `topics` (name → the option that named it) that is missing."""
     missing = missing_topics(conn, list(topics))
     if missing:
@@ -88,7 +92,8 @@ def require_topics(conn: Connection, topics: dict[str, str], *,
 
 
 class TopicMismatch(ConfigurationError, RuntimeError):
-    """An existing topic cannot serve its purpose as it is (e.g. a changelog with the wrong partition count)."""
+    """An existing topic cannot serve its purpose as it is (e.g. a changelog with the wrong partition
+    count)."""
 
 
 def ensure_changelog(conn: Connection | Client, name: str, partitions: int) -> bool:

@@ -43,11 +43,11 @@ from stream.kafka.seam import (
 )
 
 __all__ = [
-    "AclSpec", "Admin", "AssignedConsumer", "AuthorizationFailed", "BrokerUnavailable", "Client", "CommitFailed",
-    "Committed", "GroupConsumer", "Header", "KafkaFailure", "Offsets", "Polled", "Producer", "ProducerFenced",
-    "RebalanceListener", "Record", "SendFuture", "TopicExists", "TopicInfo", "TopicPartition", "TopicSpec",
-    "UnknownTopic", "Written", "authorization_cause", "client_for", "AuthenticationRefused", "ConnectionCheckFailed",
-    "ListenerMismatch", "TlsRefused", "check_connection",
+    "AclSpec", "Admin", "AssignedConsumer", "AuthorizationFailed", "BrokerUnavailable", "Client",
+    "CommitFailed", "Committed", "GroupConsumer", "Header", "KafkaFailure", "Offsets", "Polled", "Producer",
+    "ProducerFenced", "RebalanceListener", "Record", "SendFuture", "TopicExists", "TopicInfo",
+    "TopicPartition", "TopicSpec", "UnknownTopic", "Written", "authorization_cause", "client_for",
+    "AuthenticationRefused", "ConnectionCheckFailed", "ListenerMismatch", "TlsRefused", "check_connection",
 ]
 
 

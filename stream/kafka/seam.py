@@ -103,7 +103,8 @@ class SendFuture(Protocol):
         ...
 
     def get(self, timeout: float | None = None) -> Written:
-        """Wait for the acknowledgement (up to `timeout` s); where the record was written, or raise why not."""
+        """Wait for the acknowledgement (up to `timeout` s); where the record was written, or raise why
+        not."""
         ...
 
 
@@ -131,12 +132,14 @@ class _Consuming(Protocol):
         """The last high watermark (read_committed: last stable offset) the client saw; no network call."""
         ...
     def backlog(self) -> int:
-        """Records known to the client and not returned yet, over its unpaused partitions (no network call)."""
+        """Records known to the client and not returned yet, over its unpaused partitions (no network
+        call)."""
         ...
     def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]: ...
     def end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]: ...
     def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
-        """Per partition, the first offset whose timestamp is at least the one given (None: no such record)."""
+        """Per partition, the first offset whose timestamp is at least the one given (None: no such
+        record)."""
         ...
     def partitions_for_topic(self, topic: str) -> set[int] | None:
         """The topic's partitions, or None when the topic is unknown to the cluster."""
@@ -221,9 +224,14 @@ class AclSpec:
 
 class Admin(Protocol):
     def list_topics(self) -> set[str]: ...
-    def describe_topics(self, names: Sequence[str], *, authorized_operations: bool = False) -> list[TopicInfo]: ...
-    def create_topics(self, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0) -> dict[str, Exception | None]:
-        """Create each topic; the failure per name (TopicExists when it was there already), None if created."""
+    def describe_topics(
+        self, names: Sequence[str], *, authorized_operations: bool = False
+    ) -> list[TopicInfo]: ...
+    def create_topics(
+        self, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0
+    ) -> dict[str, Exception | None]:
+        """Create each topic; the failure per name (TopicExists when it was there already), None if
+        created."""
         ...
     def delete_topics(self, names: Sequence[str], *, timeout_s: float = 30.0) -> None: ...
     def topic_configs(self, name: str) -> dict[str, str]: ...
@@ -245,9 +253,10 @@ class Admin(Protocol):
         the broker does not say (no authorizer, old broker, coordinator unavailable)."""
         ...
     def cluster_operations(self) -> frozenset[str] | None: ...
-    def may_describe_transaction(self, transactional_id: str, budget_s: float = 10.0) -> bool:
+    def may_describe_transaction(self, transactional_id: str, budget_s: float = 10.0) -> bool | None:
         """False only when the broker refuses to describe the id (a fresh cluster's missing transaction log
-        or an unused id count as allowed: the producer reports a refusal itself)."""
+        or an unused id count as allowed: the producer reports a refusal itself); None when this client
+        cannot ask."""
         ...
     def close(self) -> None: ...
 

@@ -57,8 +57,8 @@ from stream.kafka.seam import (
 )
 from stream.logs import log_event
 
-__all__ = ["KafkaPythonClient", "RejoinWatchdog", "client_settings", "kafka_acl", "raw_admin", "raw_consumer", "raw_producer",
-           "security_settings", "translate"]
+__all__ = ["KafkaPythonClient", "RejoinWatchdog", "client_settings", "kafka_acl", "raw_admin", "raw_consumer",
+           "raw_producer", "security_settings", "translate"]
 
 log = logging.getLogger("rollout_stream.kafka")
 
@@ -89,7 +89,8 @@ def translate(exc: BaseException) -> BaseException:
     kind, text = type(exc).__name__, _text(exc)
     nested = next((a for a in exc.args if isinstance(a, ke.KafkaError)), None)
     if nested is not None and isinstance(nested, (ke.AuthorizationError, ke.ProducerFencedError)):
-        exc, kind = nested, type(nested).__name__  # "Cannot perform send because ... failed" wrapping a denial
+        # "Cannot perform send because ... failed" wrapping a denial
+        exc, kind = nested, type(nested).__name__
     out: KafkaFailure
     if isinstance(exc, ke.AuthorizationError):
         resource = next((r for cls, r in _AUTH.items() if isinstance(exc, cls)), "unknown")
@@ -256,7 +257,8 @@ class _Listener(AsyncConsumerRebalanceListener):
 
 
 class RejoinWatchdog:
-    """Call `check(now)` once per poll; it resubscribes after `after_s` without partitions (a dropped join)."""
+    """Call `check(now)` once per poll; it resubscribes after `after_s` without partitions (a dropped
+    join)."""
 
     def __init__(self, consumer: Any, topic: str, after_s: float, listener: Any = None) -> None:
         self.consumer, self.topic, self.after_s, self.listener = consumer, topic, after_s, listener
@@ -416,7 +418,9 @@ class _Admin:
         with _translated:
             return set(self._a.list_topics())
 
-    def describe_topics(self, names: Sequence[str], *, authorized_operations: bool = False) -> list[TopicInfo]:
+    def describe_topics(
+        self, names: Sequence[str], *, authorized_operations: bool = False
+    ) -> list[TopicInfo]:
         with _translated:
             found = self._a.describe_topics(list(names))
         out = []
@@ -426,13 +430,16 @@ class _Admin:
             if code:
                 cls = _ERROR_CODES.get(code, KafkaFailure)
                 error = (AuthorizationFailed(f"topic {t['name']!r}", resource="topic",
-                                             kind="TopicAuthorizationFailedError") if cls is AuthorizationFailed
+                                             kind="TopicAuthorizationFailedError")
+                         if cls is AuthorizationFailed
                          else cls(f"topic {t['name']!r}", kind=ke.for_code(code).__name__))
             ops = _operations(t.get("authorized_operations")) if authorized_operations else None
             out.append(TopicInfo(t["name"], None if code else len(t.get("partitions") or ()), error, ops))
         return out
 
-    def create_topics(self, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0) -> dict[str, Exception | None]:
+    def create_topics(
+        self, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0
+    ) -> dict[str, Exception | None]:
         out: dict[str, Exception | None] = {}
         for spec in specs:  # one by one: one refusal must not hide whether the others were created
             try:
@@ -487,7 +494,8 @@ class _Admin:
         for acl, error in result.get("failed", []):
             spec = acls[kacls.index(acl)] if acl in kacls else None
             if spec is not None:
-                failed.append((spec, translate(error) if isinstance(error, BaseException) else KafkaFailure(str(error))))
+                failed.append((spec, translate(error) if isinstance(error, BaseException)
+                               else KafkaFailure(str(error))))
         return failed
 
     def may_create_topic(self, name: str) -> bool:
@@ -505,7 +513,9 @@ class _Admin:
         except ke.KafkaError:
             return None  # coordinator not available and the like: the consumer will report it
         if described.get("error") and "GROUP_AUTHORIZATION_FAILED" in str(described["error"]):
-            raise AuthorizationFailed(f"group {group!r}", resource="group", kind="GroupAuthorizationFailedError")
+            raise AuthorizationFailed(
+                f"group {group!r}", resource="group", kind="GroupAuthorizationFailedError"
+            )
         return _operations(described.get("authorized_operations"))
 
     def cluster_operations(self) -> frozenset[str] | None:
@@ -522,7 +532,9 @@ class _Admin:
                 return False
             except ke.TransactionalIdNotFoundError:
                 return True  # allowed to describe it; it has just never been used
-            except (ke.CoordinatorNotAvailableError, ke.CoordinatorLoadInProgressError, ke.NotCoordinatorError):
+            except (
+                ke.CoordinatorNotAvailableError, ke.CoordinatorLoadInProgressError, ke.NotCoordinatorError
+            ):
                 if time.monotonic() >= deadline:  # a fresh cluster creates __transaction_state on first use
                     return True
                 time.sleep(0.25)
@@ -540,7 +552,8 @@ def _operations(ops: Any) -> frozenset[str] | None:
 def kafka_acl(spec: AclSpec) -> ACL:
     """kafka-python's ACL for one of ours."""
     pattern = ACLResourcePatternType.PREFIXED if spec.prefixed else ACLResourcePatternType.LITERAL
-    return ACL(principal=spec.principal, host=spec.host, operation=getattr(ACLOperation, _op_name(spec.operation)),
+    return ACL(principal=spec.principal, host=spec.host,
+               operation=getattr(ACLOperation, _op_name(spec.operation)),
                permission_type=ACLPermissionType.ALLOW,
                resource_pattern=ResourcePattern(_RESOURCE_TYPES[spec.resource], spec.name, pattern))
 
@@ -611,7 +624,8 @@ def raw_consumer(conn: Any, *, max_record_bytes: int = 64 << 20, **overrides: An
     settings = {"group_id": None, **overrides}
     group_id = settings.pop("group_id")
     isolation = settings.pop("isolation_level", "read_committed")
-    return KafkaPythonClient(conn)._consumer(client_id=None, group_id=group_id, max_record_bytes=max_record_bytes,
+    return KafkaPythonClient(conn)._consumer(client_id=None, group_id=group_id,
+                                             max_record_bytes=max_record_bytes,
                                              isolation=isolation, tuning=settings)
 
 
@@ -666,7 +680,8 @@ class KafkaPythonClient:
             tuning["group_instance_id"] = instance_id
         rejoin_after_s = tuning.pop("rejoin_after_s", REJOIN_AFTER_S)
         return _GroupConsumer(self._consumer(client_id=client_id, group_id=group_id,
-                                             max_record_bytes=max_record_bytes, isolation=isolation, tuning=tuning),
+                                             max_record_bytes=max_record_bytes, isolation=isolation,
+                                             tuning=tuning),
                               rejoin_after_s)
 
     def assigned_consumer(self, *, client_id: str | None = None, max_record_bytes: int,
@@ -676,8 +691,9 @@ class KafkaPythonClient:
                                                 max_record_bytes=max_record_bytes, isolation=isolation,
                                                 tuning=tuning))
 
-    def producer(self, *, client_id: str | None = None, max_record_bytes: int, transactional_id: str | None = None,
-                 transaction_timeout_s: float = 60.0, **tuning: Any) -> _Producer:
+    def producer(self, *, client_id: str | None = None, max_record_bytes: int,
+                 transactional_id: str | None = None, transaction_timeout_s: float = 60.0,
+                 **tuning: Any) -> _Producer:
         settings: dict[str, Any] = {
             **self._base(client_id),
             "acks": "all",
