@@ -125,7 +125,9 @@ def reader_permissions(*, output_topic: str, group_id: str) -> list[Permission]:
     """What a trainer's TrainDataReader needs: train-data and its per-rank groups `<group>-rank<r>`."""
     return [
         Permission("topic", output_topic, "Read", "read train samples"),
-        Permission("group", rank_group_prefix(group_id), "Read", "commit each rank's position", prefixed=True),
+        Permission(
+            "group", rank_group_prefix(group_id), "Read", "commit each rank's position", prefixed=True
+        ),
     ]
 
 

@@ -101,10 +101,14 @@ class SynthPlan:
     write_group_size: bool = True  # False: leave group_size unset (the stage's --group-size applies)
 
 
-def _sample(plan: SynthPlan, rng: random.Random, gi: int, rid: int, sib: int, nsib: int, reward: float) -> Sample:
+def _sample(
+    plan: SynthPlan, rng: random.Random, gi: int, rid: int, sib: int, nsib: int, reward: float
+) -> Sample:
     n = plan.tokens
     resp = max(1, n // 2)
-    tokens = np.asarray([rng.randrange(32000) for _ in range(min(n, 64))] * (n // min(n, 64) + 1), dtype="<i4")[:n]
+    tokens = np.asarray(
+        [rng.randrange(32000) for _ in range(min(n, 64))] * (n // min(n, 64) + 1), dtype="<i4"
+    )[:n]
     return Sample(
         group_index=gi, index=rid, rollout_id=rid, tokens=tokens, response_length=resp, reward=reward,
         loss_mask=np.ones(resp, dtype="u1"), rollout_log_probs=np.full(resp, -0.5 - sib, dtype="<f4"),
@@ -161,7 +165,9 @@ def plan_group(plan: SynthPlan, gi: int, rng: random.Random) -> tuple[list[Plann
         i = rng.randrange(n - 1) if n > 1 else 0
         twin = members[i]
         changed = Sample(**{f: getattr(twin, f) for f in twin.__struct_fields__})
-        changed.tokens = np.asarray(twin.tokens.numpy()[::-1], dtype="<i4") if twin.tokens is not None else None
+        changed.tokens = (
+            np.asarray(twin.tokens.numpy()[::-1], dtype="<i4") if twin.tokens is not None else None
+        )
         changed.prompt = twin.prompt + " (edited)"
         # Before the group's last member, so the conflict is seen while the group is still open.
         out.insert(i + 1, PlannedRecord(key, encode_sample(changed), gname))
@@ -188,7 +194,9 @@ def plan_group(plan: SynthPlan, gi: int, rng: random.Random) -> tuple[list[Plann
     return out, exp
 
 
-def plan_groups(plan: SynthPlan, groups: int, start_index: int = 0) -> Iterator[tuple[list[PlannedRecord], Expected]]:
+def plan_groups(
+    plan: SynthPlan, groups: int, start_index: int = 0
+) -> Iterator[tuple[list[PlannedRecord], Expected]]:
     rng = random.Random(plan.seed)
     for gi in range(start_index, start_index + groups):
         yield plan_group(plan, gi, rng)

@@ -59,7 +59,8 @@ class _Observer(threading.Thread):
     def __init__(self, conn: Connection, topic: str) -> None:
         super().__init__(name="bench-latency-observer", daemon=True)
         self.consumer = client_for(conn).assigned_consumer(client_id=conn.client_id,
-                                                           max_record_bytes=MAX_RECORD_BYTES, fetch_max_wait_ms=10)
+                                                           max_record_bytes=MAX_RECORD_BYTES,
+                                                           fetch_max_wait_ms=10)
         parts = sorted(self.consumer.partitions_for_topic(topic) or ())
         tps = [TopicPartition(topic, p) for p in parts]
         self.consumer.assign(tps)

@@ -48,7 +48,9 @@ class RunnerProcess:
                 self.events.put(json.loads(line))
         self.events.put(None)
 
-    def wait_for(self, kind: str, timeout: float, *, first_record_within: float | None = None) -> dict[str, Any]:
+    def wait_for(
+        self, kind: str, timeout: float, *, first_record_within: float | None = None
+    ) -> dict[str, Any]:
         """The next event of `kind` (status lines on the way are kept in `last_status`). With
         `first_record_within`, give up early on a process that has read nothing after that many seconds."""
         deadline = time.monotonic() + timeout
@@ -74,8 +76,8 @@ class RunnerProcess:
                         and event["t"] >= first_record_within:
                     self.kill()
                     raise RunnerFailed(
-                        f"{self.spec.mode} ({self.spec.delivery}) read nothing in {event['t']:.0f}s (kafka-python "
-                        f"3.0 can lose a group join: dpkp/kafka-python#2667){self._tail()}"
+                        f"{self.spec.mode} ({self.spec.delivery}) read nothing in {event['t']:.0f}s "
+                        f"(kafka-python 3.0 can lose a group join: dpkp/kafka-python#2667){self._tail()}"
                     )
             if event["event"] == kind:
                 return event

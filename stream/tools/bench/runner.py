@@ -1,9 +1,9 @@
 """One process under test: the stage (`Worker`) or the passthrough, measured from inside.
 
-Run as `python -m stream.tools.bench.runner` with a `RunSpec` as JSON on stdin's first line. It prints JSON lines
-on stdout: `status` every `status_interval_s` (records in, open windows, RSS), `drained` once every partition
-is committed up to `end_offsets` (the throughput phase), and `result` when it ends: right after `drained`,
-or, with `serve_after`, when stdin says `stop` (the driver then offers paced load or open windows).
+Run as `python -m stream.tools.bench.runner` with a `RunSpec` as JSON on stdin's first line. It prints JSON
+lines on stdout: `status` every `status_interval_s` (records in, open windows, RSS), `drained` once every
+partition is committed up to `end_offsets` (the throughput phase), and `result` when it ends: right after
+`drained`, or, with `serve_after`, when stdin says `stop` (the driver then offers paced load or open windows).
 
 The loop under test runs on the main thread, so `profile` (a cProfile output path) sees its work;
 kafka-python's IO and sender threads are accounted for by per-thread CPU time instead.

@@ -103,8 +103,9 @@ class _Bench:
         )
 
     def catch_up(self, proc: RunnerProcess, topic: str) -> None:
-        """Wait until the process has read all of `topic` as it is now: the passthrough drains after the stage,
-        behind the stage's latency groups, and must not carry that backlog into its own latency phase."""
+        """Wait until the process has read all of `topic` as it is now: the passthrough drains after the
+        stage, behind the stage's latency groups, and must not carry that backlog into its own latency
+        phase."""
         consumer = client_for(self.conn).assigned_consumer(client_id=self.conn.client_id,
                                                            max_record_bytes=MAX_RECORD_BYTES)
         try:
@@ -239,7 +240,9 @@ class _Bench:
         return SweepPoint(interval, max_records, tp, lat)
 
 
-def run_bench(settings: BenchSettings, progress: Progress = lambda _: None, security: Any = None) -> BenchReport:
+def run_bench(
+    settings: BenchSettings, progress: Progress = lambda _: None, security: Any = None
+) -> BenchReport:
     started = time.monotonic()
     bench = _Bench(settings, progress, security)
     report = BenchReport(settings, machine_info())

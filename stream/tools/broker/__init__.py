@@ -13,4 +13,6 @@ from stream.tools.broker.local import (
     running_brokers,
 )
 
-__all__ = ["DEFAULT_DATA_DIR", "DEFAULT_PORT", "BrokerStatus", "LocalBroker", "running_brokers", *_errors.__all__]
+__all__ = [
+    "DEFAULT_DATA_DIR", "DEFAULT_PORT", "BrokerStatus", "LocalBroker", "running_brokers", *_errors.__all__
+]

@@ -140,7 +140,9 @@ class LocalBroker:
             self._material = prepare_secure_material(self.secure_dir)
         return self._material
 
-    def client_connection(self, bootstrap: str, user: str = ADMIN_USER, client_id: str = "rollout-stream") -> Connection:
+    def client_connection(
+        self, bootstrap: str, user: str = ADMIN_USER, client_id: str = "rollout-stream"
+    ) -> Connection:
         """A Connection to this broker: PLAINTEXT, or logged in as `user` when secured."""
         if not self.secure:
             return Connection(bootstrap, client_id=client_id)
@@ -215,7 +217,8 @@ class LocalBroker:
             return self._launch(java, jars, controller_port, timeout)
 
     def _running_address(self, any_port: bool) -> str | None:
-        """The address of the broker running from this data dir if it may serve this start; None: none runs."""
+        """The address of the broker running from this data dir if it may serve this start; None: none
+        runs."""
         current = self.status()
         if not (current.running and current.bootstrap):
             return None
@@ -261,8 +264,9 @@ class LocalBroker:
         formatted = (self._log_dirs / "meta.properties").exists()
         if formatted and bool(cluster.get("secure")) != self.secure:
             raise BrokerConfigError(
-                f"{self.data_dir} holds a {'secured' if cluster.get('secure') else 'PLAINTEXT'} cluster: start it "
-                f"{'with' if cluster.get('secure') else 'without'} --secure, or use another --data-dir")
+                f"{self.data_dir} holds a {'secured' if cluster.get('secure') else 'PLAINTEXT'} cluster: "
+                f"start it {'with' if cluster.get('secure') else 'without'} --secure, or use another "
+                "--data-dir")
         material = self.material() if self.secure else None
         text = server_properties(
             port=self.port,

@@ -72,7 +72,8 @@ def server_properties(
 ) -> str:
     """A combined broker+controller node on 127.0.0.1 (PLAINTEXT `port`, CONTROLLER `controller_port`).
 
-    `secure`: entries that replace the PLAINTEXT listeners (stream.tools.broker.secure.secure_listener_properties).
+    `secure`: entries that replace the PLAINTEXT listeners
+    (stream.tools.broker.secure.secure_listener_properties).
     """
     overrides = overrides or {}
     for key in overrides:

@@ -1,8 +1,9 @@
 """Header names of dead-letter and replayed records (defined once, in `codec.headers`) and how the dlq
 commands read header values.
 
-The dead-letter headers are written by stream/worker/outputs.py (docs/spec.md §4.4); the replay headers are written
-by `dlq replay` and read by the worker to window a replayed group apart from its original (docs/dlq.md).
+The dead-letter headers are written by stream/worker/outputs.py (docs/spec.md §4.4); the replay headers are
+written by `dlq replay` and read by the worker to window a replayed group apart from its original
+(docs/dlq.md).
 """
 
 from __future__ import annotations

@@ -67,7 +67,9 @@ def ensure_ledger_topic(conn: Connection, dead_letter_topic: str) -> str:
         admin.close()
 
 
-def load_ledger(consumer: AssignedConsumer, dead_letter_topic: str, stall_timeout_s: float = 30.0) -> ReplayLedger:
+def load_ledger(
+    consumer: AssignedConsumer, dead_letter_topic: str, stall_timeout_s: float = 30.0
+) -> ReplayLedger:
     """Every committed ledger entry (an absent ledger is an empty one). `consumer` is read_committed."""
     ledger = ReplayLedger(ledger_topic(dead_letter_topic))
     parts = consumer.partitions_for_topic(ledger.topic)

@@ -126,10 +126,14 @@ def _send(txn: _Transaction, ledger: ReplayLedger, action: ReplayAction, replay_
     ledger.add(record.partition, record.offset, replay_id)
 
 
-def _offsets(scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState) -> dict[TopicPartition, Committed]:
+def _offsets(
+    scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState
+) -> dict[TopicPartition, Committed]:
     meta = state.encode()
-    return {TopicPartition(plan.topic, r.partition): Committed(scanner.positions.get(r.partition, r.start), meta)
-            for r in plan.ranges}
+    return {
+        TopicPartition(plan.topic, r.partition): Committed(scanner.positions.get(r.partition, r.start), meta)
+        for r in plan.ranges
+    }
 
 
 def run_replay(
