@@ -59,8 +59,9 @@ def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def exposed() -> dict[str, set[str]]:
-    """Every sample name a worker's /metrics serves, with its label names (rendered by stream/worker/metrics.py
-    from a worker-shaped object that has seen a dead-letter and a lagging partition)."""
+    """Every sample name a worker's /metrics serves, with its label names (rendered by
+    stream/worker/metrics.py from a worker-shaped object that has seen a dead-letter and a lagging
+    partition)."""
     stats = WorkerStats(records_in=10, dead_lettered=Counter({"decode_error": 1}),
                         dead_letter_groups=Counter({"decode_error": 1}))
     config = WorkerConfig()

@@ -25,7 +25,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "stream.producer": ("stream.producer", "stream.kafka", *BASE),
     "stream.reader": ("stream.reader", "stream.kafka", *BASE),
     # operator tools
-    "stream.tools": ("stream.tools", "stream.kafka", "stream.worker", "stream.producer", "stream.reader", *BASE),
+    "stream.tools": (
+        "stream.tools", "stream.kafka", "stream.worker", "stream.producer", "stream.reader", *BASE
+    ),
     # the shared base: the settings, names and errors everything else uses
     **{module: ("stream.kafka", *BASE) for module in BASE
        if module.startswith("stream.") and module != "stream.errors"},

@@ -16,14 +16,18 @@ from core.windows import WindowConfig, WindowStore
 TIMEOUT = 10_000
 
 
-def rec(sample: Sample | bytes, offset: int, ts: int = 1_000, key: bytes | None = None, partition: int = 0) -> InputRecord:
+def rec(
+    sample: Sample | bytes, offset: int, ts: int = 1_000, key: bytes | None = None, partition: int = 0
+) -> InputRecord:
     value = sample if isinstance(sample, bytes) else encode_sample(sample)
     if key is None and isinstance(sample, Sample) and sample.group_index is not None:
         key = group_key(sample)
     return InputRecord("rollouts", partition, offset, ts, key, value)
 
 
-def s(gi: int = 0, rid: int = 0, reward: float = 1.0, *, size: int | None = 2, sc: int = 1, si: int = 0, **kw) -> Sample:
+def s(
+    gi: int = 0, rid: int = 0, reward: float = 1.0, *, size: int | None = 2, sc: int = 1, si: int = 0, **kw
+) -> Sample:
     return Sample(group_index=gi, index=rid, rollout_id=rid, reward=reward, group_size=size, sibling_count=sc,
                   sibling_index=si, **kw)
 
@@ -62,7 +66,9 @@ def test_siblings_complete_a_rollout_only_when_all_indices_arrived_and_order_is_
     assert feed(st, *recs) == []
     (out,) = feed(st, rec(s(rid=7, reward=2.0, sc=3, si=1), 3))
     assert isinstance(out, Published)
-    assert [(m.sample.rollout_id, m.sample.sibling_index) for m in out.members] == [(7, 0), (7, 1), (7, 2), (8, 0)]
+    assert [(m.sample.rollout_id, m.sample.sibling_index) for m in out.members] == [
+        (7, 0), (7, 1), (7, 2), (8, 0)
+    ]
     assert out.rewards.rewards[0] == out.rewards.rewards[1] == out.rewards.rewards[2]
 
 
@@ -72,13 +78,19 @@ def test_shared_reward_violation_dead_letters_the_whole_group_with_the_reference
                 rec(s(rid=11, reward=6.0, sc=2, si=1), 2))
     (out,) = outs
     assert isinstance(out, DeadLettered) and out.reason is R.SHARED_REWARD_VIOLATION
-    assert out.message == "all samples in rollout 11 must share one reward; rows [0, 1] have rewards [2.0, 6.0]"
+    assert out.message == (
+        "all samples in rollout 11 must share one reward; rows [0, 1] have rewards [2.0, 6.0]"
+    )
     assert sorted(r.offset for r in out.records) == [0, 1, 2]
 
 
 def test_one_equals_one_point_zero_for_siblings():
     st = store(default_group_size=1)
-    (out,) = feed(st, rec(s(rid=1, reward=1, size=None, sc=2, si=0), 0), rec(s(rid=1, reward=1.0, size=None, sc=2, si=1), 1))
+    (out,) = feed(
+        st,
+        rec(s(rid=1, reward=1, size=None, sc=2, si=0), 0),
+        rec(s(rid=1, reward=1.0, size=None, sc=2, si=1), 1),
+    )
     assert isinstance(out, Published)
 
 
@@ -157,7 +169,8 @@ def test_conflicting_duplicate_rejects_the_group():
 def test_timeout_dead_letters_incomplete_group_only_in_caught_up_partitions_and_late_members_follow():
     st = store()
     feed(st, rec(s(rid=0), 0, ts=1_000))
-    assert st.expire(now_ms=1_000 + TIMEOUT + 1, partitions=set()) == []  # backlog not read: no wall-clock expiry
+    # backlog not read: no wall-clock expiry
+    assert st.expire(now_ms=1_000 + TIMEOUT + 1, partitions=set()) == []
     assert st.expire(now_ms=1_000 + TIMEOUT, partitions={0}) == []
     (out,) = st.expire(now_ms=1_000 + TIMEOUT + 1, partitions={0})
     assert out.reason is R.INCOMPLETE_GROUP and "1 of 2 rollouts" in out.message
@@ -258,7 +271,10 @@ def test_changes_journal_closed_groups_and_forgetting():
     "bad, fragment",
     [
         (s(tokens=[1, 2], response_length=3, loss_mask=[1, 1, 1]), "exceeds"),
-        (s(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0]), "rollout_log_probs"),
+        (
+            s(tokens=[1, 2, 3], response_length=2, loss_mask=[1, 1], rollout_log_probs=[-1.0]),
+            "rollout_log_probs",
+        ),
     ],
 )
 def test_array_lengths_must_agree_with_response_length(bad, fragment):
@@ -292,7 +308,9 @@ def test_closed_groups_restored_from_a_changelog_recognise_copies_with_their_own
     from core.windows import ClosedGroup
 
     member = rec(s(rid=0), 0)
-    restored = ClosedGroup(None, "", 10_000, 1_000, frozenset({digest_with(algorithm, member.value)}), algorithm)
+    restored = ClosedGroup(
+        None, "", 10_000, 1_000, frozenset({digest_with(algorithm, member.value)}), algorithm
+    )
     st = store()
     st.restore_closed((0, "0", ""), restored)
     assert [type(o) for o in feed(st, rec(s(rid=0), 5))] == [DuplicateDropped]

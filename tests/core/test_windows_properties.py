@@ -1,4 +1,5 @@
-"""Properties of the window state machine over random interleavings with faults: nothing lost, values exact."""
+"""Properties of the window state machine over random interleavings with faults: nothing lost, values
+exact."""
 
 from __future__ import annotations
 

@@ -29,7 +29,9 @@ class _Events(logging.Handler):
         self.events: list[tuple[str, dict]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.events.append((getattr(record, "event", record.getMessage()), dict(getattr(record, "fields", {}))))
+        self.events.append(
+            (getattr(record, "event", record.getMessage()), dict(getattr(record, "fields", {})))
+        )
 
     def named(self, name: str) -> list[dict]:
         return [f for e, f in self.events if e == name]

@@ -47,7 +47,9 @@ def test_exactly_once_through_kills_restarts_and_a_second_worker(kafka_bootstrap
 
     def start(instance: str):
         logs.append(tmp_path / f"{instance}-{len(logs)}.log")
-        return spawn_worker(kafka_bootstrap, topics, group_id, *args, "--instance-id", instance, log_path=logs[-1])
+        return spawn_worker(
+            kafka_bootstrap, topics, group_id, *args, "--instance-id", instance, log_path=logs[-1]
+        )
 
     def wait_working(log_file, timeout: float = 30.0) -> None:
         """Until this instance has restored its partitions and is processing."""
@@ -80,7 +82,9 @@ def test_exactly_once_through_kills_restarts_and_a_second_worker(kafka_bootstrap
 
         total = expected.published_samples
         dead = sum(expected.dead_letters.values())
-        train = train_samples(read_topic(kafka_bootstrap, topics.output, min_count=total, timeout=90, settle=3))
+        train = train_samples(
+            read_topic(kafka_bootstrap, topics.output, min_count=total, timeout=90, settle=3)
+        )
         dlq = read_topic(kafka_bootstrap, topics.dead_letter, min_count=dead, timeout=30, settle=2)
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -104,7 +108,9 @@ def test_exactly_once_through_kills_restarts_and_a_second_worker(kafka_bootstrap
     cfg = RewardConfig()
     for key, members in groups.items():
         assert len(members) == members[0].group_sample_count, key
-        raw, values = post_process_rewards([m.sample for m in members], cfg, prompt_group_sizes=[len(members)])
+        raw, values = post_process_rewards(
+            [m.sample for m in members], cfg, prompt_group_sizes=[len(members)]
+        )
         assert [m.reward for m in members] == values and [m.raw_reward for m in members] == raw
     rereads = [int(x.split()[0]) for f in logs for x in f.read_text().split("reread=")[1:]]
     # The kills hit workers holding open windows: a restart rebuilt them by re-reading the input.

@@ -29,7 +29,9 @@ def wait_for(log: Path, pattern: str, timeout: float, after: int = 0) -> re.Matc
 
 
 def send_groups(bootstrap: str, topic: str, start: int, count: int) -> int:
-    plan = SynthPlan(group_size=2, max_siblings=1, tokens=4, faults=FaultRates(), seed=start, run_id="restart")
+    plan = SynthPlan(
+        group_size=2, max_siblings=1, tokens=4, faults=FaultRates(), seed=start, run_id="restart"
+    )
     records = 0
     with RolloutProducer(bootstrap, topic=topic) as producer:
         for recs, _ in plan_groups(plan, count, start_index=start):
@@ -64,9 +66,11 @@ def test_a_killed_worker_restarted_with_its_instance_id_is_back_within_seconds(k
             print(f"{kafka_client}: restored {restored - started:.1f}s after worker.started, "
                   f"{restored - killed:.1f}s after the kill")
             assert restored - started < RESTORED_WITHIN_S, (
-                f"{kafka_client}: partitions back {restored - started:.1f}s after start (session timeout 45 s)")
+                f"{kafka_client}: partitions back {restored - started:.1f}s after start "
+                "(session timeout 45 s)")
             more = send_groups(kafka_bootstrap, topics.input, 30, 10)
-            assert len(read_topic(kafka_bootstrap, topics.output, min_count=sent + more, timeout=60)) == sent + more
+            out = read_topic(kafka_bootstrap, topics.output, min_count=sent + more, timeout=60)
+            assert len(out) == sent + more
         finally:
             second.terminate()
             second.wait(timeout=60)

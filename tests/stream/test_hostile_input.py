@@ -44,7 +44,9 @@ class _Recent(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         fields = getattr(record, "fields", {})
-        if getattr(record, "event", record.getMessage()) not in ("dead_letter", "dead_letter.straggler", "duplicate.dropped"):
+        if getattr(record, "event", record.getMessage()) not in (
+            "dead_letter", "dead_letter.straggler", "duplicate.dropped"
+        ):
             self.lines.append(f"{getattr(record, 'event', record.getMessage())} {fields}")
 
 

@@ -80,7 +80,8 @@ def test_two_default_workers_on_one_host_both_keep_running_and_a_duplicate_id_is
                     producer.send_raw(r.key, r.value)
         published = read_topic(kafka_bootstrap, topics.output, min_count=240, timeout=90)
         assert len(published) == 240
-        time.sleep(3)  # several commits of both: with one shared id the first one is fenced at its next commit
+        # several commits of both: with one shared id the first one is fenced at its next commit
+        time.sleep(3)
         assert [w.poll() for w in workers] == [None, None], [log.read_text()[-2000:] for log in logs]
     finally:
         for w in workers:

@@ -107,7 +107,9 @@ def test_a_port_held_by_something_else_suggests_the_address_and_creates_nothing(
 
 def test_broker_start_on_a_taken_port_names_the_broker_there_and_creates_nothing(other_broker, elsewhere):
     data_dir = elsewhere / "new-broker"
-    result = runner.invoke(app, ["broker", "start", "--data-dir", str(data_dir), "--port", str(other_broker.port)])
+    result = runner.invoke(
+        app, ["broker", "start", "--data-dir", str(data_dir), "--port", str(other_broker.port)]
+    )
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.splitlines()
     assert f"in use by the local broker from {other_broker.data_dir}" in line

@@ -161,8 +161,9 @@ def test_healthz_reports_a_stalled_loop(kafka_bootstrap):
 
 
 def test_a_rejected_group_is_counted_once_however_many_stragglers_follow(kafka_bootstrap, caplog):
-    """Three groups of four rollouts: rollout 0 sent twice with different rewards (conflicting_duplicate) before
-    the rest arrive. Every record is dead-lettered; each group is one rejected group and one warning."""
+    """Three groups of four rollouts: rollout 0 sent twice with different rewards (conflicting_duplicate)
+    before the rest arrive. Every record is dead-lettered; each group is one rejected group and one
+    warning."""
     topics = new_topics(kafka_bootstrap, partitions=2, prefix="stragglers")
     config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
                           commit_interval_s=0.2, group_timeout_s=60.0)
@@ -179,7 +180,9 @@ def test_a_rejected_group_is_counted_once_however_many_stragglers_follow(kafka_b
                     for rid in (1, 2, 3):
                         producer.send(sample(gi, rid, 0.0, size=4))  # stragglers of a rejected group
             wait_until(lambda: w.stats.records_in == 15 and w.stats.commits > 0, 30, "records processed")
-            wait_until(lambda: value(scrape(server.port), "rollout_stream_commits_total") >= 1, 10, "a scrape")
+            wait_until(
+                lambda: value(scrape(server.port), "rollout_stream_commits_total") >= 1, 10, "a scrape"
+            )
             m = scrape(server.port)
     finally:
         server.stop()

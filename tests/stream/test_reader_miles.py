@@ -46,7 +46,8 @@ def test_two_miles_ranks_get_the_shards_miles_builds_for_each_batch(kafka_bootst
     publish(kafka_bootstrap, topic, [s for group in groups for s in group])
 
     def read(**kw) -> list:
-        with TrainDataReader(kafka_bootstrap, topic, f"{unique_group_id}-{kw}", groups_per_batch=GROUPS_PER_BATCH,
+        with TrainDataReader(kafka_bootstrap, topic, f"{unique_group_id}-{kw}",
+                             groups_per_batch=GROUPS_PER_BATCH,
                              start="earliest", idle_timeout_s=20, **kw) as reader:
             return [reader.next_batch(timeout=20) for _ in range(BATCHES)]
 
@@ -55,12 +56,17 @@ def test_two_miles_ranks_get_the_shards_miles_builds_for_each_batch(kafka_bootst
     for b, batch in enumerate(whole):
         assert batch is not None and all(rank[b] is not None for rank in ranks)
         everything = batch.samples
-        expected = split_by_dp(train_data(everything, prompt_group_sizes=[g.samples for g in batch.groups]), 2,
-                               balance_data=balance_data)
+        expected = split_by_dp(
+            train_data(everything, prompt_group_sizes=[g.samples for g in batch.groups]), 2,
+            balance_data=balance_data,
+        )
         shards = [rank[b] for rank in ranks]
         assert sorted(sid(s) for shard in shards for s in shard.samples) == sorted(map(sid, everything))
         for r, shard in enumerate(shards):
-            assert shard.index == batch.index and [g.key for g in shard.groups] == [g.key for g in batch.groups]
-            assert [sid(s) for s in shard.samples] == [sid(everything[row]) for row in expected[r]["partition"]]
+            assert shard.index == batch.index
+            assert [g.key for g in shard.groups] == [g.key for g in batch.groups]
+            assert [sid(s) for s in shard.samples] == [
+                sid(everything[row]) for row in expected[r]["partition"]
+            ]
             assert same(shard.rollout_data, trainer_shard(expected[r]))
             assert len(shard.rollout_data["tokens"]) == len(shard.samples) == len(shard.tensors.tokens)

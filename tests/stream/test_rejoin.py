@@ -1,4 +1,5 @@
-"""The guard against kafka-python's dropped joins: rejoin only after a whole quiet period without partitions."""
+"""The guard against kafka-python's dropped joins: rejoin only after a whole quiet period without
+partitions."""
 
 from __future__ import annotations
 

@@ -290,7 +290,8 @@ def test_flags_and_env_vars_override_the_config_file(tmp_path):
 
 
 def test_cli_reads_the_security_environment(tmp_path):
-    """`grouped_options` with `SecurityOptions` gives every flag its env var; a bad one is an `error:` line with exit 2."""
+    """`grouped_options` with `SecurityOptions` gives every flag its env var; a bad one is an `error:` line
+    with exit 2."""
     result = CliRunner().invoke(
         app,
         ["topics", "create", "--bootstrap-servers", "127.0.0.1:1"],

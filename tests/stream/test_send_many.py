@@ -28,7 +28,9 @@ def test_siblings_are_numbered_per_rollout_in_the_order_given_and_the_group_size
 
 def test_one_group_per_call():
     with pytest.raises(ValueError, match="one prompt group"):
-        numbered_group([Sample(group_index=1, index=0, reward=0.0), Sample(group_index=2, index=1, reward=0.0)])
+        numbered_group(
+            [Sample(group_index=1, index=0, reward=0.0), Sample(group_index=2, index=1, reward=0.0)]
+        )
     with pytest.raises(ValueError, match="at least one"):
         numbered_group([])
 

@@ -1,4 +1,5 @@
-"""The worker on the real broker: every reason and header, ordering, siblings, fallbacks, zero variance, exact values."""
+"""The worker on the real broker: every reason and header, ordering, siblings, fallbacks, zero variance,
+exact values."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ def assert_exact(train, config: WorkerConfig):
     return by_group
 
 
-def test_publishes_groups_split_over_polls_and_partitions_with_siblings_in_deterministic_order(kafka_bootstrap):
+def test_publishes_groups_split_over_polls_and_partitions_with_siblings_in_deterministic_order(
+    kafka_bootstrap,
+):
     topics = new_topics(kafka_bootstrap, partitions=3)
     config = cfg(kafka_bootstrap, topics)
     # Eight groups, interleaved member by member; rollout 1 of each has three siblings sent out of order.
@@ -76,7 +79,9 @@ def test_publishes_groups_split_over_polls_and_partitions_with_siblings_in_deter
     by_group = assert_exact(train, config)
     for key, members in by_group.items():
         # Rollouts by first arrival, siblings by sibling_index (they were sent 2, 0, 1).
-        assert [(m.sample.rollout_id, m.sample.sibling_index) for m in members] == [(0, 0), (1, 0), (1, 1), (1, 2)]
+        assert [(m.sample.rollout_id, m.sample.sibling_index) for m in members] == [
+            (0, 0), (1, 0), (1, 1), (1, 2)
+        ]
         assert {r.key for r in reads if r.value and r.key.decode() == key} == {key.encode()}
         assert members[1].reward == members[2].reward == members[3].reward
         assert members[0].group_rollout_count == 2 and members[0].group_sample_count == 4
@@ -102,7 +107,9 @@ def test_every_dead_letter_reason_with_headers_and_original_bytes(kafka_bootstra
     ]
     with running_worker(config) as worker:
         coords = send(kafka_bootstrap, topics.input, items)
-        wait_until(lambda: worker.stats.dead_lettered[R.INCOMPLETE_GROUP] == 1, 30, "incomplete group timeout")
+        wait_until(
+            lambda: worker.stats.dead_lettered[R.INCOMPLETE_GROUP] == 1, 30, "incomplete group timeout"
+        )
         assert worker.stats.duplicates == 1
     dlq = read_topic(kafka_bootstrap, topics.dead_letter, min_count=10)
     by_offset = {int(r.headers["x-original-offset"]): r for r in dlq}
@@ -152,7 +159,8 @@ def test_zero_variance_modes(kafka_bootstrap, mode):
     with running_worker(config) as worker:
         send(kafka_bootstrap, topics.input, [s(1, 0, 1.0), s(1, 1, 1.0), s(2, 0, 0.0), s(2, 1, 1.0)])
         wait_until(lambda: worker.stats.zero_variance_groups == 1 and
-                   worker.stats.groups_published + worker.stats.zero_variance_dropped // 2 == 2, 20, "both groups")
+                   worker.stats.groups_published + worker.stats.zero_variance_dropped // 2 == 2,
+                   20, "both groups")
     main = train_samples(read_topic(kafka_bootstrap, topics.output, min_count=2))
     assert {t.group_key for t in main} == ({"r/1", "r/2"} if mode == "keep" else {"r/2"})
     if mode == "keep":
@@ -166,9 +174,11 @@ def test_zero_variance_modes(kafka_bootstrap, mode):
 
 
 @pytest.mark.parametrize("estimator,norm,std", [("grpo", True, True), ("gspo", True, False),
-                                                ("reinforce_plus_plus_baseline", True, True), ("ppo", True, True),
-                                                ("grpo", False, True)])
-def test_hundreds_of_groups_with_every_fault_are_accounted_for_and_exact(kafka_bootstrap, estimator, norm, std):
+                                                ("reinforce_plus_plus_baseline", True, True),
+                                                ("ppo", True, True), ("grpo", False, True)])
+def test_hundreds_of_groups_with_every_fault_are_accounted_for_and_exact(
+    kafka_bootstrap, estimator, norm, std
+):
     if estimator != "grpo" and norm is False:
         pytest.skip("covered")
     topics = new_topics(kafka_bootstrap, partitions=3)

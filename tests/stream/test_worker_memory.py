@@ -67,7 +67,9 @@ def commit(w: Worker) -> None:
 
 def published(cluster: MemoryCluster) -> Counter:
     """(group key, rollout id) of every committed train sample: each must appear exactly once."""
-    return Counter((r.key, decode_train_sample(r.value).sample.rollout_id) for r in cluster.records(TOPICS.output))
+    return Counter(
+        (r.key, decode_train_sample(r.value).sample.rollout_id) for r in cluster.records(TOPICS.output)
+    )
 
 
 def expected(groups: list[int], size: int = 2) -> Counter:
