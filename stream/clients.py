@@ -36,8 +36,10 @@ CLIENT_ENV = "ROLLOUT_STREAM_CLIENT"
 
 
 def default_client() -> str:
-    """The client library to use when none is named: $ROLLOUT_STREAM_CLIENT, else confluent-kafka."""
-    return os.environ.get(CLIENT_ENV, "").strip() or "confluent"
+    """The client library to use when none is named: $ROLLOUT_STREAM_CLIENT, else kafka-python. confluent-kafka
+    is faster, but its transactional producer can hang when the broker restarts (librdkafka#5456, #5511:
+    stream/kafka/confluent works around the hang, and the worker does not yet recover from it in time)."""
+    return os.environ.get(CLIENT_ENV, "").strip() or "kafka-python"
 
 
 class BadClient(ConfigurationError, ValueError):
@@ -99,8 +101,8 @@ class Connection:
     bootstrap_servers: str
     client_id: str = "rollout-stream"
     security: SecuritySettings = SecuritySettings()
-    # Which Kafka client library implements the seam (stream.kafka.client_for); ROLLOUT_STREAM_CLIENT or
-    # --client choose, confluent-kafka (librdkafka) by default.
+    # Which Kafka client library implements the seam (stream.kafka.client_for): --client or
+    # ROLLOUT_STREAM_CLIENT choose (default_client()).
     client: str = field(default_factory=default_client)
 
     def __post_init__(self) -> None:

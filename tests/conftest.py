@@ -215,7 +215,8 @@ KAFKA_CLIENTS = ("confluent", "kafka-python")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "kafka_bootstrap" in metafunc.fixturenames and "kafka_client" in metafunc.fixturenames:
+    uses_kafka = "kafka_bootstrap" in metafunc.fixturenames or metafunc.definition.get_closest_marker("kafka")
+    if uses_kafka and "kafka_client" in metafunc.fixturenames:
         only = os.environ.get("ROLLOUT_STREAM_TEST_CLIENTS", "").strip()
         clients = [c for c in KAFKA_CLIENTS if not only or c in only.split(",")]
         metafunc.parametrize("kafka_client", clients, indirect=True)

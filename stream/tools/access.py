@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 from stream.clients import Connection
 from stream.config import WorkerConfig
@@ -89,8 +90,8 @@ def missing_permissions(
                 admin, group, [p for p in permissions if p.name == group and p.resource == "group"]
             )
         for p in permissions:
-            if p.resource == "transactional-id" and not admin.may_describe_transaction(
-                (transactional_ids or {}).get(p.name, p.name)
+            if p.resource == "transactional-id" and not _may_describe_transaction(
+                conn, admin, (transactional_ids or {}).get(p.name, p.name)
             ):
                 missing.append(p)
         cluster_ops = [p for p in permissions if p.resource == "cluster"]
@@ -101,6 +102,18 @@ def missing_permissions(
     finally:
         admin.close()
     return missing
+
+
+def _may_describe_transaction(conn: Connection, admin: Admin, tid: str) -> bool:
+    allowed = admin.may_describe_transaction(tid)
+    if allowed is not None:
+        return allowed
+    # This client cannot ask (librdkafka has no DescribeTransactions): kafka-python's admin can.
+    other = client_for(replace(conn, client="kafka-python")).admin(client_id=conn.client_id)
+    try:
+        return other.may_describe_transaction(tid) is not False
+    finally:
+        other.close()
 
 
 def _missing_on_topics(admin: Admin, topics: list[str], permissions: list[Permission]) -> list[Permission]:

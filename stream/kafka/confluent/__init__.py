@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -61,9 +62,31 @@ __all__ = ["ConfluentClient", "settings_for", "translate"]
 
 log = logging.getLogger("rollout_stream.kafka")
 
+
+class _OncePerInterval(logging.Filter):
+    """librdkafka repeats a failing connect every backoff (tens a second while a broker is down): one line of
+    each kind per `interval_s`; the worker's broker watch says when the broker is gone and back."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        super().__init__()
+        self.interval_s, self.last = interval_s, {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = record.getMessage().split(" ", 1)[0]
+        now = time.monotonic()
+        if now - self.last.get(key, -self.interval_s) < self.interval_s:
+            return False
+        self.last[key] = now
+        return True
+
+
+librdkafka_log = logging.getLogger("rollout_stream.kafka.librdkafka")
+librdkafka_log.addFilter(_OncePerInterval())
+
 FETCH_PARTITION_BYTES = 4 * 1024 * 1024
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 TIMEOUT_S = 30.0  # metadata and offset queries
+TXN_TIMEOUT_S = 10.0  # a transactional call normally takes milliseconds: past this it has hung
 
 _AUTH = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
@@ -153,7 +176,7 @@ def settings_for(conn: Any, client_id: str | None = None) -> dict[str, Any]:
     """librdkafka properties for a `stream.clients.Connection` (address, client id, TLS/SASL)."""
     sec = conn.security
     out: dict[str, Any] = {"bootstrap.servers": conn.bootstrap_servers, "client.id": client_id or conn.client_id,
-                           "security.protocol": sec.protocol.lower(), "logger": log}
+                           "security.protocol": sec.protocol.lower(), "logger": librdkafka_log}
     if sec.uses_tls:
         if sec.ssl_cafile:
             out["ssl.ca.location"] = str(sec.ssl_cafile)
@@ -401,9 +424,44 @@ class _Future:
 
 
 class _Producer:
-    def __init__(self, producer: _RdProducer) -> None:
+    def __init__(self, producer: _RdProducer, settings: dict[str, Any] | None = None) -> None:
         self._p = producer
+        self._settings = settings  # to build a fresh one when a transactional call hangs
         self._sends = 0
+
+    def _transactional(self, what: str, call: Any) -> None:
+        """A transactional call, bounded in time. librdkafka can wait forever for a group or transaction
+        coordinator that went away with a broker restart, whatever timeout it is given (librdkafka#5456,
+        #5511): past TIMEOUT_S the wedged producer is abandoned for a fresh one with the same transactional id
+        (its init_transactions() fences the old one and aborts its open transaction) and the call fails as
+        an aborted transaction would, so the caller restores and goes on."""
+        outcome: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                call(self._p)  # librdkafka's own timeout: TXN_TIMEOUT_S (it may not keep it)
+                outcome.append(None)
+            except BaseException as exc:  # handed to the calling thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run, name=f"rdkafka-{what}", daemon=True)
+        thread.start()
+        thread.join(TXN_TIMEOUT_S + 5)
+        if outcome:
+            if outcome[0] is not None:
+                exc = outcome[0]
+                raise (translate(exc) if isinstance(exc, KafkaException) else exc) from exc
+            return
+        log.warning("%s did not return in %.0f s (librdkafka#5456): replacing the transactional producer",
+                    what, TXN_TIMEOUT_S + 5)
+        if self._settings is None:
+            raise BrokerUnavailable(f"{what} hung", kind="TransactionHung")
+        fresh = _RdProducer(self._settings)
+        with _translated:
+            fresh.init_transactions(TIMEOUT_S * 2)
+        self._p = fresh
+        raise KafkaFailure(f"{what} hung; the transaction was aborted and the producer replaced",
+                           kind="TransactionHung", retriable=True)
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None, *, partition: int | None = None,
              headers: Sequence[Header] | None = None, timestamp_ms: int | None = None) -> _Future:
@@ -458,16 +516,15 @@ class _Producer:
             self._p.begin_transaction()
 
     def send_offsets_to_transaction(self, offsets: Offsets, group_metadata: Any) -> None:
-        with _translated:
-            self._p.send_offsets_to_transaction(_rd_offsets(offsets), group_metadata, TIMEOUT_S)
+        positions = _rd_offsets(offsets)
+        self._transactional("send_offsets_to_transaction",
+                            lambda p: p.send_offsets_to_transaction(positions, group_metadata, TXN_TIMEOUT_S))
 
     def commit_transaction(self) -> None:
-        with _translated:
-            self._p.commit_transaction(TIMEOUT_S)
+        self._transactional("commit_transaction", lambda p: p.commit_transaction(TXN_TIMEOUT_S))
 
     def abort_transaction(self) -> None:
-        with _translated:
-            self._p.abort_transaction(TIMEOUT_S)
+        self._transactional("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
 
 
 # ---- admin -------------------------------------------------------------------------------------------------
@@ -615,9 +672,8 @@ class _Admin:
     def cluster_operations(self) -> frozenset[str] | None:
         return _ops(self._cluster(authorized_operations=True).authorized_operations)
 
-    def may_describe_transaction(self, transactional_id: str, budget_s: float = 10.0) -> bool:
-        # confluent-kafka has no DescribeTransactions; the producer's init_transactions() reports a refusal.
-        return True
+    def may_describe_transaction(self, transactional_id: str, budget_s: float = 10.0) -> bool | None:
+        return None  # confluent-kafka's admin has no DescribeTransactions
 
     def close(self) -> None:
         """The admin client has no connection to close explicitly."""
@@ -703,7 +759,7 @@ class ConfluentClient:
             settings["transactional.id"] = transactional_id
             settings["transaction.timeout.ms"] = int(transaction_timeout_s * 1000)
         with _translated:
-            return _Producer(_RdProducer(settings))
+            return _Producer(_RdProducer(settings), settings if transactional_id is not None else None)
 
     def admin(self, *, client_id: str | None = None, **tuning: Any) -> _Admin:
         settings = {**settings_for(self.conn, client_id), **_librdkafka_names(tuning)}
