@@ -94,7 +94,7 @@ class Array:
 
     @property
     def nbytes(self) -> int:
-        return len(self._data) if self._data is not None else int(self.values.nbytes)  # type: ignore[union-attr]
+        return len(self._data) if self._data is not None else int(self.values.nbytes)
 
     def numpy(self) -> np.ndarray:
         """The values as a (possibly read-only, zero-copy) numpy array."""
@@ -107,7 +107,8 @@ class Array:
         return torch.from_numpy(np.array(self.values, copy=True))
 
     def tolist(self) -> list[Any]:
-        return self.values.tolist()
+        values: list[Any] = self.values.tolist()  # numpy types tolist() as Any
+        return values
 
     def __len__(self) -> int:
         if self._data is not None:

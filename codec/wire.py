@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from codec.arrays import array_dec_hook, array_enc_hook, array_ext_hook
@@ -31,7 +33,7 @@ _sample_decoder = msgspec.msgpack.Decoder(Sample, dec_hook=array_dec_hook, ext_h
 _train_decoder = msgspec.msgpack.Decoder(TrainSample, dec_hook=array_dec_hook, ext_hook=array_ext_hook)
 
 
-def _decode(decoder: msgspec.msgpack.Decoder, data: bytes | memoryview) -> object:
+def _decode(decoder: msgspec.msgpack.Decoder[Any], data: bytes | memoryview) -> object:
     try:
         record = decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -42,7 +44,7 @@ def _decode(decoder: msgspec.msgpack.Decoder, data: bytes | memoryview) -> objec
     except RecursionError as exc:
         # msgspec raises RecursionError for deeply nested input (e.g. 100k nested arrays in metadata).
         raise DecodeError(f"RecursionError: {exc}") from exc
-    _check_version(record.schema_version, "")  # type: ignore[attr-defined]
+    _check_version(record.schema_version, "")
     if isinstance(record, TrainSample):
         # The embedded sample comes from the producer: a newer one must not pass as a known version.
         _check_version(record.sample.schema_version, " at `$.sample`")
@@ -72,7 +74,7 @@ def encode_train_sample(sample: TrainSample, raw_sample: bytes | None = None) ->
     producer added that this stage does not know.
     """
     if raw_sample is not None:
-        sample = msgspec.structs.replace(sample, sample=msgspec.Raw(raw_sample))  # type: ignore[arg-type]
+        sample = msgspec.structs.replace(sample, sample=msgspec.Raw(raw_sample))
     return _encoder.encode(sample)
 
 

@@ -6,6 +6,7 @@ Digests are persisted in the window changelog, so each one is read with the algo
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import xxhash
 
@@ -23,7 +24,9 @@ def _blake2b_128(value: bytes) -> bytes:
     return hashlib.blake2b(value, digest_size=16).digest()
 
 
-_DIGESTS = {DIGEST_ALGORITHM: xxhash.xxh3_128_digest, LEGACY_DIGEST_ALGORITHM: _blake2b_128}
+_DIGESTS: dict[str, Callable[[bytes], bytes]] = {
+    DIGEST_ALGORITHM: xxhash.xxh3_128_digest, LEGACY_DIGEST_ALGORITHM: _blake2b_128
+}
 
 
 def record_digest(value: bytes | None) -> bytes:

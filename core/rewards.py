@@ -21,7 +21,7 @@ import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -133,7 +133,9 @@ def select_reward(reward: object, reward_key: str | None, *, require_finite: boo
         raise RewardSelectionError(f"{where} is not a number: {value!r}")
     if require_finite and not math.isfinite(value):
         raise RewardSelectionError(f"{where} is not finite: {value!r}")
-    return value
+    # Unchanged, as in the reference: an int stays an int and a numpy scalar a numpy scalar (float here
+    # is the numeric tower's "a real number", which numpy's scalar types are not to mypy).
+    return value  # type: ignore[return-value]
 
 
 class RolloutIdentity(Protocol):
@@ -169,7 +171,7 @@ def _raw_rewards(samples: Sequence[Sample], reward_key: str | None) -> list[floa
     if not reward_key:
         raw = [sample.reward for sample in samples]
         if set(map(type, raw)) <= _PLAIN_NUMBER_TYPES:  # what selected_reward returns unchanged
-            return raw
+            return cast(list[float], raw)  # every one an int or a float: checked just above
     return [selected_reward(sample, reward_key) for sample in samples]
 
 
@@ -264,7 +266,8 @@ _MIN_NORMAL = 2.2250738585072014e-308  # and subnormal results (here inexact) be
 
 def _round32(value: float) -> float:
     """`value` rounded to the nearest float32 (ties to even); OverflowError when that is ±inf."""
-    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    rounded: float = _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    return rounded
 
 
 @functools.lru_cache(maxsize=128)
@@ -432,7 +435,7 @@ def _torch_matches_emulation() -> bool:
     numerator, denominator = -0.11035414040088654, 1.768979787826538  # float32s; n / d != n * (1 / d)
     divided = torch.tensor([numerator], dtype=torch.float) / torch.tensor(denominator, dtype=torch.float)
     adds_in_float32 = added.item() == _round32(tiny + _STD_EPSILON)
-    return adds_in_float32 and divided.item() == _round32(numerator / denominator)
+    return adds_in_float32 and bool(divided.item() == _round32(numerator / denominator))
 
 
 _FAST_STATISTICS: bool | None = None  # decided by `_torch_matches_emulation()` on first use

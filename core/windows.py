@@ -225,7 +225,7 @@ class WindowStore:
         group_size: int,
         now_ms: int,
     ) -> list[Outcome]:
-        rkey = declared_rollout_key(sample)
+        rkey: int | str | tuple[str, int, int] | None = declared_rollout_key(sample)
         if rkey is None:
             # A row without rollout_id or index is a rollout of its own: only its bytes can tell a copy.
             if any(m.record.value == record.value for m in window.members()):
@@ -234,7 +234,7 @@ class WindowStore:
         rollout = window.rollouts.get(rkey)
         siblings: list[Member | None] | None = None
         if rollout is not None:
-            siblings = [rollout] if type(rollout) is Member else rollout  # type: ignore[assignment,list-item]
+            siblings = [rollout] if type(rollout) is Member else rollout  # type: ignore[assignment]
         occupant = None
         if siblings is not None and sample.sibling_index < len(siblings):
             occupant = siblings[sample.sibling_index]
