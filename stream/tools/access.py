@@ -1,7 +1,8 @@
 """Asking the broker what a principal may do, and saying in one line what it may not.
 
-* `missing_permissions`: the permissions of a list (stream.tools.acls) this connection lacks, from the broker's
-  authorized operations (KIP-430), asked before the worker reads or writes anything (`check_worker_access`).
+* `missing_permissions`: the permissions of a list (stream.tools.acls) this connection lacks, from the
+  broker's authorized operations (KIP-430), asked before the worker reads or writes anything
+  (`check_worker_access`).
 * `explain_denial`: an authorization error met while running, as one line that names the permission;
   `denials_explained` and `write_denials_explained` raise it as AccessDenied (exit 2).
 * `apply_permissions`: create the ACLs of a list through the admin API.
@@ -202,7 +203,8 @@ def check_worker_access(conn: Connection, config: WorkerConfig, *, create_topics
     permissions = worker_permissions_of(config, create_topics=create_topics)
     prefix = transactional_id_prefix(config.group_id)
     missing = missing_permissions(
-        conn, permissions, transactional_ids={prefix: transactional_id(config.group_id, config.instance_id or "")}
+        conn, permissions,
+        transactional_ids={prefix: transactional_id(config.group_id, config.instance_id or "")},
     )
     if missing:
         principal = conn.security.principal

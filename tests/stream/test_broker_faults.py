@@ -60,8 +60,9 @@ def produce(bootstrap: str, topic: str, groups) -> None:
                 p.send_raw(r.key, r.value)
 
 
-def test_worker_survives_a_broker_stop_and_start_without_loss_or_duplicates(own_broker, tmp_path, kafka_client,
-                                                                          request):
+def test_worker_survives_a_broker_stop_and_start_without_loss_or_duplicates(
+    own_broker, tmp_path, kafka_client, request
+):
     if kafka_client == "confluent":
         # Runs, and is reported: librdkafka's transactional producer waits forever for the coordinator that
         # went away with the broker (librdkafka#5456, #5511). stream/kafka/confluent replaces the wedged
