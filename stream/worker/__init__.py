@@ -6,4 +6,11 @@ from stream.worker.loop import Worker
 from stream.worker.routing import DeadLetterLimitExceeded
 from stream.worker.stats import Snapshot, WorkerStats
 
-__all__ = ["DeadLetterLimitExceeded", "ProduceFailed", "Snapshot", "Worker", "WorkerStats", "changelog_topic_name"]
+__all__ = [
+    "DeadLetterLimitExceeded",
+    "ProduceFailed",
+    "Snapshot",
+    "Worker",
+    "WorkerStats",
+    "changelog_topic_name",
+]

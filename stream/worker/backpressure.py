@@ -40,7 +40,9 @@ class BackPressure:
         if full and not self.paused:
             self.consumer.pause(tps)
             self.paused, self._paused_at = True, now
-            log_event(log, "backpressure.paused", logging.WARNING, open_windows=open_groups, open_bytes=open_bytes)
+            log_event(
+                log, "backpressure.paused", logging.WARNING, open_windows=open_groups, open_bytes=open_bytes
+            )
         elif self.paused and low:
             self.consumer.resume(tps)
             self.paused = False
@@ -48,7 +50,13 @@ class BackPressure:
         elif self.paused and now - self._paused_at >= self.stall_s:
             self.consumer.resume(tps)
             self.paused, self.overrun = False, True
-            log_event(log, "backpressure.overrun", logging.WARNING, open_windows=open_groups, open_bytes=open_bytes,
-                      paused_s=f"{now - self._paused_at:.1f}",
-                      why="no open group closed while paused: their members are behind the pause; "
-                          "reading on past the cap until below it")
+            log_event(
+                log,
+                "backpressure.overrun",
+                logging.WARNING,
+                open_windows=open_groups,
+                open_bytes=open_bytes,
+                paused_s=f"{now - self._paused_at:.1f}",
+                why="no open group closed while paused: their members are behind the pause; "
+                "reading on past the cap until below it",
+            )

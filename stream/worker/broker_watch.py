@@ -25,8 +25,14 @@ class BrokerWatch:
             return  # the client cannot tell: say nothing rather than something wrong
         if count == 0 and self.lost_at is None:
             self.lost_at = self._last_said = now
-            log_event(log, "broker.unreachable", logging.WARNING, bootstrap=self.bootstrap,
-                      open_windows=open_windows, action="retrying with backoff; nothing is committed until it is back")
+            log_event(
+                log,
+                "broker.unreachable",
+                logging.WARNING,
+                bootstrap=self.bootstrap,
+                open_windows=open_windows,
+                action="retrying with backoff; nothing is committed until it is back",
+            )
         elif count == 0 and self.lost_at is not None and now - self._last_said >= 10.0:
             self._last_said = now
             log_event(log, "broker.still_unreachable", logging.WARNING, bootstrap=self.bootstrap,

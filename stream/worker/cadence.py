@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-
 __all__ = ["CommitCadence", "POLL_MS", "POLL_RECORDS", "CAUGHT_UP_FRACTION", "caught_up"]
 
 POLL_MS = 100

@@ -19,7 +19,14 @@ from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
 from core.offsets import OffsetLedger
 from core.windows import ClosedGroup, WindowStore
 from stream.errors import RuntimeFailure
-from stream.kafka import GroupConsumer, KafkaFailure, Producer, ProducerFenced, TopicPartition, authorization_cause
+from stream.kafka import (
+    GroupConsumer,
+    KafkaFailure,
+    Producer,
+    ProducerFenced,
+    TopicPartition,
+    authorization_cause,
+)
 from stream.logs import log_event
 from stream.worker.outputs import OutputRecord
 
@@ -85,7 +92,13 @@ class AtLeastOnce:
 
     def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str, ledger: OffsetLedger,
                  store: WindowStore) -> None:
-        self.producer, self.consumer, self.topic, self.ledger, self.store = producer, consumer, input_topic, ledger, store
+        self.producer, self.consumer, self.topic, self.ledger, self.store = (
+            producer,
+            consumer,
+            input_topic,
+            ledger,
+            store,
+        )
         self.in_flight: list[tuple[object, OutputRecord]] = []
 
     @property
@@ -107,8 +120,10 @@ class AtLeastOnce:
             error = future.exception()  # type: ignore[attr-defined]
             if error is not None:
                 raise ProduceFailed(
-                    f"broker refused output to {out.topic} for input {out.source.topic}:{out.source.partition}"
-                    f"@{out.source.offset}: {error}")
+                    f"broker refused output to {out.topic} for input "
+                    f"{out.source.topic}:{out.source.partition}"
+                    f"@{out.source.offset}: {error}"
+                )
             self.ledger.resolve(out.source.partition, (out.source.offset,))
 
     def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
@@ -138,7 +153,13 @@ class ExactlyOnce:
 
     def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str, ledger: OffsetLedger,
                  store: WindowStore, changelog_topic: str) -> None:
-        self.producer, self.consumer, self.topic, self.ledger, self.store = producer, consumer, input_topic, ledger, store
+        self.producer, self.consumer, self.topic, self.ledger, self.store = (
+            producer,
+            consumer,
+            input_topic,
+            ledger,
+            store,
+        )
         self.changelog_topic = changelog_topic
         self.positions: dict[int, int] = {}  # per partition: the read position last written to the changelog
         self._open = False
@@ -203,13 +224,16 @@ class ExactlyOnce:
             self._checked(self.changelog_topic, w.value, w.key, w.partition)
         if due:
             self.producer.send_offsets_to_transaction(
-                {TopicPartition(self.topic, p): pos for p, pos in due.items()}, self.consumer.group_metadata())
+                {TopicPartition(self.topic, p): pos for p, pos in due.items()}, self.consumer.group_metadata()
+            )
         return due
 
     def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
         stale = sorted({out.source.partition for out in self.pending} - active)
         if stale:  # outputs of partitions this worker no longer owns: their new owner produces them again
-            cause = CommitAborted(f"the transaction holds outputs of partitions {stale}, no longer assigned here")
+            cause = CommitAborted(
+                f"the transaction holds outputs of partitions {stale}, no longer assigned here"
+            )
             self.abort(cause)
             raise cause
         if self.fatal is not None:
@@ -238,8 +262,13 @@ class ExactlyOnce:
         self.commit(active)
 
     def abort(self, cause: BaseException | None = None) -> None:
-        log_event(log, "transaction.aborted", logging.WARNING,
-                  cause=f"{type(cause).__name__}: {cause}" if cause else "shutdown", outputs=len(self.pending))
+        log_event(
+            log,
+            "transaction.aborted",
+            logging.WARNING,
+            cause=f"{type(cause).__name__}: {cause}" if cause else "shutdown",
+            outputs=len(self.pending),
+        )
         self.pending = []
         if self._open:
             try:

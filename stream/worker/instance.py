@@ -60,7 +60,9 @@ def fenced_as_taken_over(group_id: str, instance_id: str | None) -> Iterator[Non
 
 def lock_dir() -> Path:
     """Shared by every user of the host: two users' workers of one group must not share an id either."""
-    return Path(os.environ.get("ROLLOUT_STREAM_LOCK_DIR") or Path(tempfile.gettempdir()) / "rollout-stream-instances")
+    return Path(
+        os.environ.get("ROLLOUT_STREAM_LOCK_DIR") or Path(tempfile.gettempdir()) / "rollout-stream-instances"
+    )
 
 
 @dataclass
@@ -121,8 +123,10 @@ def claim_instance(bootstrap: str, group_id: str, requested: str | None) -> Inst
         if fd is None:
             raise InstanceInUse(
                 f"--instance-id {requested!r} is already used by a live worker of group {group_id!r} on this "
-                f"host ({_holder(path)}): give each worker its own --instance-id (ROLLOUT_STREAM_INSTANCE_ID), "
-                f"or omit it to get a free one")
+                f"host ({_holder(path)}): give each worker its own --instance-id "
+                f"(ROLLOUT_STREAM_INSTANCE_ID), "
+                f"or omit it to get a free one"
+            )
         return InstanceClaim(requested, path, fd)
     host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname()) or "worker"
     for slot in range(MAX_SLOTS):

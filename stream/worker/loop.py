@@ -20,18 +20,18 @@ from core.offsets import OffsetLedger
 from core.records import InputRecord, Outcome
 from core.rewards import torch_free_normalization
 from core.windows import WindowStore
-from stream.worker.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.clients import Connection
 from stream.config import WorkerConfig
-from stream.worker.instance import InstanceClaim, claim_instance
 from stream.kafka import Client, GroupConsumer, Record, TopicPartition, client_for
 from stream.logs import log_event
 from stream.names import changelog_topic_name, transactional_id
-from stream.worker.outputs import OutputRecord
 from stream.topics import ensure_changelog
 from stream.worker.backpressure import BackPressure
 from stream.worker.broker_watch import BrokerWatch
+from stream.worker.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.worker.delivery import AtLeastOnce, CommitAborted, Delivery, ExactlyOnce
+from stream.worker.instance import InstanceClaim, claim_instance
+from stream.worker.outputs import OutputRecord
 from stream.worker.partitions import Partitions
 from stream.worker.periodic import Every
 from stream.worker.restore import Restorer
@@ -61,7 +61,9 @@ class Worker:
         self.cadence = CommitCadence(config.commit_interval_s, config.commit_max_records)
         self.router = Router(config, config.windows.reward, self.stats, self.ledger, self._send,
                              lambda topic, key: self._delivery.producer.partition_for(topic, key))
-        self.metrics: object | None = None  # stream.worker.metrics.LoopMetrics while an endpoint serves this worker
+        self.metrics: object | None = (
+            None  # stream.worker.metrics.LoopMetrics while an endpoint serves this worker
+        )
         self.snapshot = Snapshot(self.stats)
         self.last_tick = 0.0  # monotonic time of the loop's last iteration (liveness)
         self._stop = threading.Event()
@@ -77,7 +79,7 @@ class Worker:
         self._stop.set()
 
     def commit_soon(self) -> None:
-        """Commit at the loop's next tick instead of the cadence's (e.g. a benchmark that drained its input)."""
+        """Commit at the next tick instead of the cadence's (e.g. a benchmark that drained its input)."""
         self.cadence.soon()
 
     @property
@@ -104,7 +106,9 @@ class Worker:
     def run(self) -> None:
         """Process until stop is requested; then commit what is resolved and leave the group."""
         if self.claim is None:
-            self.claim = claim_instance(self.conn.bootstrap_servers, self.config.group_id, self.config.instance_id)
+            self.claim = claim_instance(
+                self.conn.bootstrap_servers, self.config.group_id, self.config.instance_id
+            )
         try:
             if self.open():
                 try:
@@ -140,7 +144,9 @@ class Worker:
             self._delivery = ExactlyOnce(producer, consumer, cfg.topics.input, self.ledger, self.store,
                                          self.changelog_topic)
         else:
-            producer = self.client.producer(client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes)
+            producer = self.client.producer(
+                client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes
+            )
             self._delivery = AtLeastOnce(producer, consumer, cfg.topics.input, self.ledger, self.store)
         self.restorer = Restorer(self.client, consumer, input_topic=cfg.topics.input,
                                  changelog_topic=self.changelog_topic, store=self.store, ledger=self.ledger,
@@ -183,7 +189,7 @@ class Worker:
 
     # ---- one tick ------------------------------------------------------------------------------
     def step(self) -> None:
-        """One iteration: poll, restore what needs it, decide, route, commit when due, and the periodic work."""
+        """One iteration: poll, restore what needs it, decide, route, commit when due, periodic work."""
         assert self._consumer is not None
         batch = self._consumer.poll(self.cadence.poll_timeout_ms(time.monotonic()) / 1000, POLL_RECORDS)
         self.last_tick = started = time.monotonic()
@@ -205,12 +211,16 @@ class Worker:
             self.metrics.observe_batch(mono - started)  # type: ignore[attr-defined]
         if self.periodic["expire"].due(mono):
             # Paused, the high watermarks are stale and members may wait behind the pause: expire nothing.
-            self.router.route(self.store.expire(now_ms, set() if self.back_pressure.paused else self._read_up()))
+            self.router.route(
+                self.store.expire(now_ms, set() if self.back_pressure.paused else self._read_up())
+            )
         if self.router.limit_exceeded is not None:
             self._stop.set()
         if self.cadence.due(mono, caught_up=caught_up(self._consumer, sum(map(len, batch.values())))):
             self._commit()
-        self.back_pressure.check(mono, self.store.open_count(), self.store.open_bytes, self.partitions.assigned)
+        self.back_pressure.check(
+            mono, self.store.open_count(), self.store.open_bytes, self.partitions.assigned
+        )
         self.stats.paused = self.back_pressure.paused
         if self.periodic["broker"].due(mono):
             self.broker.check(mono, self.store.open_count())
@@ -312,9 +322,12 @@ class Worker:
         self.partitions.lose(partitions)
         log_event(log, "partitions.lost", logging.WARNING, partitions=",".join(map(str, sorted(partitions))))
         if self.eos and self._delivery is not None and self._delivery.open:
-            # Lost while this worker was stalled or cut off: the new owner produces these outputs again, so the
-            # open transaction must never commit (after a rejoin its offsets would pass the generation check).
-            self._delivery.abort(CommitAborted(f"partitions {','.join(map(str, sorted(partitions)))} were lost"))
+            # Lost while this worker was stalled or cut off: the new owner produces these outputs again, so
+            # the open transaction must never commit (after a rejoin its offsets would pass the generation
+            # check).
+            self._delivery.abort(
+                CommitAborted(f"partitions {','.join(map(str, sorted(partitions)))} were lost")
+            )
             self.stats.aborts += 1
             self._restore_all_later()
 
@@ -370,9 +383,16 @@ class Worker:
         return sum(self.snapshot.lag.values())
 
     def _publish_snapshot(self) -> None:
-        self.snapshot = Snapshot(self.stats, self.store.open_count(), self.store.open_bytes, len(self.store.closed),
-                                 self.partitions.ready, self.partition_lag(), self.router.dead_letters.ratio,
-                                 self.last_tick)
+        self.snapshot = Snapshot(
+            self.stats,
+            self.store.open_count(),
+            self.store.open_bytes,
+            len(self.store.closed),
+            self.partitions.ready,
+            self.partition_lag(),
+            self.router.dead_letters.ratio,
+            self.last_tick,
+        )
 
     def _progress(self, mono: float) -> None:
         t0, n0 = self._progress_base

@@ -35,7 +35,9 @@ class OutputRecord(msgspec.Struct, frozen=True, gc=False):
     partition: int | None = None  # None: the producer's partitioner picks it from the key
 
 
-def train_records(group: Published, reward: RewardConfig, topic: str, partition: int | None = None) -> list[OutputRecord]:
+def train_records(
+    group: Published, reward: RewardConfig, topic: str, partition: int | None = None
+) -> list[OutputRecord]:
     """One train sample per member, in the group's publication order, keyed by the group (all to `partition`
     when given: the one the key maps to, computed once per group)."""
     key = group.group_key.encode()
@@ -62,12 +64,18 @@ def train_records(group: Published, reward: RewardConfig, topic: str, partition:
             source_offset=src.offset,
             stage_version=STAGE_VERSION,
         )
-        out.append(OutputRecord(topic, key, encode_train_sample(train, raw_sample=src.value), [], src, partition))
+        out.append(
+            OutputRecord(topic, key, encode_train_sample(train, raw_sample=src.value), [], src, partition)
+        )
     return out
 
 
 def _iso_ms(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (
+        dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
 
 
 def dead_letter_records(failure: DeadLettered, topic: str) -> list[OutputRecord]:

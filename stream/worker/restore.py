@@ -128,4 +128,6 @@ class Restorer:
         resume_at = max(start, position or start)
         self.ledger.mark_committed({p: start})
         self.consumer.seek(tp, resume_at)
-        return Restored(p, len(closed), changelog_records, start, resume_at, reread, time.monotonic() - started)
+        return Restored(
+            p, len(closed), changelog_records, start, resume_at, reread, time.monotonic() - started
+        )

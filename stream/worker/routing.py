@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from core.config import RewardConfig
 from core.dead_letter_limit import DeadLetterWindow, LimitExceeded
 from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, Outcome, Published
-from core.config import RewardConfig
 from stream.config import WorkerConfig
 from stream.errors import PolicyStop
 from stream.logs import log_event
@@ -34,8 +34,15 @@ class DeadLetterLimitExceeded(PolicyStop, RuntimeError):
 
 
 class Router:
-    def __init__(self, config: WorkerConfig, reward: RewardConfig, stats: WorkerStats, ledger: OffsetLedger,
-                 send: Callable[[OutputRecord], None], partition_for: Callable[[str, bytes], int | None]) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        reward: RewardConfig,
+        stats: WorkerStats,
+        ledger: OffsetLedger,
+        send: Callable[[OutputRecord], None],
+        partition_for: Callable[[str, bytes], int | None],
+    ) -> None:
         self.config, self.reward, self.stats, self.ledger = config, reward, stats, ledger
         self.send, self.partition_for = send, partition_for
         self.dead_letters = DeadLetterWindow(config.dead_letter_limit)  # stop when mostly dead-lettering
@@ -65,7 +72,9 @@ class Router:
                 self.stats.zero_variance_dropped += len(group.members)
                 for m in group.members:
                     self.ledger.resolve(m.record.partition, (m.record.offset,))
-                log_event(log, "group.zero_variance_dropped", group=group.group_key, samples=len(group.members))
+                log_event(
+                    log, "group.zero_variance_dropped", group=group.group_key, samples=len(group.members)
+                )
                 return
             if policy.mode == "route":
                 assert policy.topic is not None

@@ -175,8 +175,12 @@ class Rec(NamedTuple):
 def settings_for(conn: Any, client_id: str | None = None) -> dict[str, Any]:
     """librdkafka properties for a `stream.clients.Connection` (address, client id, TLS/SASL)."""
     sec = conn.security
-    out: dict[str, Any] = {"bootstrap.servers": conn.bootstrap_servers, "client.id": client_id or conn.client_id,
-                           "security.protocol": sec.protocol.lower(), "logger": librdkafka_log}
+    out: dict[str, Any] = {
+        "bootstrap.servers": conn.bootstrap_servers,
+        "client.id": client_id or conn.client_id,
+        "security.protocol": sec.protocol.lower(),
+        "logger": librdkafka_log,
+    }
     if sec.uses_tls:
         if sec.ssl_cafile:
             out["ssl.ca.location"] = str(sec.ssl_cafile)
@@ -208,7 +212,9 @@ class _Consumer:
     def __init__(self, consumer: Consumer) -> None:
         self._c = consumer
         self._paused: set[tuple[str, int]] = set()
-        self._next: dict[tuple[str, int], int] = {}  # per partition: the offset after the last record handed out
+        self._next: dict[
+            tuple[str, int], int
+        ] = {}  # per partition: the offset after the last record handed out
         self.connections: int | None = None
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
@@ -225,7 +231,9 @@ class _Consumer:
             batch = out.get(tp)
             if batch is None:
                 batch = out[tp] = []
-            batch.append(Rec(tp.topic, tp.partition, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers()))
+            batch.append(
+                Rec(tp.topic, tp.partition, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
+            )
         for tp, batch in out.items():
             self._next[tp] = batch[-1].offset + 1
         return out
@@ -308,7 +316,9 @@ class _Consumer:
 
     def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
         with _translated:
-            found = self._c.offsets_for_times([_rd(tp, ts) for tp, ts in timestamps.items()], timeout=TIMEOUT_S)
+            found = self._c.offsets_for_times(
+                [_rd(tp, ts) for tp, ts in timestamps.items()], timeout=TIMEOUT_S
+            )
         return {TopicPartition(f.topic, f.partition): (f.offset if f.offset >= 0 else None) for f in found}
 
     def partitions_for_topic(self, topic: str) -> set[int] | None:
@@ -552,7 +562,9 @@ class _Admin:
         with _translated:
             return set(self._a.list_topics(timeout=TIMEOUT_S).topics)
 
-    def describe_topics(self, names: Sequence[str], *, authorized_operations: bool = False) -> list[TopicInfo]:
+    def describe_topics(
+        self, names: Sequence[str], *, authorized_operations: bool = False
+    ) -> list[TopicInfo]:
         from confluent_kafka import TopicCollection
 
         futures = self._a.describe_topics(TopicCollection(list(names)),
@@ -569,11 +581,16 @@ class _Admin:
                                  _ops(desc.authorized_operations) if authorized_operations else None))
         return out
 
-    def create_topics(self, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0) -> dict[str, Exception | None]:
+    def create_topics(
+        self, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0
+    ) -> dict[str, Exception | None]:
         if not specs:
             return {}
-        futures = self._a.create_topics([NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.configs))
-                                         for s in specs], operation_timeout=timeout_s, request_timeout=timeout_s)
+        futures = self._a.create_topics(
+            [NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.configs)) for s in specs],
+            operation_timeout=timeout_s,
+            request_timeout=timeout_s,
+        )
         out: dict[str, Exception | None] = {}
         for name, future in futures.items():
             try:
@@ -636,10 +653,18 @@ class _Admin:
         return any(node.port == port for node in self._cluster().nodes)
 
     def create_acls(self, acls: Sequence[AclSpec]) -> list[tuple[AclSpec, Exception]]:
-        bindings = [AclBinding(_RESOURCE_TYPES[a.resource], "kafka-cluster" if a.resource == "cluster" else a.name,
-                               ResourcePatternType.PREFIXED if a.prefixed else ResourcePatternType.LITERAL,
-                               a.principal, a.host, _OPERATIONS[a.operation], AclPermissionType.ALLOW)
-                    for a in acls]
+        bindings = [
+            AclBinding(
+                _RESOURCE_TYPES[a.resource],
+                "kafka-cluster" if a.resource == "cluster" else a.name,
+                ResourcePatternType.PREFIXED if a.prefixed else ResourcePatternType.LITERAL,
+                a.principal,
+                a.host,
+                _OPERATIONS[a.operation],
+                AclPermissionType.ALLOW,
+            )
+            for a in acls
+        ]
         failed = []
         for spec, binding in zip(acls, bindings, strict=True):
             try:
@@ -649,7 +674,9 @@ class _Admin:
         return failed
 
     def may_create_topic(self, name: str) -> bool:
-        futures = self._a.create_topics([NewTopic(name, 1, -1)], validate_only=True, request_timeout=TIMEOUT_S)
+        futures = self._a.create_topics(
+            [NewTopic(name, 1, -1)], validate_only=True, request_timeout=TIMEOUT_S
+        )
         try:
             futures[name].result(TIMEOUT_S)
         except KafkaException as exc:
@@ -743,8 +770,15 @@ class ConfluentClient:
         with _translated:
             return _AssignedConsumer(Consumer(settings))
 
-    def producer(self, *, client_id: str | None = None, max_record_bytes: int, transactional_id: str | None = None,
-                 transaction_timeout_s: float = 60.0, **tuning: Any) -> _Producer:
+    def producer(
+        self,
+        *,
+        client_id: str | None = None,
+        max_record_bytes: int,
+        transactional_id: str | None = None,
+        transaction_timeout_s: float = 60.0,
+        **tuning: Any,
+    ) -> _Producer:
         settings: dict[str, Any] = {
             **settings_for(self.conn, client_id),
             "acks": "all",
