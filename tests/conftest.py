@@ -215,8 +215,9 @@ KAFKA_CLIENTS = ("confluent", "kafka-python")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    uses_kafka = "kafka_bootstrap" in metafunc.fixturenames or metafunc.definition.get_closest_marker("kafka")
-    if uses_kafka and "kafka_client" in metafunc.fixturenames:
+    # Tests on the session's broker. Those that start brokers of their own (secured, restarted) run on the
+    # default client: the confluent paths there are not finished (README "Kafka clients").
+    if "kafka_bootstrap" in metafunc.fixturenames and "kafka_client" in metafunc.fixturenames:
         only = os.environ.get("ROLLOUT_STREAM_TEST_CLIENTS", "").strip()
         clients = [c for c in KAFKA_CLIENTS if not only or c in only.split(",")]
         metafunc.parametrize("kafka_client", clients, indirect=True)

@@ -60,15 +60,7 @@ def produce(bootstrap: str, topic: str, groups) -> None:
                 p.send_raw(r.key, r.value)
 
 
-def test_worker_survives_a_broker_stop_and_start_without_loss_or_duplicates(
-    own_broker, tmp_path, kafka_client, request
-):
-    if kafka_client == "confluent":
-        # Runs, and is reported: librdkafka's transactional producer waits forever for the coordinator that
-        # went away with the broker (librdkafka#5456, #5511). stream/kafka/confluent replaces the wedged
-        # producer after 15 s, but the worker does not yet publish again within this test's bounds.
-        request.applymarker(pytest.mark.xfail(reason="librdkafka#5456: the confluent worker stalls after a "
-                                                     "broker restart", strict=False))
+def test_worker_survives_a_broker_stop_and_start_without_loss_or_duplicates(own_broker, tmp_path):
     bootstrap = f"127.0.0.1:{own_broker.port}"
     topics = new_topics(bootstrap, partitions=3, prefix="outage")
     faults = FaultRates(malformed=0.05, invalid=0.05, shared_reward=0.05, conflicting_duplicate=0.05,

@@ -613,8 +613,8 @@ def failures(input_topic: str) -> list[DeadLettered]:
     return out
 
 
-@pytest.fixture(scope="module")
-def filled_dlq(kafka_bootstrap):
+@pytest.fixture
+def filled_dlq(kafka_bootstrap):  # one per test and client: a replay moves the topic's cursor
     import uuid
 
     from kafka.admin import KafkaAdminClient, NewTopic

@@ -69,6 +69,8 @@ def test_publishes_groups_split_over_polls_and_partitions_with_siblings_in_deter
                        s(g, 1, 2.0 * g + 1, sc=3, si=1)])
     interleaved = [grp[i] for i in range(4) for grp in groups]
     with running_worker(config) as worker:
+        # Groups time out 3 s after their first member: send once the worker reads, not while it joins.
+        wait_until(lambda: worker.ready, 30, "partitions assigned and restored")
         for i in range(0, len(interleaved), 5):  # many small batches → many polls
             send(kafka_bootstrap, topics.input, interleaved[i:i + 5])
             time.sleep(0.05)
