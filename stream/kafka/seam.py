@@ -208,6 +208,8 @@ class TopicInfo:
     partitions: int | None  # None when it does not exist or may not be described
     error: Exception | None = None  # UnknownTopic, AuthorizationFailed, ...
     authorized_operations: frozenset[str] | None = None  # KIP-430 (upper case: READ, WRITE, ...), if asked
+    replication_factor: int | None = None  # the fewest replicas of any of its partitions
+    leaderless: int = 0  # partitions without a leader now (a broker down and no in-sync replica to elect)
 
 
 @dataclass(frozen=True, slots=True)

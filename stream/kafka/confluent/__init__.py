@@ -578,7 +578,9 @@ class _Admin:
                 out.append(TopicInfo(name, None, translate(exc)))  # type: ignore[arg-type]
                 continue
             out.append(TopicInfo(name, len(desc.partitions), None,
-                                 _ops(desc.authorized_operations) if authorized_operations else None))
+                                 _ops(desc.authorized_operations) if authorized_operations else None,
+                                 min((len(p.replicas) for p in desc.partitions), default=None),
+                                 sum(1 for p in desc.partitions if p.leader is None or p.leader.id < 0)))
         return out
 
     def create_topics(

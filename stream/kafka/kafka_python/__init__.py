@@ -434,7 +434,10 @@ class _Admin:
                          if cls is AuthorizationFailed
                          else cls(f"topic {t['name']!r}", kind=ke.for_code(code).__name__))
             ops = _operations(t.get("authorized_operations")) if authorized_operations else None
-            out.append(TopicInfo(t["name"], None if code else len(t.get("partitions") or ()), error, ops))
+            parts = [] if code else list(t.get("partitions") or ())
+            out.append(TopicInfo(t["name"], None if code else len(parts), error, ops,
+                                 min((len(p.get("replica_nodes") or ()) for p in parts), default=None),
+                                 sum(1 for p in parts if p.get("leader_id", -1) < 0)))
         return out
 
     def create_topics(

@@ -32,7 +32,7 @@ class MemoryAdmin:
                         ) -> list[TopicInfo]:
         with self._cluster.lock:
             counts = {name: self._cluster._log.count(name) for name in names}
-        return [TopicInfo(name, n, None, ALL_OPERATIONS if authorized_operations else None) if n
+        return [TopicInfo(name, n, None, ALL_OPERATIONS if authorized_operations else None, 1) if n
                 else TopicInfo(name, None, unknown_topic(f"topic {name!r}")) for name, n in counts.items()]
 
     def create_topics(self, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0
