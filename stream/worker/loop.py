@@ -36,7 +36,7 @@ from stream.worker.partitions import Partitions
 from stream.worker.periodic import Every
 from stream.worker.restore import Restorer
 from stream.worker.routing import DeadLetterLimitExceeded, Router
-from stream.worker.stats import Snapshot, WorkerStats
+from stream.worker.stats import LoopObserver, Snapshot, WorkerStats
 
 __all__ = ["Worker"]
 
@@ -61,9 +61,7 @@ class Worker:
         self.cadence = CommitCadence(config.commit_interval_s, config.commit_max_records)
         self.router = Router(config, config.windows.reward, self.stats, self.ledger, self._send,
                              lambda topic, key: self._delivery.producer.partition_for(topic, key))
-        self.metrics: object | None = (
-            None  # stream.worker.metrics.LoopMetrics while an endpoint serves this worker
-        )
+        self.metrics: LoopObserver | None = None
         self.snapshot = Snapshot(self.stats)
         self.last_tick = 0.0  # monotonic time of the loop's last iteration (liveness)
         self._stop = threading.Event()
@@ -71,9 +69,10 @@ class Worker:
         self._delivery: Delivery | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
-    def observe_with(self, metrics: object) -> None:
+    def observe_with(self, metrics: LoopObserver) -> None:
         """Report batch, commit and latency observations to `metrics` (stream.worker.metrics.LoopMetrics)."""
         self.metrics = metrics
+        self.router.track_published = True
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -208,7 +207,7 @@ class Worker:
                 self._accept(rec, now_ms)
         mono = time.monotonic()
         if self.metrics is not None and batch:
-            self.metrics.observe_batch(mono - started)  # type: ignore[attr-defined]
+            self.metrics.observe_batch(mono - started)
         if self.periodic["expire"].due(mono):
             # Paused, the high watermarks are stale and members may wait behind the pause: expire nothing.
             self.router.route(
@@ -269,7 +268,7 @@ class Worker:
             self._restore_all_later()
             return
         if self.metrics is not None and (committed or self.router.published_ts):  # idle ticks are not commits
-            self.metrics.observe_commit(time.monotonic() - started, self.router.published_ts,  # type: ignore[attr-defined]
+            self.metrics.observe_commit(time.monotonic() - started, self.router.published_ts,
                                         int(self.clock() * 1000))
         self.router.published_ts = []
         if committed:

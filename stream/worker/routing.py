@@ -47,6 +47,7 @@ class Router:
         self.send, self.partition_for = send, partition_for
         self.dead_letters = DeadLetterWindow(config.dead_letter_limit)  # stop when mostly dead-lettering
         self.limit_exceeded: LimitExceeded | None = None
+        self.track_published = False  # set when metrics observe the loop: group latency
         self.published_ts: list[int] = []  # per group published since the last commit: newest member's ts
 
     def route(self, outcomes: list[Outcome]) -> None:
@@ -84,7 +85,8 @@ class Router:
             self.send(out)
         self.stats.groups_published += 1
         self.stats.samples_published += len(group.members)
-        self.published_ts.append(max(m.record.timestamp_ms for m in group.members))
+        if self.track_published:
+            self.published_ts.append(max(m.record.timestamp_ms for m in group.members))
 
     def _dead_letter(self, failure: DeadLettered) -> None:
         reason = failure.reason.value

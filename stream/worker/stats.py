@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Snapshot", "WorkerStats"]
+__all__ = ["LoopObserver", "Snapshot", "WorkerStats"]
+
+
+class LoopObserver(Protocol):
+    """What the loop reports timings to (stream.worker.metrics.LoopMetrics while an endpoint serves it)."""
+
+    def observe_batch(self, seconds: float) -> None: ...
+
+    def observe_commit(self, seconds: float, published_ts_ms: Iterable[int], now_ms: int) -> None: ...
 
 
 @dataclass

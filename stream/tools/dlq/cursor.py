@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from stream.names import REPLAY_PREFIX, replay_cursor_group, replay_transactional_id
+from stream.names import REPLAY_PREFIX, replay_cursor_group
 from stream.tools.dlq.selection import Selection
 
-__all__ = ["CURSOR_PREFIX", "CursorState", "cursor_name", "transactional_id", "resume_state", "new_replay_id"]
+__all__ = ["CURSOR_PREFIX", "CursorState", "cursor_name", "resume_state", "new_replay_id"]
 
 CURSOR_PREFIX = REPLAY_PREFIX
 _MAX_METADATA = 1024  # brokers refuse offset metadata above offset.metadata.max.bytes (4096 by default)
@@ -30,8 +30,6 @@ def cursor_name(selection: Selection, dead_letter_topic: str, to: str | None) ->
     """
     return replay_cursor_group(selection.fingerprint(dead_letter_topic, to))
 
-
-transactional_id = replay_transactional_id
 
 
 def new_replay_id() -> str:

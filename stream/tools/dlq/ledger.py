@@ -21,11 +21,7 @@ from stream.names import replay_ledger_topic
 from stream.tools.dlq.record import DeadLetterRecord
 from stream.tools.dlq.scan import ScanStalled
 
-__all__ = ["ReplayLedger", "ledger_topic", "ensure_ledger_topic", "load_ledger"]
-
-
-
-ledger_topic = replay_ledger_topic
+__all__ = ["ReplayLedger", "ensure_ledger_topic", "load_ledger"]
 
 
 @dataclass
@@ -55,7 +51,7 @@ class ReplayLedger:
 
 def ensure_ledger_topic(conn: Connection, dead_letter_topic: str) -> str:
     """Create the ledger topic when missing: one partition, compacted, the broker's replication factor."""
-    name = ledger_topic(dead_letter_topic)
+    name = replay_ledger_topic(dead_letter_topic)
     admin = client_for(conn).admin(client_id=conn.client_id)
     try:
         if name not in admin.list_topics():
@@ -71,7 +67,7 @@ def load_ledger(
     consumer: AssignedConsumer, dead_letter_topic: str, stall_timeout_s: float = 30.0
 ) -> ReplayLedger:
     """Every committed ledger entry (an absent ledger is an empty one). `consumer` is read_committed."""
-    ledger = ReplayLedger(ledger_topic(dead_letter_topic))
+    ledger = ReplayLedger(replay_ledger_topic(dead_letter_topic))
     parts = consumer.partitions_for_topic(ledger.topic)
     if not parts:
         return ledger

@@ -10,7 +10,8 @@ from typing import Any
 from stream.clients import MAX_RECORD_BYTES, Connection
 from stream.errors import RuntimeFailure
 from stream.kafka import Committed, Producer, SendFuture, TopicPartition, client_for
-from stream.tools.dlq.cursor import CursorState, cursor_name, new_replay_id, resume_state, transactional_id
+from stream.names import replay_transactional_id
+from stream.tools.dlq.cursor import CursorState, cursor_name, new_replay_id, resume_state
 from stream.tools.dlq.ledger import ReplayLedger, ensure_ledger_topic, load_ledger
 from stream.tools.dlq.lineage import ReplayAction, decide
 from stream.tools.dlq.scan import DeadLetterScanner, ScanPlan
@@ -153,7 +154,7 @@ def run_replay(
             # Fences any other replay of this dead-letter topic still alive and aborts its open transaction,
             # so the committed offsets and the ledger read below are final.
             producer = client.producer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES,
-                                       transactional_id=transactional_id(opts.dead_letter_topic))
+                                       transactional_id=replay_transactional_id(opts.dead_letter_topic))
             producer.init_transactions()
             txn = _Transaction(producer, consumer.group_metadata())
         ledger = load_ledger(consumer, opts.dead_letter_topic)
