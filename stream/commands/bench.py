@@ -67,6 +67,11 @@ def bench(
         bool, typer.Option(help="Commit cadence sweep (interval x max records) on (a) g8.")
     ] = True,
     memory: Annotated[bool, typer.Option(help="Peak RSS against bytes held in open windows.")] = True,
+    compare_clients: Annotated[
+        bool,
+        typer.Option(help="Also run (a) and (b) at g8 on the other Kafka client (confluent / kafka-python): "
+                     "the two side by side, and the librdkafka targets."),
+    ] = True,
     profile_dir: Annotated[
         str | None,
         typer.Option(
@@ -106,6 +111,7 @@ def bench(
         memory=memory,
         sweep=sweep,
         profile_dir=profile_dir,
+        compare_clients=compare_clients,
     )
 
     def progress(line: str) -> None:

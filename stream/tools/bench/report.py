@@ -14,6 +14,7 @@ from rich.text import Text
 
 from stream.layout import Fit, Flow, output_console, titled
 from stream.tools.bench.results import (
+    LIBRDKAFKA_TARGETS,
     MEMORY_TARGET,
     P99_TARGET_MS,
     THROUGHPUT_TARGET,
@@ -49,7 +50,11 @@ def _p99(r: WorkloadResult) -> str:
 
 
 def _mode(r: WorkloadResult) -> str:
-    return "EOS" if r.delivery == "exactly-once" else "ALO"
+    mode = "EOS" if r.delivery == "exactly-once" else "ALO"
+    return f"{mode} {_CLIENT_SHORT.get(r.client, r.client)}".rstrip()
+
+
+_CLIENT_SHORT = {"kafka-python": "kp", "confluent": "rd"}  # rd: librdkafka
 
 
 def _loop(r: WorkloadResult) -> str:
@@ -270,6 +275,25 @@ def targets_view(report: BenchReport) -> Group:
             )
         ),
     ]
+    rd = tg.get("librdkafka")
+    if rd:
+        t = LIBRDKAFKA_TARGETS
+
+        def one(label: str, key: str, shown: str) -> str:
+            if rd.get(key + "_ok") is None:
+                return f"{label}: {_not_measured(report, 'librdkafka')}"
+            return f"{label}: {verdict[rd[key + '_ok']]} ({shown})"
+
+        lines += [
+            one(f"librdkafka stage ≥ {t['ratio_a']:g} × its passthrough on (a) g8", "ratio_a",
+                str(rd.get("ratio_a"))),
+            one(f"librdkafka stage ≥ {t['ratio_b']:g} × its passthrough on (b) g8", "ratio_b",
+                str(rd.get("ratio_b"))),
+            one(f"librdkafka stage ≥ {t['vs_kafka_python_a']:g} × the kafka-python stage on (a) g8",
+                "vs_kafka_python_a", f"{rd.get('vs_kafka_python_a')} ×"),
+            one(f"librdkafka p99 ≤ {t['p99_ms']:g} ms at half load on (a) g8", "p99",
+                f"{_ms(rd.get('p99_ms_a'))} ms"),
+        ]
     return Group(Text("Targets:"), *(Flow(Text.from_markup(line), first=2, indent=4) for line in lines))
 
 
@@ -298,6 +322,10 @@ def render(report: BenchReport, console: Console | None = None) -> None:
     if report.delivery_compare:
         same = [r for r in report.results if any(r.workload == c.workload for c in report.delivery_compare)]
         console.print(titled("Exactly-once vs at-least-once", _throughput(same + report.delivery_compare)))
+    if report.client_compare:
+        same = [r for r in report.results if any(r.workload == c.workload for c in report.client_compare)]
+        console.print(titled("kafka-python (kp) and confluent-kafka/librdkafka (rd), same broker and run",
+                             _throughput(same + report.client_compare)))
     if report.memory:
         console.print(
             titled(

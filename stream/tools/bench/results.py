@@ -16,6 +16,7 @@ __all__ = [
     "THROUGHPUT_TARGET",
     "P99_TARGET_MS",
     "MEMORY_TARGET",
+    "LIBRDKAFKA_TARGETS",
     "BenchSettings",
     "Throughput",
     "WorkloadResult",
@@ -28,6 +29,9 @@ __all__ = [
 THROUGHPUT_TARGET = 0.85  # stage ≥ 0.85 × passthrough on workloads (a) and (b)
 P99_TARGET_MS = 250.0  # at half of the measured maximum rate
 MEMORY_TARGET = 1.5  # peak RSS ≤ 1.5 × open-window bytes + the idle worker's RSS
+# On librdkafka, groups of 8: stage ≥ these × the librdkafka passthrough, stage on (a) ≥ 3 × the kafka-python
+# stage, p99 at half load ≤ 100 ms.
+LIBRDKAFKA_TARGETS = {"ratio_a": 0.5, "ratio_b": 0.85, "vs_kafka_python_a": 3.0, "p99_ms": 100.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class BenchSettings:
     sweep: bool = True
     profile_dir: str | None = None
     workloads: tuple[Workload, ...] | None = None
+    compare_clients: bool = True  # (a) and (b), g8, also on the other Kafka client
 
     def suite(self) -> list[Workload]:
         return list(self.workloads) if self.workloads else standard_workloads(self.quick)
@@ -96,6 +101,7 @@ class WorkloadResult:
     passthrough: Throughput
     latency: LatencyResult | None
     passthrough_latency: LatencyResult | None = None  # same offered rate as `latency`
+    client: str = ""  # the Kafka client both sides ran on
 
     @property
     def ratio(self) -> float:
@@ -114,6 +120,7 @@ class WorkloadResult:
             "group_size": w.group_size,
             "siblings": w.siblings,
             "delivery": self.delivery,
+            "client": self.client,
             "stage": self.stage.to_json(),
             "passthrough": self.passthrough.to_json(),
             "ratio": round(self.ratio, 3),
@@ -174,6 +181,7 @@ class BenchReport:
     machine: dict[str, Any]
     results: list[WorkloadResult] = field(default_factory=list)
     delivery_compare: list[WorkloadResult] = field(default_factory=list)
+    client_compare: list[WorkloadResult] = field(default_factory=list)
     memory: list[MemoryResult] = field(default_factory=list)
     sweep: list[SweepPoint] = field(default_factory=list)
     sweep_workload: Workload | None = None
@@ -190,7 +198,37 @@ class BenchReport:
             "p99_ok": all(x <= P99_TARGET_MS for x in lat) if lat else None,
             "memory_ratio_max": round(max(m.ratio for m in self.memory), 3) if self.memory else None,
             "memory_ok": all(m.ok for m in self.memory) if self.memory else None,
+            "librdkafka": self.librdkafka_targets(),
         }
+
+    def _g8(self, client: str, name: str) -> WorkloadResult | None:
+        delivery = self.settings.deliveries[0]
+        return next((r for r in self.results + self.client_compare
+                     if r.client == client and r.delivery == delivery and r.workload.name == name
+                     and r.workload.group_size == 8 and r.workload.siblings == 1), None)
+
+    def librdkafka_targets(self) -> dict[str, Any] | None:
+        """The stage on librdkafka against its passthrough and against the kafka-python stage (issue 15)."""
+        rd_a, rd_b = self._g8("confluent", "a"), self._g8("confluent", "b")
+        kp_a = self._g8("kafka-python", "a")
+        if rd_a is None and rd_b is None:
+            return None
+        t = LIBRDKAFKA_TARGETS
+        out: dict[str, Any] = {}
+        if rd_a is not None:
+            out["ratio_a"] = round(rd_a.ratio, 3)
+            out["ratio_a_ok"] = rd_a.ratio >= t["ratio_a"]
+            p99 = rd_a.latency.p99_ms if rd_a.latency else None
+            out["p99_ms_a"] = p99
+            out["p99_ok"] = None if p99 is None else p99 <= t["p99_ms"]
+        if rd_b is not None:
+            out["ratio_b"] = round(rd_b.ratio, 3)
+            out["ratio_b_ok"] = rd_b.ratio >= t["ratio_b"]
+        if rd_a is not None and kp_a is not None and kp_a.stage.samples_per_s:
+            x = rd_a.stage.samples_per_s / kp_a.stage.samples_per_s
+            out["vs_kafka_python_a"] = round(x, 2)
+            out["vs_kafka_python_a_ok"] = x >= t["vs_kafka_python_a"]
+        return out
 
     def to_json(self) -> dict[str, Any]:
         s = self.settings
@@ -207,6 +245,7 @@ class BenchReport:
             },
             "results": [r.to_json() for r in self.results],
             "delivery_compare": [r.to_json() for r in self.delivery_compare],
+            "client_compare": [r.to_json() for r in self.client_compare],
             "memory": [m.to_json() for m in self.memory],
             "sweep": {
                 "workload": self.sweep_workload.label() if self.sweep_workload else None,

@@ -6,9 +6,10 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from stream.clients import MAX_RECORD_BYTES, Connection
+from stream.clients import CLIENTS, MAX_RECORD_BYTES, Connection
 from stream.kafka import TopicPartition, client_for
 from stream.tools.bench.latency import LatencyResult, measure_latency
 from stream.tools.bench.proc import RunnerFailed, RunnerProcess
@@ -165,7 +166,12 @@ class _Bench:
                 proc.kill()
         raise AssertionError("unreachable")
 
-    def workload(self, w: Workload, delivery: str) -> WorkloadResult:
+    def workload(self, w: Workload, delivery: str, client: str | None = None) -> WorkloadResult:
+        """Stage and passthrough on `w`, both on `client` (default: the connection's)."""
+        if client is not None and client != self.conn.client:
+            other = _Bench(self.s, self.progress, self.security)
+            other.conn = replace(self.conn, client=client)
+            return other.workload(w, delivery)
         topics = create_topics(self.conn, self.s.partitions)
         try:
             pre = preload(self.conn, topics.names.input, w)
@@ -184,9 +190,9 @@ class _Bench:
                 passthrough = max(passthrough, again, key=lambda t: t.samples_per_s)
         finally:
             delete_topics(self.conn, topics.all())
-        r = WorkloadResult(w, delivery, stage, passthrough, lat, pass_lat)
+        r = WorkloadResult(w, delivery, stage, passthrough, lat, pass_lat, client=self.conn.client)
         self.progress(
-            f"{w.label()} [{delivery}]: stage {stage.samples_per_s:,.0f}/s, passthrough "
+            f"{w.label()} [{delivery}, {self.conn.client}]: stage {stage.samples_per_s:,.0f}/s, passthrough "
             f"{passthrough.samples_per_s:,.0f}/s, ratio {r.ratio:.2f}, p99 "
             f"{lat.p99_ms if lat else '-'} ms (passthrough {pass_lat.p99_ms if pass_lat else '-'} ms)"
         )
@@ -255,6 +261,11 @@ def run_bench(
         for w in suite:
             if w.group_size == 8 and w.name in ("a", "b"):
                 report.delivery_compare.append(bench.workload(w, other))
+    if settings.compare_clients and not settings.quick:
+        other = next(c for c in CLIENTS if c != bench.conn.client)
+        for w in suite:
+            if w.group_size == 8 and w.name in ("a", "b"):
+                report.client_compare.append(bench.workload(w, settings.deliveries[0], other))
     if settings.memory and not settings.quick:
         long = next(w for w in suite if w.name == "b")
         short = next(w for w in suite if w.name == "a")

@@ -13,6 +13,7 @@ from codec import Array, Sample, encode_sample, group_key_of
 from stream.clients import MAX_RECORD_BYTES, Connection
 from stream.errors import RuntimeFailure
 from stream.kafka import TopicPartition, TopicSpec, client_for
+from stream.topics import replication_for
 
 __all__ = [
     "Workload",
@@ -133,8 +134,10 @@ def create_topics(conn: Connection, partitions: int, tag: str = "bench") -> Benc
     names = TopicTriple(f"{prefix}-rollouts", f"{prefix}-train", f"{prefix}-dlq")
     admin = client_for(conn).admin(client_id=conn.client_id)
     try:
+        replication = replication_for(admin)  # on a cluster, replicated as `topics create` would
         for error in admin.create_topics(
-            [TopicSpec(n, partitions, 1, {"max.message.bytes": str(MAX_RECORD_BYTES)})
+            [TopicSpec(n, partitions, replication.factor,
+                       {"max.message.bytes": str(MAX_RECORD_BYTES), **replication.configs()})
              for n in (names.input, names.output, names.dead_letter)]
         ).values():
             if error is not None:
