@@ -9,6 +9,7 @@ import re
 __all__ = [
     "REPLAY_PREFIX",
     "changelog_topic_name",
+    "progress_topic",
     "rank_group_id",
     "rank_group_prefix",
     "replay_cursor_group",
@@ -25,6 +26,12 @@ def changelog_topic_name(group_id: str, input_topic: str) -> str:
     """The compacted topic that holds a worker group's open windows for `input_topic`."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", group_id)
     return f"{safe}-{input_topic}-windows-changelog"[:249]
+
+
+def progress_topic(train_data_topic: str) -> str:
+    """The compacted topic where trainers, paced producers and workers of one train-data topic say where they
+    are (docs/pacing.md)."""
+    return f"{train_data_topic}.progress"[:249]
 
 
 def transactional_id_prefix(group_id: str) -> str:

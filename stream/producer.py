@@ -9,12 +9,15 @@ from typing import Any
 import msgspec
 
 from codec import Sample, encode_sample, group_key
+from core.pacing import Admission, PacingLimits
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.kafka import SendFuture, check_connection, client_for
+from stream.names import progress_topic
+from stream.pacing import AdmissionGate, PacingError, PacingStats
 from stream.security import SecuritySettings
 from stream.topics import require_topics
 
-__all__ = ["RolloutProducer", "numbered_group"]
+__all__ = ["PacingError", "RolloutProducer", "numbered_group"]
 
 
 class RolloutProducer:
@@ -22,11 +25,21 @@ class RolloutProducer:
 
     >>> with RolloutProducer("localhost:9092", topic="rollouts") as p:
     ...     p.send(Sample(group_index=0, index=0, rollout_id=0, reward=1.0, group_size=4))
+
+    Paced to a trainer (docs/pacing.md): call `admit(weight_version)` before generating each prompt group.
+
+    >>> with RolloutProducer("localhost:9092", trainer_group_id="trainer", max_policy_lag=1,
+    ...                      max_unconsumed_groups=64) as p:
+    ...     p.admit(version, timeout=600)   # waits while the group would arrive too stale
+    ...     p.send_many(generate(prompt, weights=version))
     """
 
     def __init__(self, bootstrap_servers: str | Connection, topic: str = "rollouts", *,
                  security: SecuritySettings | None = None, check: bool = True, client: str | None = None,
-                 **producer_settings: Any) -> None:
+                 trainer_group_id: str | None = None, train_data_topic: str = "train-data",
+                 max_policy_lag: int | None = None, max_unconsumed_groups: int | None = None,
+                 versions_per_batch: int = 1, producer_id: str | None = None,
+                 trainer_stale_after_s: float = 60.0, **producer_settings: Any) -> None:
         """`bootstrap_servers`: an address, or a Connection (address and TLS/SASL settings); `security`
         applies to an address (e.g. SecuritySettings.from_env()); `client` picks the Kafka client library
         (confluent or kafka-python; default: $ROLLOUT_STREAM_CLIENT, else confluent).
@@ -34,7 +47,19 @@ class RolloutProducer:
         Fails at once, naming what is wrong, where kafka-python would block for its max_block_ms on the first
         send: BrokerUnreachable (no server at the address), ConnectionCheckFailed (TLS/SASL refused; skipped
         with `check=False` when the caller has just checked), MissingTopic (`topic` does not exist).
+
+        Pacing (docs/pacing.md): with `max_policy_lag` k and/or `max_unconsumed_groups` n, `admit()` waits
+        while a new group would be more than k weight versions behind trainer group `trainer_group_id` when
+        consumed, or while n groups are admitted and not yet consumed (this producer's and the other paced
+        producers' of that trainer group). `train_data_topic` names the trainer's topic (its progress topic
+        is derived from it); `versions_per_batch`: how far the trainer's version moves per batch at most;
+        `producer_id`: this producer's name on the progress topic (default: random); a trainer whose
+        progress is older than `trainer_stale_after_s` is reported as stale.
         """
+        limits = PacingLimits(max_policy_lag, max_unconsumed_groups, versions_per_batch)
+        if limits.active and not trainer_group_id:
+            raise ValueError("max_policy_lag and max_unconsumed_groups pace to a trainer: "
+                             "give trainer_group_id")
         self.topic = topic
         if isinstance(bootstrap_servers, Connection):
             conn = replace(bootstrap_servers, client_id="rollout-stream-producer",
@@ -51,13 +76,44 @@ class RolloutProducer:
             max_record_bytes=producer_settings.pop("max_record_bytes", MAX_RECORD_BYTES),
             **producer_settings,
         )
+        self.gate: AdmissionGate | None = None
+        if limits.active:
+            assert trainer_group_id is not None
+            self.gate = AdmissionGate(conn, topic=topic, progress_topic=progress_topic(train_data_topic),
+                                      trainer_group=trainer_group_id, limits=limits, producer_id=producer_id,
+                                      stale_after_s=trainer_stale_after_s)
+
+    # ---- pacing ------------------------------------------------------------------------------------
+    def admit(self, weight_version: int, timeout: float | None = None) -> Admission:
+        """Wait until a prompt group generated at `weight_version` may start, and count it (docs/pacing.md).
+
+        Raises PacingTimeout after `timeout` seconds without room (the message says whether the trainer is
+        stale, silent, or just behind), WeightsTooOld when the version is too old to ever be admitted.
+        Without pacing limits it admits at once.
+        """
+        if self.gate is None:
+            return Admission(None, 0, None)
+        return self.gate.admit(int(weight_version), timeout)
+
+    def can_admit(self, weight_version: int) -> bool:
+        """Whether `admit(weight_version)` would return at once (it does not count the group)."""
+        return self.gate is None or self.gate.can_admit(int(weight_version))
+
+    @property
+    def pacing(self) -> PacingStats | None:
+        """Admissions and time spent waiting in `admit` (None without pacing)."""
+        return None if self.gate is None else self.gate.stats
 
     def send(self, sample: Sample, *, timestamp_ms: int | None = None,
              headers: list[tuple[str, bytes]] | None = None) -> SendFuture:
         """Encode and send one sample; its outcome is known after `flush()`. A send the client already knows
         failed (e.g. no Write ACL on the topic) raises at once: samples are never dropped silently."""
-        return self._producer.send(self.topic, encode_sample(sample), group_key(sample),
-                                   timestamp_ms=timestamp_ms, headers=headers)
+        key = group_key(sample)
+        future = self._producer.send(self.topic, encode_sample(sample), key, timestamp_ms=timestamp_ms,
+                                     headers=headers)
+        if self.gate is not None:
+            self.gate.sent(key, future)  # counted until the trainer consumed the group
+        return future
 
     def send_raw(
         self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None
@@ -84,7 +140,11 @@ class RolloutProducer:
         self._producer.flush(timeout=timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        self._producer.close(timeout=timeout)
+        try:
+            self._producer.close(timeout=timeout)
+        finally:
+            if self.gate is not None:
+                self.gate.close()
 
     def __enter__(self) -> RolloutProducer:
         return self

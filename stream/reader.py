@@ -52,7 +52,8 @@ from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
 from stream.logs import log_event
-from stream.names import rank_group_id
+from stream.names import progress_topic, rank_group_id
+from stream.pacing import TrainerProgressPublisher
 from stream.security import SecuritySettings
 
 __all__ = [
@@ -367,6 +368,7 @@ class TrainDataReader:
         layout: Layout = "tensors",
         balance_data: bool = False,
         client: str | None = None,
+        publish_progress: bool = True,
     ) -> None:
         if layout not in ("tensors", "miles"):
             raise ValueError(f"layout must be tensors or miles, got {layout!r}")
@@ -418,6 +420,12 @@ class TrainDataReader:
         self._committer: Any = None
         self._failed: ReaderError | None = None
         self._closed = False
+        # Rank 0 tells paced producers where this trainer group is (docs/pacing.md): on each batch, each
+        # set_weight_version and commit, and on a heartbeat.
+        self.progress = (TrainerProgressPublisher(self.conn, progress_topic(topic), group_id,
+                                                  groups_per_batch=groups_per_batch,
+                                                  max_weight_staleness=max_weight_staleness)
+                         if publish_progress and rank == 0 else None)
         self._thread = _Prefetcher(self)
         self._thread.start()
 
@@ -425,6 +433,8 @@ class TrainDataReader:
     def set_weight_version(self, version: int) -> None:
         """The trainer's weight version: groups older than version - max_weight_staleness are skipped."""
         self.weight_version = int(version)
+        if self.progress is not None:
+            self.progress.weight_version(self.weight_version, self.stats.skipped_stale_groups)
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -496,6 +506,9 @@ class TrainDataReader:
         self.stats.batches += 1
         self.stats.skipped_stale_groups += batch.skipped_stale
         self.stats.skipped_invalid_groups += batch.skipped_invalid
+        if self.progress is not None:
+            self.progress.consumed([g for g, _ in items], plan.groups, index, self.weight_version,
+                                   self.stats.skipped_stale_groups)
         return batch
 
     def _miles_shard(self, groups: Sequence[AssembledGroup]) -> tuple[list[TrainSample], dict[str, Any]]:
@@ -528,6 +541,8 @@ class TrainDataReader:
                 commit_group=rank_group_id(self.group_id, self.rank))
         self._committer.commit(offsets)
         self._committed = self._yielded
+        if self.progress is not None:
+            self.progress.publish()
         return True
 
     def close(self) -> None:
@@ -538,6 +553,8 @@ class TrainDataReader:
         self._thread.join(timeout=30)
         if self._committer is not None:
             self._committer.close()
+        if self.progress is not None:
+            self.progress.close()
 
     def __enter__(self) -> TrainDataReader:
         return self

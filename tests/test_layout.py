@@ -19,14 +19,17 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "stream.errors": (),  # the error tree: importable from anywhere because it imports nothing of the project
     # the seam and its clients
     "stream.kafka": ("stream.kafka", "stream.logs", "stream.security", "stream.clients", "stream.errors"),
+    # pacing: the progress topic and the producer's admission gate (the rule is core.pacing)
+    "stream.pacing": ("stream.pacing", "stream.kafka", *BASE),
     # the worker
-    "stream.worker": ("stream.worker", "stream.kafka", *BASE),
+    "stream.worker": ("stream.worker", "stream.pacing", "stream.kafka", *BASE),
     # what other processes import
-    "stream.producer": ("stream.producer", "stream.kafka", *BASE),
-    "stream.reader": ("stream.reader", "stream.kafka", *BASE),
+    "stream.producer": ("stream.producer", "stream.pacing", "stream.kafka", *BASE),
+    "stream.reader": ("stream.reader", "stream.pacing", "stream.kafka", *BASE),
     # operator tools
     "stream.tools": (
-        "stream.tools", "stream.kafka", "stream.worker", "stream.producer", "stream.reader", *BASE
+        "stream.tools", "stream.kafka", "stream.worker", "stream.pacing", "stream.producer", "stream.reader",
+        *BASE
     ),
     # the shared base: the settings, names and errors everything else uses
     **{module: ("stream.kafka", *BASE) for module in BASE

@@ -165,7 +165,7 @@ def tail(
     shown = 0
     reader = TrainDataReader(conn, output_topic, f"rollout-stream-tail-{uuid.uuid4().hex[:8]}",
                              groups_per_batch=1, start="earliest" if from_beginning else "latest",
-                             partition_idle_ms=partition_idle_ms)
+                             partition_idle_ms=partition_idle_ms, publish_progress=False)
     try:
         for batch in reader:
             if batch.groups:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from stream.kafka import AclSpec
-from stream.names import changelog_topic_name, rank_group_prefix, transactional_id_prefix
+from stream.names import changelog_topic_name, progress_topic, rank_group_prefix, transactional_id_prefix
 
 __all__ = [
     "Permission",
@@ -111,9 +111,15 @@ def worker_permissions(
     return out
 
 
-def producer_permissions(*, input_topic: str, idempotent_write: bool = False) -> list[Permission]:
-    """What a rollout producer (stream.producer.RolloutProducer, `rollout-stream synth`) needs."""
+def producer_permissions(*, input_topic: str, idempotent_write: bool = False,
+                         paced_to_output_topic: str | None = None) -> list[Permission]:
+    """What a rollout producer (stream.producer.RolloutProducer, `rollout-stream synth`) needs; paced to a
+    trainer of `paced_to_output_topic` (docs/pacing.md), also its progress topic."""
     out = [Permission("topic", input_topic, "Write", "publish rollout samples")]
+    if paced_to_output_topic is not None:
+        progress = progress_topic(paced_to_output_topic)
+        out += [Permission("topic", progress, "Read", "read the trainer's progress (pacing)"),
+                Permission("topic", progress, "Write", "publish this producer's progress (pacing)")]
     if idempotent_write:
         out.append(
             Permission("cluster", "kafka-cluster", "IdempotentWrite", "idempotent producer (brokers < 2.8)")
@@ -128,6 +134,8 @@ def reader_permissions(*, output_topic: str, group_id: str) -> list[Permission]:
         Permission(
             "group", rank_group_prefix(group_id), "Read", "commit each rank's position", prefixed=True
         ),
+        Permission("topic", progress_topic(output_topic), "Write",
+                   "publish the trainer group's progress for paced producers (docs/pacing.md)"),
     ]
 
 

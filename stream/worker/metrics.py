@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from stream.errors import ConfigurationError
 from stream.worker.outputs import STAGE_VERSION
+from stream.worker.progress import ProgressCollector, StageProgressPublisher
 
 __all__ = ["LoopMetrics", "MetricsPortUnavailable", "WorkerCollector", "MetricsServer", "serve_metrics"]
 
@@ -211,6 +212,10 @@ class MetricsServer(ThreadingHTTPServer):
         self.started = time.monotonic()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(WorkerCollector(worker))
+        # Pacing (docs/pacing.md): producers', trainers' and this stage's positions, via the progress topic.
+        self.progress = ProgressCollector(worker)
+        self.registry.register(self.progress)
+        self.stage_progress = StageProgressPublisher(worker)
         worker.observe_with(LoopMetrics(self.registry, worker.config.delivery))
         self.thread = threading.Thread(target=self.serve_forever, name="metrics-http", daemon=True)
 
@@ -241,6 +246,8 @@ class MetricsServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+        self.stage_progress.close()
+        self.progress.close()
 
 
 def serve_metrics(worker: Any, port: int, host: str = "0.0.0.0") -> MetricsServer:

@@ -341,8 +341,13 @@ def test_producer_and_reader_acls_render_as_kafka_acls_commands():
         "# commit each rank's position",
         "kafka-acls.sh --bootstrap-server b:9093 --command-config '/etc/kafka/admin client.properties' --add "
         "--allow-principal User:trainer --operation Read --group t-rank --resource-pattern-type prefixed",
+        "# publish the trainer group's progress for paced producers (docs/pacing.md)",
+        "kafka-acls.sh --bootstrap-server b:9093 --command-config '/etc/kafka/admin client.properties' --add "
+        "--allow-principal User:trainer --operation Write --topic train-data.progress",
     ]
     assert [str(p) for p in producer_permissions(input_topic="rollouts")] == ["WRITE on topic 'rollouts'"]
+    assert [str(p) for p in producer_permissions(input_topic="rollouts", paced_to_output_topic="t")] == [
+        "WRITE on topic 'rollouts'", "READ on topic 't.progress'", "WRITE on topic 't.progress'"]
 
 
 def test_runtime_denials_become_one_line_naming_the_permission():

@@ -1,0 +1,167 @@
+"""`rollout-stream lag`: where each party of the pipeline is, from the progress topic and the offsets.
+
+Producers (newest weight version, groups admitted and outstanding, waiting or not), the stage (input lag of
+its consumer group, open groups as its workers last said), each trainer group (batch, groups consumed,
+weight version, policy lag behind the producers, train-data records it has not committed, groups waiting
+for it). A party whose last record is older than `stale_after_s` is shown as stale (docs/pacing.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+
+from stream.clients import Connection
+from stream.kafka import KafkaFailure, TopicPartition, client_for
+from stream.layout import Fit, Flow
+from stream.names import progress_topic, rank_group_id
+from stream.pacing import ProgressBoard
+from stream.pacing.positions import ProducerRow, TrainerRow, age_s, producer_row, trainer_row
+
+__all__ = ["LagReport", "ProducerRow", "StageRow", "TrainerRow", "lag_report", "render_lag"]
+
+
+@dataclass(frozen=True)
+class StageRow:
+    group_id: str
+    input_topic: str
+    input_lag_records: int | None  # from the committed offsets of the worker group (None: no commit yet)
+    open_groups: int | None  # what its workers last published (None: none did)
+    workers: int
+    age_s: float | None
+    stale: bool
+
+
+@dataclass(frozen=True)
+class LagReport:
+    progress_topic: str
+    stale_after_s: float
+    producers: list[ProducerRow] = field(default_factory=list)
+    stages: list[StageRow] = field(default_factory=list)
+    trainers: list[TrainerRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _records_behind(conn: Connection, topic: str, groups: dict[str, str]) -> dict[str, int | None]:
+    """Per name, the records of `topic` after the commits of its consumer group (None: no commit)."""
+    if not groups:
+        return {}
+    client = client_for(conn)
+    consumer = client.assigned_consumer(client_id=conn.client_id, max_record_bytes=1 << 20)
+    admin = client.admin(client_id=conn.client_id)
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return dict.fromkeys(groups)
+        ends = consumer.end_offsets(tps)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                found = admin.group_offsets(list(groups.values()), tps)
+                break
+            except KafkaFailure as exc:  # e.g. the offsets topic of a fresh cluster is still being made
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        admin.close()
+        consumer.close()
+    out: dict[str, int | None] = {}
+    for name, group in groups.items():
+        committed = found.get(group, {})
+        out[name] = (sum(max(0, ends[tp] - committed[tp][0]) if tp in committed else ends[tp] for tp in tps)
+                     if committed else None)
+    return out
+
+
+def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_group_id: str,
+               stale_after_s: float = 60.0, wait_s: float = 10.0) -> LagReport:
+    """Read the progress topic to its end (at most `wait_s`) and the offsets, and say where everyone is."""
+    topic = progress_topic(output_topic)
+    board = ProgressBoard(conn, topic)
+    notes: list[str] = []
+    try:
+        if not board.wait_caught_up(wait_s):
+            notes.append(f"{topic} was not read to its end within {wait_s:g}s"
+                         " (it does not exist until a trainer or `topics create` makes it)")
+        producers, stages, trainers = board.producers(), board.stages(), board.trainers()
+    finally:
+        board.close()
+    now = int(time.time() * 1000)
+    stale_ms = stale_after_s * 1000
+    producer_rows = [producer_row(p, now, stale_ms) for p in producers]
+    behind = _records_behind(conn, output_topic, {t.group_id: rank_group_id(t.group_id, 0) for t in trainers})
+    stage_lag = _records_behind(conn, input_topic, {stage_group_id: stage_group_id})[stage_group_id]
+    mine = [s for s in stages if s.group_id == stage_group_id and s.input_topic == input_topic]
+    fresh_stages = [s for s in mine if now - s.updated_ms <= stale_ms]
+    newest = max((s.updated_ms for s in mine), default=None)
+    stage_rows = [StageRow(
+        stage_group_id, input_topic, stage_lag,
+        sum(s.open_groups for s in fresh_stages) if fresh_stages else None, len(fresh_stages),
+        None if newest is None else age_s(newest, now), bool(mine) and not fresh_stages)]
+    trainer_rows = [trainer_row(t, producer_rows, behind.get(t.group_id), now, stale_ms) for t in trainers]
+    if not trainers:
+        notes.append("no trainer has published progress (a TrainDataReader publishes it from rank 0)")
+    return LagReport(topic, stale_after_s, producer_rows, stage_rows, trainer_rows, notes)
+
+
+# ---- rendering -------------------------------------------------------------------------------------
+_HEADERS = ("party", "name", "version", "position", "behind", "updated", "state")
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _rows(report: LagReport) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for p in report.producers:
+        state = "stale" if p.stale else ("waiting" if p.waiting else "ok")
+        rows.append(("producer", p.producer_id, _dash(p.newest_weight_version),
+                     f"{p.admitted} admitted, {p.outstanding} outstanding", f"waited {p.wait_s:.1f}s",
+                     f"{p.age_s:g}s ago", state))
+    for s in report.stages:
+        rows.append(("stage", s.group_id, "-",
+                     f"{_dash(s.open_groups)} open groups ({s.workers} worker(s))",
+                     f"{_dash(s.input_lag_records)} input records",
+                     "-" if s.age_s is None else f"{s.age_s:g}s ago", "stale" if s.stale else "ok"))
+    for t in report.trainers:
+        rows.append(("trainer", t.group_id, _dash(t.weight_version),
+                     f"batch {_dash(t.batch)}, {t.consumed_groups} groups ({t.skipped_stale_groups} stale)",
+                     f"policy lag {_dash(t.policy_lag)}, {t.groups_waiting} groups waiting, "
+                     f"{_dash(t.records_behind)} records", f"{t.age_s:g}s ago", "stale" if t.stale else "ok"))
+    return rows
+
+
+def _table(rows: list[tuple[str, ...]]) -> Table:
+    table = Table(header_style="bold")  # its border ends every line: no trailing spaces in a pipe
+    for h in _HEADERS:
+        table.add_column(h, no_wrap=True)
+    for row in rows:
+        table.add_row(*(escape(c) for c in row))
+    return table
+
+
+def _stacked(rows: list[tuple[str, ...]]) -> Group:
+    lines: list[RenderableType] = []
+    for party, name, version, position, behind, updated, state in rows:
+        lines.append(Flow(f"{party} {name}: {state}, weight version {version}, updated {updated}", indent=4))
+        lines.append(Flow(f"{position}; {behind}", first=2, indent=4))
+    return Group(*lines)
+
+
+def render_lag(report: LagReport) -> RenderableType:
+    """One table (a block per party where it does not fit), then the notes."""
+    rows = _rows(report)
+    parts: list[RenderableType] = [Fit(_table(rows), _stacked(rows))] if rows else []
+    parts += [Flow(note, style="dim") for note in report.notes]
+    return Group(*parts)

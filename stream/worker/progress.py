@@ -1,0 +1,158 @@
+"""The worker and pacing (docs/pacing.md): it says where the stage is on the progress topic, and its metrics
+endpoint exposes where the producers and trainer groups are, from the same topic.
+
+Both run beside the loop, from the metrics endpoint (`--metrics-port`): `StageProgressPublisher` writes the
+loop's published snapshot (open groups, input lag) every few seconds; `ProgressCollector` reads the
+progress topic at scrape time, as `rollout-stream lag` shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from codec.progress import StageProgress
+from stream.kafka import KafkaFailure
+from stream.logs import log_event
+from stream.names import progress_topic
+from stream.pacing import ProgressBoard, ProgressWriter, now_ms
+from stream.pacing.positions import producer_row, trainer_row
+
+__all__ = ["LAG_BUCKETS", "ProgressCollector", "StageProgressPublisher"]
+
+log = logging.getLogger("rollout_stream.worker")
+
+PREFIX = "rollout_stream"
+LAG_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16)  # policy lag in weight versions
+
+
+class StageProgressPublisher:
+    """Every `interval_s`, this worker's open groups and input lag as a StageProgress record."""
+
+    def __init__(self, worker: Any, interval_s: float = 5.0) -> None:
+        self.worker, self.interval_s = worker, interval_s
+        self.topic = progress_topic(worker.config.topics.output)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stage-progress", daemon=True)
+        self._thread.start()
+
+    def record(self) -> StageProgress:
+        w = self.worker
+        snap = w.snapshot
+        instance = w.claim.instance_id if getattr(w, "claim", None) is not None else w.conn.client_id
+        return StageProgress(group_id=w.config.group_id, instance_id=str(instance),
+                             input_topic=w.config.topics.input, open_groups=snap.open_windows,
+                             lag_records=sum(snap.lag.values()),
+                             groups_published=snap.stats.groups_published, updated_ms=now_ms())
+
+    def _run(self) -> None:
+        try:
+            writer = ProgressWriter(self.worker.conn, self.topic, heartbeat_s=3600,
+                                    client=self.worker.client)
+        except KafkaFailure as exc:
+            log_event(log, "progress.unavailable", logging.WARNING, topic=self.topic,
+                      error=f"{type(exc).__name__}: {exc}",
+                      effect="`rollout-stream lag` shows no open groups")
+            return
+        try:
+            while True:
+                writer.publish(self.record())
+                if self._stop.wait(self.interval_s):
+                    break
+        except KafkaFailure as exc:
+            log_event(log, "progress.write_failed", logging.WARNING, topic=self.topic,
+                      error=f"{type(exc).__name__}: {exc}")
+        finally:
+            writer.close(timeout=5)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+class ProgressCollector(Collector):
+    """Producers' and trainer groups' positions as gauges, and each trainer group's policy-lag histogram."""
+
+    def __init__(self, worker: Any, stale_after_s: float = 60.0) -> None:
+        self.stale_after_s = stale_after_s
+        self.board = ProgressBoard(worker.conn, progress_topic(worker.config.topics.output),
+                                   client=worker.client)
+
+    def collect(self) -> Iterator[Metric]:
+        now = now_ms()
+        stale_ms = self.stale_after_s * 1000
+        producers = [producer_row(p, now, stale_ms) for p in self.board.producers()]
+        trainers = [trainer_row(t, producers, None, now, stale_ms) for t in self.board.trainers()]
+
+        def family(name: str, doc: str, label: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=[label])
+
+        version = family("trainer_weight_version", "The weight version each trainer group trains with.",
+                         "trainer_group")
+        lag = family("trainer_policy_lag", "A trainer group's version minus the oldest newest version of "
+                     "the producers pacing to it.", "trainer_group")
+        waiting = family("trainer_groups_waiting", "Groups admitted by live paced producers and not yet "
+                         "consumed by this trainer group.", "trainer_group")
+        age = family("trainer_progress_age_seconds", "Seconds since a trainer group last published progress.",
+                     "trainer_group")
+        stale = family("trainer_stale", f"1 when a trainer group's progress is older than "
+                       f"{self.stale_after_s:g}s.", "trainer_group")
+        rate = family("trainer_accepted_tokens_per_second", "Tokens of the groups a trainer group trained "
+                      "on (not skipped), per second over the last minute.", "trainer_group")
+        consumed = CounterMetricFamily(f"{PREFIX}_trainer_consumed_groups",
+                                       "Groups a trainer group took into batches (trained or skipped).",
+                                       labels=["trainer_group"])
+        skipped = CounterMetricFamily(f"{PREFIX}_trainer_skipped_stale_groups",
+                                      "Groups a trainer group skipped as too stale.",
+                                      labels=["trainer_group"])
+        histogram = HistogramMetricFamily(
+            f"{PREFIX}_trainer_group_policy_lag",
+            "Policy lag of published groups when a trainer group trained on them (weight versions).",
+            labels=["trainer_group"])
+        for t in trainers:
+            labels = [t.group_id]
+            if t.weight_version is not None:
+                version.add_metric(labels, t.weight_version)
+            if t.policy_lag is not None:
+                lag.add_metric(labels, t.policy_lag)
+            waiting.add_metric(labels, t.groups_waiting)
+            age.add_metric(labels, t.age_s)
+            stale.add_metric(labels, 1 if t.stale else 0)
+            rate.add_metric(labels, t.tokens_per_s)
+            consumed.add_metric(labels, t.consumed_groups)
+            skipped.add_metric(labels, t.skipped_stale_groups)
+            buckets, total = [], 0
+            for bound in LAG_BUCKETS:
+                buckets.append((str(float(bound)), sum(n for v, n in t.lag_counts.items() if v <= bound)))
+            count = sum(t.lag_counts.values())
+            total = sum(v * n for v, n in t.lag_counts.items())
+            buckets.append(("+Inf", count))
+            histogram.add_metric(labels, buckets, total)
+        yield from (version, lag, waiting, age, stale, rate, consumed, skipped, histogram)
+
+        p_version = family("producer_weight_version", "The newest weight version a paced producer admitted "
+                           "a group at.", "producer")
+        p_out = family("producer_outstanding_groups", "A paced producer's groups admitted and not yet "
+                       "consumed.", "producer")
+        p_wait = family("producer_waiting", "1 while a paced producer waits in admit().", "producer")
+        p_wait_s = CounterMetricFamily(f"{PREFIX}_producer_wait_seconds",
+                                       "Seconds a paced producer spent waiting in admit().",
+                                       labels=["producer"])
+        for p in producers:
+            if p.stale:
+                continue
+            labels = [p.producer_id]
+            if p.newest_weight_version is not None:
+                p_version.add_metric(labels, p.newest_weight_version)
+            p_out.add_metric(labels, p.outstanding)
+            p_wait.add_metric(labels, 1 if p.waiting else 0)
+            p_wait_s.add_metric(labels, p.wait_s)
+        yield from (p_version, p_out, p_wait, p_wait_s)
+
+    def close(self) -> None:
+        self.board.close()

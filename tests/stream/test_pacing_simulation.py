@@ -1,0 +1,220 @@
+"""Fast producers, a slow trainer, the worker between them, on the real broker (docs/pacing.md).
+
+Without pacing the producers run ahead and the reader skips the groups that arrive too stale; with
+`max_policy_lag` the producers wait instead, the reader skips none, and the trainer waits for data no
+longer than IDLE_BOUND_S per batch (after the first, which waits for the pipeline to start).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import pytest
+from typer.testing import CliRunner
+
+from codec import Sample
+from stream.app import app
+from stream.clients import Connection
+from stream.config import WorkerConfig
+from stream.names import progress_topic
+from stream.pacing import PacingTimeout, ProgressBoard, WeightsTooOld
+from stream.producer import RolloutProducer
+from stream.reader import TrainDataReader
+from tests.stream.helpers import new_topics, running_worker
+
+pytestmark = pytest.mark.kafka(timeout=240)
+
+GROUPS_PER_BATCH = 4
+ROLLOUTS = 4  # per group
+STEPS = 10  # batches the trainer takes
+STEP_S = 0.4  # one simulated training step
+GENERATE_S = 0.05  # one simulated prompt group: 4 threads make 80 groups/s, 8x what the trainer takes
+# One RolloutProducer driven by 4 rollout threads (a rollout manager's engines): its admissions are decided
+# under one lock. Separate producer processes see each other's counts a poll late (docs/pacing.md, Limits).
+PRODUCERS = 1
+THREADS = 4
+MAX_GROUPS = 2000  # a bound on an unpaced run's work (it does not get near it)
+STALENESS = 1  # the reader's max_weight_staleness, and the producers' max_policy_lag
+IDLE_BOUND_S = 2.0
+
+
+@dataclass
+class Outcome:
+    paced: bool
+    batches: int = 0
+    trained_groups: int = 0
+    skipped_stale: int = 0
+    generated: int = 0
+    trainer_idle_max_s: float = 0.0  # the longest wait for a batch, after the first
+    trainer_idle_total_s: float = 0.0
+    first_batch_s: float = 0.0
+    producer_wait_total_s: float = 0.0
+    producer_waits: int = 0
+    max_lag_trained: int = 0  # the largest trainer version − group version among trained groups
+    reloads: int = 0  # admissions refused with WeightsTooOld: the thread loaded newer weights
+    errors: list[str] = field(default_factory=list)
+
+
+def simulate(bootstrap: str, *, paced: bool, producers: int = PRODUCERS, threads: int = THREADS) -> Outcome:
+    topics = new_topics(bootstrap, partitions=2, prefix="pace")
+    config = WorkerConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          group_timeout_s=30.0, commit_interval_s=0.1)
+    trainer_group = f"trainer-{topics.input}"
+    out = Outcome(paced=paced)
+    version = [0]  # the weights the rollout threads load: the trainer's current version
+    stop = threading.Event()
+    count_lock = threading.Lock()
+
+    def rollout_thread(producer: RolloutProducer, tag: str) -> None:
+        g = 0
+        try:
+            while not stop.is_set():
+                w = version[0]
+                if paced:
+                    while not stop.is_set():
+                        try:
+                            producer.admit(w, timeout=1.0)
+                            break
+                        except PacingTimeout:  # no room within 1 s: look at the stop flag, then wait on
+                            continue
+                        except WeightsTooOld:  # the trainer moved on while this thread waited
+                            with count_lock:
+                                out.reloads += 1
+                            w = version[0]
+                    if stop.is_set():
+                        return
+                with count_lock:
+                    if out.generated >= MAX_GROUPS:
+                        return
+                    out.generated += 1
+                time.sleep(GENERATE_S)
+                producer.send_many([Sample(group_index=g, rollout_id=r, reward=float(r % 2),
+                                           tokens=[1, 2, 3], response_length=2, weight_versions=[str(w)])
+                                    for r in range(ROLLOUTS)], run_id=tag)
+                g += 1
+        except BaseException as exc:
+            out.errors.append(f"{tag}: {type(exc).__name__}: {exc}")
+
+    def pacing() -> dict:
+        return {"trainer_group_id": trainer_group, "train_data_topic": topics.output,
+                "max_policy_lag": STALENESS, "max_unconsumed_groups": 4 * GROUPS_PER_BATCH} if paced else {}
+
+    with running_worker(config):
+        reader = TrainDataReader(bootstrap, topics.output, trainer_group, groups_per_batch=GROUPS_PER_BATCH,
+                                 max_weight_staleness=STALENESS, start="earliest", partition_idle_ms=200)
+        reader.set_weight_version(0)
+        clients = [RolloutProducer(bootstrap, topics.input, producer_id=f"p{i}-{topics.input}", **pacing())
+                   for i in range(producers)]
+        workers = [threading.Thread(target=rollout_thread, args=(p, f"p{i}t{j}"), daemon=True)
+                   for i, p in enumerate(clients) for j in range(threads)]
+        started = time.monotonic()
+        for t in workers:
+            t.start()
+        try:
+            for step in range(STEPS):
+                asked = time.monotonic()
+                batch = reader.next_batch(timeout=60)
+                assert batch is not None, f"no batch {step} within 60 s"
+                idle = time.monotonic() - asked
+                if step == 0:
+                    out.first_batch_s = time.monotonic() - started
+                else:
+                    out.trainer_idle_max_s = max(out.trainer_idle_max_s, idle)
+                    out.trainer_idle_total_s += idle
+                out.batches += 1
+                out.trained_groups += len(batch.groups)
+                out.skipped_stale += batch.skipped_stale
+                out.max_lag_trained = max([out.max_lag_trained, *(
+                    version[0] - g.oldest_weight_version for g in batch.groups
+                    if g.oldest_weight_version is not None)])
+                time.sleep(STEP_S)
+                version[0] += 1
+                reader.set_weight_version(version[0])
+                reader.commit()
+            for p in clients:  # what the producers waited while the trainer ran
+                if p.pacing is not None:
+                    out.producer_wait_total_s += p.pacing.wait_s
+                    out.producer_waits += p.pacing.waits
+        finally:
+            stop.set()
+            for t in workers:
+                t.join(timeout=30)
+            for p in clients:
+                p.close(timeout=10)
+            reader.close()
+    out.trainer_idle_max_s = round(out.trainer_idle_max_s, 3)
+    out.trainer_idle_total_s = round(out.trainer_idle_total_s, 3)
+    out.first_batch_s = round(out.first_batch_s, 3)
+    out.producer_wait_total_s = round(out.producer_wait_total_s, 3)
+    return out
+
+
+def test_pacing_turns_discarded_groups_into_producer_waits(kafka_bootstrap, kafka_client):
+    unpaced = simulate(kafka_bootstrap, paced=False)
+    paced = simulate(kafka_bootstrap, paced=True)
+    print("\npacing simulation", kafka_client,
+          json.dumps({"unpaced": asdict(unpaced), "paced": asdict(paced)}))
+    assert not unpaced.errors and not paced.errors, unpaced.errors + paced.errors
+    assert unpaced.batches == paced.batches == STEPS
+    # Unpaced, the producers run far ahead: the reader throws much of their work away.
+    assert unpaced.skipped_stale >= 2 * GROUPS_PER_BATCH, unpaced
+    assert unpaced.producer_wait_total_s == 0
+    # Paced: nothing is thrown away, the trainer is kept fed, the producers wait instead.
+    assert paced.skipped_stale == 0, paced
+    assert paced.max_lag_trained <= STALENESS, paced
+    assert paced.trainer_idle_max_s <= IDLE_BOUND_S, paced
+    assert paced.producer_waits > 0 and paced.producer_wait_total_s > 0, paced
+    assert paced.generated < unpaced.generated, (paced, unpaced)
+
+
+def test_a_producer_whose_trainer_is_gone_times_out_and_says_so(kafka_bootstrap, kafka_client):
+    topics = new_topics(kafka_bootstrap, partitions=1, prefix="gone")
+    conn = Connection(kafka_bootstrap)
+    trainer_group = f"trainer-{topics.input}"
+    # A trainer that took one batch' worth of nothing and went away: its progress is there, and old.
+    reader = TrainDataReader(kafka_bootstrap, topics.output, trainer_group, groups_per_batch=2,
+                             max_weight_staleness=1, start="earliest")
+    reader.set_weight_version(3)
+    board = ProgressBoard(conn, progress_topic(topics.output))
+    try:
+        deadline = time.monotonic() + 30
+        while board.trainer(trainer_group) is None or board.trainer(trainer_group).weight_version != 3:
+            assert time.monotonic() < deadline, "the trainer's progress never arrived"
+            board.wait_for_change(board.updates, 0.5)
+    finally:
+        board.close()
+    reader.close()
+    with RolloutProducer(kafka_bootstrap, topics.input, trainer_group_id=trainer_group,
+                         train_data_topic=topics.output, max_unconsumed_groups=1, max_policy_lag=1,
+                         trainer_stale_after_s=1.0) as producer:
+        assert producer.can_admit(3)
+        producer.admit(3, timeout=10)  # room for one group
+        producer.send_many([Sample(group_index=0, rollout_id=r, reward=float(r), tokens=[1, 2],
+                                   response_length=1, weight_versions=["3"]) for r in range(2)])
+        assert not producer.can_admit(3)
+        time.sleep(1.2)  # the trainer's last word is now older than trainer_stale_after_s
+        began = time.monotonic()
+        with pytest.raises(PacingTimeout, match="stale") as caught:
+            producer.admit(3, timeout=1.5)
+        assert 1.4 <= time.monotonic() - began < 5
+        assert trainer_group in str(caught.value)
+        assert producer.pacing is not None and producer.pacing.waits == 1
+
+        # `rollout-stream lag` shows the trainer stale and the producer with its group outstanding.
+        args = ["lag", "--bootstrap-servers", kafka_bootstrap, "--input-topic", topics.input,
+                "--output-topic", topics.output, "--group-id", f"g-{topics.input}"]
+        result = CliRunner().invoke(app, [*args, "--json", "--stale-after", "1"])
+        assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+        report = json.loads(result.stdout)
+        [trainer] = [t for t in report["trainers"] if t["group_id"] == trainer_group]
+        assert trainer["stale"] and trainer["weight_version"] == 3 and trainer["age_s"] >= 1
+        [mine] = [p for p in report["producers"] if p["trainer_group"] == trainer_group]
+        assert (mine["admitted"], mine["outstanding"], mine["newest_weight_version"]) == (1, 1, 3)
+        assert trainer["groups_waiting"] == (0 if mine["stale"] else 1)
+        table = CliRunner().invoke(app, [*args, "--stale-after", "1"], env={"COLUMNS": "200"})
+        assert table.exit_code == 0, (table.stdout, table.stderr, table.exception)
+        [row] = [line for line in table.stdout.splitlines() if line.startswith("│ trainer ")]
+        assert row.strip("│ ").split("│")[-1].strip() == "stale"
