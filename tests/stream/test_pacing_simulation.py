@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from codec import Sample
@@ -23,6 +25,8 @@ from stream.names import progress_topic
 from stream.pacing import PacingTimeout, ProgressBoard, WeightsTooOld
 from stream.producer import RolloutProducer
 from stream.reader import TrainDataReader
+from stream.tools.broker.process import free_port
+from stream.worker.metrics import serve_metrics
 from tests.stream.helpers import new_topics, running_worker
 
 pytestmark = pytest.mark.kafka(timeout=240)
@@ -55,6 +59,7 @@ class Outcome:
     producer_waits: int = 0
     max_lag_trained: int = 0  # the largest trainer version − group version among trained groups
     reloads: int = 0  # admissions refused with WeightsTooOld: the thread loaded newer weights
+    metrics: dict[str, float] = field(default_factory=dict)  # the worker's endpoint at the end (paced)
     errors: list[str] = field(default_factory=list)
 
 
@@ -102,7 +107,8 @@ def simulate(bootstrap: str, *, paced: bool, producers: int = PRODUCERS, threads
         return {"trainer_group_id": trainer_group, "train_data_topic": topics.output,
                 "max_policy_lag": STALENESS, "max_unconsumed_groups": 4 * GROUPS_PER_BATCH} if paced else {}
 
-    with running_worker(config):
+    with running_worker(config) as worker:
+        server = serve_metrics(worker, free_port(), host="127.0.0.1") if paced else None
         reader = TrainDataReader(bootstrap, topics.output, trainer_group, groups_per_batch=GROUPS_PER_BATCH,
                                  max_weight_staleness=STALENESS, start="earliest", partition_idle_ms=200)
         reader.set_weight_version(0)
@@ -138,8 +144,12 @@ def simulate(bootstrap: str, *, paced: bool, producers: int = PRODUCERS, threads
                 if p.pacing is not None:
                     out.producer_wait_total_s += p.pacing.wait_s
                     out.producer_waits += p.pacing.waits
+            if server is not None:
+                out.metrics = pacing_metrics(server.port, trainer_group, out.trained_groups, version[0])
         finally:
             stop.set()
+            if server is not None:
+                server.stop()
             for t in workers:
                 t.join(timeout=30)
             for p in clients:
@@ -150,6 +160,24 @@ def simulate(bootstrap: str, *, paced: bool, producers: int = PRODUCERS, threads
     out.first_batch_s = round(out.first_batch_s, 3)
     out.producer_wait_total_s = round(out.producer_wait_total_s, 3)
     return out
+
+
+def pacing_metrics(port: int, trainer_group: str, trained: int, version: int) -> dict[str, float]:
+    """The worker's pacing series for `trainer_group`, once its histogram counts every trained group and
+    its last weight version arrived."""
+    deadline = time.monotonic() + 15
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        found = {s.name + ("{le=" + s.labels["le"] + "}" if "le" in s.labels else ""): s.value
+                 for family in text_string_to_metric_families(text) for s in family.samples
+                 if s.labels.get("trainer_group") == trainer_group
+                 or s.name.startswith("rollout_stream_producer")}
+        counted = found.get("rollout_stream_trainer_group_policy_lag_count")
+        latest = found.get("rollout_stream_trainer_weight_version")
+        if (counted, latest) == (trained, version) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def test_pacing_turns_discarded_groups_into_producer_waits(kafka_bootstrap, kafka_client):
@@ -168,6 +196,15 @@ def test_pacing_turns_discarded_groups_into_producer_waits(kafka_bootstrap, kafk
     assert paced.trainer_idle_max_s <= IDLE_BOUND_S, paced
     assert paced.producer_waits > 0 and paced.producer_wait_total_s > 0, paced
     assert paced.generated < unpaced.generated, (paced, unpaced)
+    # The worker's endpoint shows the same: the trainer's version and a histogram of every trained group.
+    m = paced.metrics
+    assert m["rollout_stream_trainer_weight_version"] == STEPS, m
+    assert m["rollout_stream_trainer_group_policy_lag_count"] == paced.trained_groups, m
+    assert m[f"rollout_stream_trainer_group_policy_lag_bucket{{le={float(STALENESS)}}}"] == m[
+        "rollout_stream_trainer_group_policy_lag_count"]
+    assert m["rollout_stream_trainer_skipped_stale_groups_total"] == 0
+    assert m["rollout_stream_trainer_accepted_tokens_per_second"] > 0
+    assert m["rollout_stream_producer_wait_seconds_total"] > 0
 
 
 def test_a_producer_whose_trainer_is_gone_times_out_and_says_so(kafka_bootstrap, kafka_client):
