@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -73,6 +74,10 @@ RECONNECT_BACKOFF_MAX_MS = 5000
 # No partitions this long while subscribed: the join may have been dropped (see the module doc). Long enough
 # that a member idle because there are more members than partitions rarely rejoins (each rejoin rebalances).
 REJOIN_AFTER_S = 30.0
+# A transactional call (send_offsets_to_transaction, commit, abort) takes milliseconds. kafka-python 3.0 can
+# wait for it forever once the broker of the group or transaction coordinator is SIGKILLed (seen on the
+# local 3-node cluster: TxnOffsetCommit never answered, never retried); past this the producer is replaced.
+TXN_TIMEOUT_S = 15.0
 
 _AUTH = {
     ke.TopicAuthorizationFailedError: "topic",
@@ -349,8 +354,51 @@ class _Future:
 
 
 class _Producer:
-    def __init__(self, producer: KafkaProducer) -> None:
+    def __init__(self, producer: KafkaProducer, settings: dict[str, Any] | None = None) -> None:
         self._p = producer
+        self._settings = settings  # a transactional producer's, to build a fresh one when a call hangs
+        self._needs_init = False  # a fresh producer whose init_transactions() has not succeeded yet
+        self._replaced = False  # no transaction of its own open yet: nothing to abort
+
+    def _transactional(self, what: str, call: Any) -> None:
+        """A transactional call, bounded in time (TXN_TIMEOUT_S). Past it, the wedged producer is abandoned
+        for a fresh one with the same transactional id, whose init_transactions() fences the old one and
+        aborts its open transaction; the call fails as an aborted transaction would (retriable), so the
+        worker restores from its last commit and goes on."""
+        outcome: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                call(self._p)
+                outcome.append(None)
+            except BaseException as exc:  # handed to the calling thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run, name=f"kafka-python-{what}", daemon=True)
+        thread.start()
+        thread.join(TXN_TIMEOUT_S)
+        if outcome:
+            if outcome[0] is not None:
+                with _translated:
+                    raise outcome[0]
+            return
+        log_event(log, "producer.replaced", logging.WARNING, call=what, after_s=TXN_TIMEOUT_S,
+                  reason="a transactional call did not return (its coordinator's broker went away)")
+        if self._settings is None:
+            raise BrokerUnavailable(f"{what} hung", kind="TransactionHung")
+        stuck = self._p
+        threading.Thread(target=stuck.close, kwargs={"timeout": 0}, daemon=True).start()
+        with _translated:
+            self._p = KafkaProducer(**self._settings)
+        self._needs_init, self._replaced = True, True
+        self._init()
+        raise KafkaFailure(f"{what} hung for {TXN_TIMEOUT_S:g} s; the transaction was aborted and the "
+                           "producer replaced", kind="TransactionHung", retriable=True)
+
+    def _init(self) -> None:
+        with _translated:
+            self._p.init_transactions()
+        self._needs_init = False
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None, *, partition: int | None = None,
              headers: Sequence[Header] | None = None, timestamp_ms: int | None = None) -> _Future:
@@ -384,24 +432,27 @@ class _Producer:
         self._p.close(timeout=timeout)
 
     def init_transactions(self) -> None:
-        with _translated:
-            self._p.init_transactions()
+        self._init()
 
     def begin_transaction(self) -> None:
+        if self._needs_init:  # the fresh producer's first init failed (no coordinator yet): again now
+            self._init()
         with _translated:
             self._p.begin_transaction()
+        self._replaced = False
 
     def send_offsets_to_transaction(self, offsets: Offsets, group_metadata: Any) -> None:
-        with _translated:
-            self._p.send_offsets_to_transaction(_offsets(offsets), group_metadata)
+        positions = _offsets(offsets)
+        self._transactional("send_offsets_to_transaction",
+                            lambda p: p.send_offsets_to_transaction(positions, group_metadata))
 
     def commit_transaction(self) -> None:
-        with _translated:
-            self._p.commit_transaction()
+        self._transactional("commit_transaction", lambda p: p.commit_transaction())
 
     def abort_transaction(self) -> None:
-        with _translated:
-            self._p.abort_transaction()
+        if self._replaced:  # the fresh producer's init_transactions() aborted the open transaction already
+            return
+        self._transactional("abort_transaction", lambda p: p.abort_transaction())
 
 
 # ---- admin -------------------------------------------------------------------------------------------------
@@ -712,7 +763,7 @@ class KafkaPythonClient:
             settings["transactional_id"] = transactional_id
             settings.setdefault("transaction_timeout_ms", int(transaction_timeout_s * 1000))
         with _translated:
-            return _Producer(KafkaProducer(**settings))
+            return _Producer(KafkaProducer(**settings), settings if transactional_id is not None else None)
 
     def admin(self, *, client_id: str | None = None, **tuning: Any) -> _Admin:
         with _translated:
