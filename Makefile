@@ -2,6 +2,7 @@
 #   make venv   create .venv (Python 3.11) and install the package editable with its test extras
 #   make jars   prefetch the pinned Kafka broker jars into ${ROLLOUT_STREAM_CACHE:-~/.cache/rollout-stream}
 #   make promtool  Prometheus' promtool (checks deploy/prometheus/) into the same cache, unless on PATH
+#   make compose   Debian's docker-compose (validates docker-compose.yml in tests/test_compose.py), unless on PATH
 #   make lint   ruff check on the whole tree, mypy (strict) on core/ and codec/; `make test` runs it first
 #   make test   the whole test suite; the Kafka tests start a local broker (or use KAFKA_BOOTSTRAP_SERVERS)
 #   make demo   local broker + worker + synthetic producer, with live progress
@@ -10,7 +11,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv jars promtool lint test demo
+.PHONY: venv jars promtool compose lint test demo
 
 venv: $(VENV)/.installed
 
@@ -44,12 +45,21 @@ $(PROMTOOL):
 	dpkg-deb -x prometheus_*.deb root; install -m 755 root/usr/bin/promtool $@.tmp; mv $@.tmp $@
 	$@ --version | head -1
 
+# docker-compose validates docker-compose.yml (`config`, every profile) in the suite: Debian's package, as
+# root (as CI runs); the package lists are refreshed only when apt cannot find it (a fresh machine).
+compose:
+	@command -v docker-compose >/dev/null 2>&1 || { \
+	  echo "compose: installing Debian's docker-compose (validates docker-compose.yml in the tests)"; \
+	  apt-get install -y -q docker-compose >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -q docker-compose >/dev/null; }; }
+	@docker-compose version | head -1
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 # Lint first: a lint error fails CI (.ci/run) before the broker starts.
-test: lint jars promtool
+test: lint jars promtool compose
 	$(BIN)/pytest -q
 
 demo: venv jars

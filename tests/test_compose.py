@@ -2,12 +2,14 @@
 
 There is no container engine on the development machines or in CI, so the file is read with PyYAML (a test
 dependency) and checked here the way Compose would resolve it: every service, profile, dependency, health
-check, port, volume and environment variable. Where a `docker-compose` binary is installed, its own
-`config` check runs as well.
+check, port, volume and environment variable. Compose's own `docker-compose config` validates it too, with
+every profile on: `make test` installs Debian's docker-compose for it (`make compose`), and a missing one
+fails that test rather than skipping it.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -27,9 +29,16 @@ README = ROOT / "README.md"
 COMPOSE_BIN = shutil.which("docker-compose")
 
 DEFAULT_SERVICES = {"kafka", "topics", "worker"}  # `docker compose up`
-PROFILES = {"synth": {"synth"}, "observability": {"prometheus", "grafana"}}
-LONG_RUNNING = {"kafka", "worker", "prometheus", "grafana"}  # restarted, health-checked
-ONE_SHOT = {"topics", "synth"}  # run to completion once
+CLUSTER_BROKERS = ("kafka-1", "kafka-2", "kafka-3")
+PROFILES = {"synth": {"synth"}, "observability": {"prometheus", "grafana"},
+            "cluster": {*CLUSTER_BROKERS, "topics-cluster", "worker-cluster"}}
+LONG_RUNNING = {"kafka", "worker", "prometheus", "grafana", *CLUSTER_BROKERS, "worker-cluster"}
+ONE_SHOT = {"topics", "synth", "topics-cluster"}  # run to completion once
+BROKERS = {"kafka", *CLUSTER_BROKERS}
+WORKERS = {"worker", "worker-cluster"}
+# The worker whose settings each service built here shares (its own profile's), and the bootstrap it uses.
+WORKER_OF = {"topics": "worker", "worker": "worker", "synth": "worker",
+             "topics-cluster": "worker-cluster", "worker-cluster": "worker-cluster"}
 DEPENDENCY_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 RESTART_POLICIES = {"no", "always", "on-failure", "unless-stopped"}
 DURATION = re.compile(r"^(\d+(\.\d+)?(us|ms|s|m|h))+$")
@@ -71,6 +80,18 @@ def readme_envvars() -> set[str]:
     return names
 
 
+def dependencies_of(name: str) -> set[str]:
+    """Every service `name` waits for, directly or through another."""
+    found: set[str] = set()
+    todo = list(SERVICES[name].get("depends_on", {}))
+    while todo:
+        dependency = todo.pop()
+        if dependency not in found:
+            found.add(dependency)
+            todo += list(SERVICES[dependency].get("depends_on", {}))
+    return found
+
+
 def built_here(service: dict[str, Any]) -> bool:
     return service.get("build") == "."
 
@@ -99,7 +120,7 @@ SERVICE_KEYS = {  # the Compose specification's service attributes this project 
     "build", "image", "command", "entrypoint", "environment", "env_file", "ports", "volumes",
     "depends_on", "healthcheck", "restart", "profiles", "hostname", "stop_grace_period", "stop_signal",
     "labels", "networks", "user", "working_dir", "ulimits", "mem_limit", "cpus", "logging", "init", "tmpfs",
-    "expose",
+    "expose", "deploy",
 }
 
 
@@ -117,13 +138,19 @@ def test_services_and_profiles():
     for profile, members in PROFILES.items():
         assert services_of(profile) == members, profile
     assert set(SERVICES) == DEFAULT_SERVICES.union(*PROFILES.values())
-    if COMPOSE_BIN is not None:  # Debian's docker-compose, where installed, validates against its schema too
-        assert docker_compose_services() == set(SERVICES)
     header = COMPOSE.read_text().split("\n\n", 1)[0]
     readme = README.read_text()
     for profile in PROFILES:  # every profile is documented where a user looks for how to start it
         assert f"--profile {profile}" in header, profile
         assert f"--profile {profile}" in readme, profile
+
+
+def test_docker_compose_config_accepts_every_profile():
+    """Compose's own validation (its schema, merges, profiles, dependency conditions) of the whole file."""
+    if COMPOSE_BIN is None:
+        pytest.fail("docker-compose is not installed: `make compose` installs Debian's package (make test "
+                    "does)" + (" -- CI runs this check, it never skips" if os.environ.get("CI") else ""))
+    assert docker_compose_services() == set(SERVICES)
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -175,12 +202,14 @@ def test_every_long_running_service_has_a_health_check_that_asks_its_own_port(na
     ports = {int(p) for p in re.findall(r"(?:localhost|127\.0\.0\.1):(\d+)", command)}
     assert len(ports) == 1, (name, command)
     port = ports.pop()
-    if name == "kafka":
-        listeners = SERVICES["kafka"]["environment"]["KAFKA_LISTENERS"]
+    if name in BROKERS:
+        listeners = SERVICES[name]["environment"]["KAFKA_LISTENERS"]
         assert f"PLAINTEXT://:{port}" in listeners, (port, listeners)
-    elif name == "worker":
-        assert int(SERVICES["worker"]["environment"]["ROLLOUT_STREAM_METRICS_PORT"]) == port
-        assert (port, port) in port_pairs(SERVICES["worker"])
+    elif name in WORKERS:
+        assert int(SERVICES[name]["environment"]["ROLLOUT_STREAM_METRICS_PORT"]) == port
+        replicas = SERVICES[name].get("deploy", {}).get("replicas", 1)
+        # one replica publishes its metrics port; several cannot share the host's (Prometheus asks each)
+        assert ((port, port) in port_pairs(SERVICES[name])) == (replicas == 1), name
         assert "/healthz" in command
     else:
         assert (port, port) in port_pairs(SERVICES[name]), (name, port)
@@ -215,7 +244,8 @@ def test_the_stage_environment_is_read_by_the_worker_documented_and_shared(name)
     run_reads = envvars_read_by(cli_command(["rollout-stream", "run"]))
     command_reads = envvars_read_by(cli_command(SERVICES[name]["command"]))
     documented = readme_envvars()
-    worker_env = SERVICES["worker"]["environment"]
+    worker = WORKER_OF[name]
+    worker_env = SERVICES[worker]["environment"]
     for var, value in env.items():
         assert var in run_reads, f"{name}: {var} is not an option of `rollout-stream run`"
         assert var in documented, f"{name}: {var} is not in the README"
@@ -223,25 +253,54 @@ def test_the_stage_environment_is_read_by_the_worker_documented_and_shared(name)
             assert re.fullmatch(rf"\$\{{{var}(:-[^}}]*)?\}}", value), f"{name}: {var} reads another variable"
         if var in command_reads:
             assert value == worker_env.get(var), f"{name} and the worker disagree on {var}"
-    if name != "worker":
+    if name != worker:
         assert set(env) <= set(worker_env), set(env) - set(worker_env)
-    assert "KAFKA_BOOTSTRAP_SERVERS" in env and env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092", name
+    brokers = ["kafka"] if worker == "worker" else list(CLUSTER_BROKERS)
+    assert env.get("KAFKA_BOOTSTRAP_SERVERS") == ",".join(f"{b}:9092" for b in brokers), name
+    assert dependencies_of(name) >= set(brokers), name  # waits (at least indirectly) for the brokers it names
 
 
-def test_the_kafka_listeners_agree_with_each_other_and_the_published_port():
-    env = SERVICES["kafka"]["environment"]
+@pytest.mark.parametrize("name", sorted(BROKERS))
+def test_the_kafka_listeners_agree_with_each_other_and_the_published_port(name):
+    env = SERVICES[name]["environment"]
     listeners = dict(re.findall(r"(\w+)://[^:,]*:(\d+)", env["KAFKA_LISTENERS"]))
     advertised = dict(re.findall(r"(\w+)://([^,]+)", env["KAFKA_ADVERTISED_LISTENERS"]))
     protocols = dict(pair.split(":") for pair in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
     assert set(listeners) <= set(protocols), (listeners, protocols)
     assert set(advertised) <= set(listeners) - {env["KAFKA_CONTROLLER_LISTENER_NAMES"]}
     assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] in advertised
-    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@kafka:{listeners['CONTROLLER']}"
-    external = int(listeners["EXTERNAL"])
-    assert (external, external) in port_pairs(SERVICES["kafka"])
-    assert advertised["EXTERNAL"] == f"localhost:{external}"  # what the header comment tells the host
-    assert f"localhost:{external}" in COMPOSE.read_text().split("\n\n", 1)[0]
-    assert advertised["PLAINTEXT"] == SERVICES["worker"]["environment"]["KAFKA_BOOTSTRAP_SERVERS"]
+    voters = dict(v.split("@") for v in env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(","))
+    assert voters[str(env["KAFKA_NODE_ID"])] == f"{SERVICES[name]['hostname']}:{listeners['CONTROLLER']}"
+    assert advertised["PLAINTEXT"] == f"{SERVICES[name]['hostname']}:{listeners['PLAINTEXT']}"
+    [(host_port, container_port)] = port_pairs(SERVICES[name])
+    assert container_port == int(listeners["EXTERNAL"])
+    assert advertised["EXTERNAL"] == f"localhost:{host_port}"  # what the header comment tells the host
+    assert f"localhost:{host_port}" in COMPOSE.read_text().split("\n\n", 1)[0] or name != "kafka"
+    worker = "worker" if name == "kafka" else "worker-cluster"
+    assert advertised["PLAINTEXT"] in SERVICES[worker]["environment"]["KAFKA_BOOTSTRAP_SERVERS"].split(",")
+
+
+def test_the_cluster_profile_is_three_voters_with_three_replicas_two_in_sync_and_two_workers():
+    envs = [SERVICES[b]["environment"] for b in CLUSTER_BROKERS]
+    assert sorted(int(e["KAFKA_NODE_ID"]) for e in envs) == [1, 2, 3]
+    for key in ("CLUSTER_ID", "KAFKA_CONTROLLER_QUORUM_VOTERS", "KAFKA_PROCESS_ROLES"):
+        assert len({str(e[key]) for e in envs}) == 1, key  # one cluster, one quorum, every node a voter
+    assert len(envs[0]["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")) == 3
+    for env in envs:
+        assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+        for key in ("DEFAULT_REPLICATION_FACTOR", "OFFSETS_TOPIC_REPLICATION_FACTOR",
+                    "TRANSACTION_STATE_LOG_REPLICATION_FACTOR"):
+            assert int(env[f"KAFKA_{key}"]) == 3, key
+        assert int(env["KAFKA_MIN_INSYNC_REPLICAS"]) == 2
+        assert int(env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"]) == 2
+        assert env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
+    topics = SERVICES["topics-cluster"]["command"]
+    assert topics[:3] == ["rollout-stream", "topics", "create"]
+    assert topics[topics.index("--replication-factor") + 1] == "3"
+    assert topics[topics.index("--min-insync-replicas") + 1] == "2"
+    assert SERVICES["worker-cluster"]["deploy"]["replicas"] == 2
+    assert SERVICES["worker-cluster"]["command"] == ["rollout-stream", "run"]
+    assert "ROLLOUT_STREAM_INSTANCE_ID" not in SERVICES["worker-cluster"]["environment"]  # one id per replica
 
 
 # ---- the observability profile ------------------------------------------------------------------------

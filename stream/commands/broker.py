@@ -1,4 +1,5 @@
-"""`rollout-stream broker …`: a local single-node Apache Kafka for development and tests."""
+"""`rollout-stream broker …`: a local Apache Kafka (one node, or a cluster with --nodes) for development and
+tests."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Annotated
 import typer
 
 from stream.commands.options import CommandGroup
+from stream.tools.broker.cluster import LocalCluster, is_cluster
 from stream.tools.broker.errors import BrokerConfigError
 from stream.tools.broker.jars import cached_jars, default_cache_root, resolve_jars
 from stream.tools.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, LocalBroker
@@ -22,10 +24,11 @@ broker_app = typer.Typer(
     name="broker",
     cls=CommandGroup,
     help=(
-        "Run a local single-node Kafka for development and tests (start, stop, status).\n\n"
-        "Apache Kafka (KRaft, broker+controller in one JVM) from Maven Central jars, run with the local "
-        "Java (>= 17). It runs in the background until `broker stop`, keeps its files in --data-dir and "
-        "listens on 127.0.0.1 only.\n\n"
+        "Run a local Kafka for development and tests: one node, or a cluster of --nodes N (start, stop, "
+        "status, kill, restart).\n\n"
+        "Apache Kafka (KRaft, broker+controller in one JVM per node) from Maven Central jars, run with the "
+        "local Java (>= 17). It runs in the background until `broker stop`, keeps its files in --data-dir "
+        "and listens on 127.0.0.1 only.\n\n"
         "Exit codes: 0 ok, 1 runtime failure (jar download, broker died), 2 configuration "
         "(no java/mvn, port taken, bad option), 3 `status`: not running."
     ),
@@ -60,13 +63,15 @@ def start(
     ] = DEFAULT_PORT,
     data_dir: DataDir = DEFAULT_DATA_DIR,
     timeout: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--timeout",
             min=1.0,
-            help="Seconds to wait for readiness once the JVM is launched (jar download not included).",
+            help="Seconds to wait for readiness once the JVM is launched (jar download not included). "
+            "Default: 60, a cluster 120.",
+            show_default=False,
         ),
-    ] = 60.0,
+    ] = None,
     override: Annotated[
         list[str] | None,
         typer.Option(
@@ -84,6 +89,17 @@ def start(
             "user) and worker, ACLs on. Fixed when --data-dir is first formatted. See docs/security.md.",
         ),
     ] = False,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            "--nodes",
+            min=1,
+            max=9,
+            help="Nodes of a local cluster: node N on --port + N - 1, each a broker and a voter of the "
+            "controller quorum, its files in --data-dir/node-N; internal topics replicated min(3, N) times. "
+            "Fixed when --data-dir is first started. See docs/scaling.md.",
+        ),
+    ] = 1,
 ) -> None:
     """Start the broker in the background; print its bootstrap address (127.0.0.1:PORT) on stdout.
 
@@ -94,14 +110,27 @@ def start(
     Progress goes to stderr. Starting again while it runs on the same port just prints the address.
 
     Example: export KAFKA_BOOTSTRAP_SERVERS=$(rollout-stream broker start)
+
+    A cluster (--nodes 3) prints the bootstrap list of every node once all are ready and the group and
+    transaction coordinators answer.
     """
     overrides = dict(parse_override(item) for item in override or [])  # BadOverride: exit 2
+    if nodes > 1 or is_cluster(data_dir):
+        if secure:
+            raise BrokerConfigError("--secure is for a single node: start the cluster without it")
+        cluster = LocalCluster(port=port, data_dir=data_dir, nodes=nodes, overrides=overrides,
+                               progress=_stderr)
+        if cluster.nodes != nodes and nodes > 1:
+            raise BrokerConfigError(f"{cluster.data_dir} holds a {cluster.nodes}-node cluster: start it with "
+                                    f"--nodes {cluster.nodes}, or use another --data-dir")
+        print(cluster.start(timeout=timeout or 120.0), flush=True)
+        return
     broker = LocalBroker(port=port, data_dir=data_dir, overrides=overrides, progress=_stderr, secure=secure)
     before = broker.status()
     if before.running and before.secure != secure:
         raise BrokerConfigError(f"the broker running from {broker.data_dir} is "
                                 f"{'secured' if before.secure else 'PLAINTEXT'}: stop it first")
-    bootstrap = broker.start(timeout=timeout)  # BrokerConfigError: exit 2, other BrokerErrors: 1
+    bootstrap = broker.start(timeout=timeout or 60.0)  # BrokerConfigError: exit 2, other BrokerErrors: 1
     if before.running:
         _stderr(f"already running (pid {before.pid}) from {broker.data_dir}")
     if secure:
@@ -112,19 +141,43 @@ def start(
     print(bootstrap, flush=True)
 
 
+NodeId = Annotated[int, typer.Argument(min=1, help="The node's id (1..N), as `broker status` lists it.")]
+StopTimeout = Annotated[
+    float, typer.Option("--timeout", min=0.0, help="Seconds to wait for a clean shutdown before SIGKILL.")
+]
+_STOPPED = {"terminated": "stopped {what} pid {pid} (clean shutdown)",
+            "killed": "killed {what} pid {pid} (no clean shutdown within {timeout:g} s)",
+            "not_running": "{what} was not running"}
+
+
 @broker_app.command("stop")
 def stop(
     data_dir: DataDir = DEFAULT_DATA_DIR,
-    timeout: Annotated[
-        float, typer.Option("--timeout", min=0.0, help="Seconds to wait for a clean shutdown before SIGKILL.")
-    ] = 30.0,
+    timeout: StopTimeout = 30.0,
+    node: Annotated[
+        int | None,
+        typer.Option("--node", min=1, show_default=False,
+                     help="Stop only this node of a cluster (a clean stop: its leaderships move first)."),
+    ] = None,
 ) -> None:
     """Stop the broker running from --data-dir (SIGTERM, then SIGKILL after --timeout). Topic data stays.
+
+    A cluster: every node at once, or only --node N.
 
     Stopping a broker that is not running succeeds (exit 0).
 
     Delete --data-dir (after stopping) to start from an empty cluster.
     """
+    if is_cluster(data_dir):
+        cluster = LocalCluster(data_dir=data_dir)
+        pids = {n.node_id: n.broker.pid for n in cluster.status()}
+        outcomes = ({node: cluster.stop_node(node, timeout)} if node is not None
+                    else cluster.stop(timeout))  # BrokerStopFailed: exit 1
+        for n, outcome in outcomes.items():
+            _stderr(_STOPPED[outcome].format(what=f"node {n}", pid=pids.get(n), timeout=timeout))
+        return
+    if node is not None:
+        raise BrokerConfigError(f"--node: {LocalBroker(data_dir=data_dir).data_dir} holds no cluster")
     broker = LocalBroker(data_dir=data_dir)
     pid = broker.status().pid
     outcome = broker.stop(timeout=timeout)  # BrokerStopFailed: exit 1
@@ -141,7 +194,23 @@ def status(data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
     """Print whether a broker runs from --data-dir. Exit 0 if running, 3 if not.
 
     Running: `running pid=… bootstrap=127.0.0.1:PORT data_dir=… log=…`. Not running: `stopped data_dir=…`.
+
+    A cluster: a first line `cluster nodes=N running=R bootstrap=…`, then one line per node
+    (`node=1 running pid=… bootstrap=… …` or `node=2 stopped …`). Exit 0 while any node runs, 3 when none.
     """
+    if is_cluster(data_dir):
+        cluster = LocalCluster(data_dir=data_dir)
+        nodes = cluster.status()
+        up = sum(n.running for n in nodes)
+        print(f"cluster nodes={len(nodes)} running={up} bootstrap={cluster.bootstrap} "
+              f"data_dir={cluster.data_dir}")
+        for n in nodes:
+            b = n.broker
+            print(f"node={n.node_id} running pid={b.pid} bootstrap={b.bootstrap} log={b.log_path}"
+                  if b.running else f"node={n.node_id} stopped port={n.port} data_dir={b.data_dir}")
+        if not up:
+            raise typer.Exit(EXIT_NOT_RUNNING)
+        return
     result = LocalBroker(data_dir=data_dir).status()
     if result.running:
         print(f"running pid={result.pid} bootstrap={result.bootstrap} data_dir={result.data_dir} "
@@ -149,6 +218,35 @@ def status(data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
         return
     print(f"stopped data_dir={result.data_dir}")
     raise typer.Exit(EXIT_NOT_RUNNING)
+
+
+@broker_app.command("kill")
+def kill(node: NodeId, data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
+    """SIGKILL one node of the cluster in --data-dir: a crash, no clean shutdown (for tests and demos).
+
+    Start it again with `broker restart NODE` (or `broker start`, which starts every node that is down).
+    """
+    cluster = LocalCluster(data_dir=data_dir)  # no cluster there: exit 2
+    pid = next((n.broker.pid for n in cluster.status() if n.node_id == node), None)
+    if cluster.kill(node):
+        _stderr(f"killed node {node} pid {pid} (SIGKILL)")
+    else:
+        _stderr(f"node {node} was not running")
+
+
+@broker_app.command("restart")
+def restart(
+    node: NodeId,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1.0, help="Seconds to wait for readiness.")
+    ] = 90.0,
+    stop_timeout: Annotated[float, typer.Option(
+        "--stop-timeout", min=0.0, help="Seconds to wait for a clean shutdown before SIGKILL.")] = 30.0,
+) -> None:
+    """Stop one node of the cluster cleanly (if it runs), start it again; print its address when ready."""
+    cluster = LocalCluster(data_dir=data_dir, progress=_stderr)
+    print(cluster.restart(node, timeout=timeout, stop_timeout=stop_timeout), flush=True)
 
 
 @broker_app.command("fetch-jars")

@@ -234,6 +234,11 @@ def resolve_bootstrap(bootstrap: str | None) -> str:
     from stream.tools.broker import BrokerConfigError, BrokerError, LocalBroker, PortInUse
 
     broker = LocalBroker(progress=lambda line: print(line, file=sys.stderr))
+    from stream.tools.broker.cluster import LocalCluster, is_cluster
+
+    if is_cluster(broker.data_dir):  # `broker start --nodes N` made it a cluster: start what is down
+        with described(BrokerError, "no --bootstrap-servers given and the local cluster could not start"):
+            return LocalCluster(data_dir=broker.data_dir, progress=broker.progress).start()
     # the innermost description wins: a BrokerConfigError "cannot start", any other BrokerError "could not"
     with described(BrokerError, "no --bootstrap-servers given and the local broker could not start"), \
             described(BrokerConfigError, "no --bootstrap-servers given and the local broker cannot start"):

@@ -33,7 +33,7 @@ from stream.errors import described
 from stream.kafka import KafkaFailure
 from stream.logs import configure_logging, log_event
 from stream.tools.access import check_worker_access, denials_explained
-from stream.topics import TopicSettings, ensure_topics, require_topics
+from stream.topics import TopicSettings, ensure_topics, require_topics, unreplicated_warning
 from stream.worker import Worker
 from stream.worker.allocator import reuse_freed_buffers
 from stream.worker.instance import claim_instance, fenced_as_taken_over
@@ -227,18 +227,21 @@ class _StopSignals:
 def _set_up_topics(conn: Connection, config: WorkerConfig, *, create: bool, partitions: int) -> None:
     """Create the worker's topics (--create-topics), or require them: MissingTopic names the flag of each."""
     route = [config.zero_variance.topic] if config.zero_variance.topic else []
+    topics = [config.topics.input, config.topics.output, *route, config.topics.dead_letter]
     if create:
         created = ensure_topics(conn, data_topics=[config.topics.input, config.topics.output, *route],
                                 dead_letter_topics=[config.topics.dead_letter],
                                 settings=TopicSettings(partitions=partitions))
         if created:
             log_event(log, "topics.created", topics=",".join(created))
-        return
-    named = {config.topics.input: "--input-topic", config.topics.output: "--output-topic",
-             config.topics.dead_letter: "--dead-letter-topic"}
-    named.update(dict.fromkeys(route, "--zero-variance route:"))
-    require_topics(conn, named, hint="create them with `rollout-stream topics create` (check the names for a "
-                   "typo), or pass --create-topics")
+    else:
+        named = {config.topics.input: "--input-topic", config.topics.output: "--output-topic",
+                 config.topics.dead_letter: "--dead-letter-topic"}
+        named.update(dict.fromkeys(route, "--zero-variance route:"))
+        require_topics(conn, named, hint="create them with `rollout-stream topics create` (check the names "
+                       "for a typo), or pass --create-topics")
+    if (warning := unreplicated_warning(conn, topics)) is not None:  # runs, but one broker's loss stops it
+        log_event(log, "topics.unreplicated", logging.WARNING, detail=warning)
 
 
 @contextmanager

@@ -3,6 +3,7 @@ retention."""
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -19,7 +20,7 @@ from stream.commands.options import (
     grouped_options,
 )
 from stream.names import changelog_topic_name
-from stream.topics import TopicSettings, ensure_changelog, ensure_topics
+from stream.topics import TopicSettings, ensure_changelog, ensure_topics, unreplicated_warning
 
 topics_app = typer.Typer(cls=CommandGroup, help="Manage the stage's Kafka topics.", no_args_is_help=True)
 
@@ -33,7 +34,13 @@ def create(
     dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,
     partitions: Annotated[int, typer.Option(
         envvar="ROLLOUT_STREAM_PARTITIONS", help="Partitions per topic.")] = 3,
-    replication_factor: Annotated[int, typer.Option(help="Replicas per partition.")] = 1,
+    replication_factor: Annotated[int | None, typer.Option(
+        help="Replicas per partition. Default: the smaller of 3 and the cluster's brokers.",
+        show_default=False)] = None,
+    min_insync_replicas: Annotated[int | None, typer.Option(
+        help="min.insync.replicas of every topic: replicas that must have a write before it is acknowledged "
+        "(every producer here asks acks=all). Default: one less than the replication factor, at least 1.",
+        show_default=False)] = None,
     max_message_mib: Annotated[int, typer.Option(help="max.message.bytes of every topic, in MiB.")] = 64,
     dead_letter_retention_days: Annotated[float, typer.Option(
         help="retention.ms of the dead-letter topic.")] = 90.0,
@@ -47,21 +54,26 @@ def create(
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Create the rollout, train-data and dead-letter topics (existing topics are left unchanged)."""
-    if partitions < 1 or replication_factor < 1 or max_message_mib < 1 or dead_letter_retention_days <= 0:
+    if (partitions < 1 or (replication_factor or 1) < 1 or (min_insync_replicas or 1) < 1
+            or max_message_mib < 1 or dead_letter_retention_days <= 0):
         fail(
-            "--partitions, --replication-factor, --max-message-mib and --dead-letter-retention-days "
-            "must be positive"
+            "--partitions, --replication-factor, --min-insync-replicas, --max-message-mib and "
+            "--dead-letter-retention-days must be positive"
         )
     conn = connection_from_options(bootstrap_servers, security)
     settings = TopicSettings(partitions, replication_factor, max_message_mib * 1024 * 1024,
-                             int(dead_letter_retention_days * 24 * 3600 * 1000))
+                             int(dead_letter_retention_days * 24 * 3600 * 1000), min_insync_replicas)
     created = ensure_topics(conn, data_topics=[input_topic, output_topic, *(extra_topic or [])],
                             dead_letter_topics=[dead_letter_topic], settings=settings)
     if changelog_group_id:  # TopicMismatch (exists with another partition count): exit 2
         changelog = changelog_topic_name(changelog_group_id, input_topic)
-        print(f"{changelog}: {'created' if ensure_changelog(conn, changelog, partitions) else 'exists'}")
-    for name in [input_topic, output_topic, *(extra_topic or []), dead_letter_topic]:
+        made = ensure_changelog(conn, changelog, partitions, replication_factor, min_insync_replicas)
+        print(f"{changelog}: {'created' if made else 'exists'}")
+    names = [input_topic, output_topic, *(extra_topic or []), dead_letter_topic]
+    for name in names:
         print(f"{name}: {'created' if name in created else 'exists'}")
+    if (warning := unreplicated_warning(conn, names)) is not None:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:

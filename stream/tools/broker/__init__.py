@@ -1,5 +1,5 @@
-"""The local development broker: Apache Kafka (KRaft, single node) run from Maven jars. See `local.py`;
-the errors it raises are in `errors.py`."""
+"""The local development broker: Apache Kafka (KRaft) run from Maven jars, a single node (`local.py`) or a
+cluster of several (`cluster.py`); the errors they raise are in `errors.py`."""
 
 from __future__ import annotations
 

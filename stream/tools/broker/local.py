@@ -1,4 +1,5 @@
-"""A single-node Apache Kafka (KRaft) for development and tests, run from Maven jars in the background.
+"""A single-node Apache Kafka (KRaft) for development and tests, run from Maven jars in the background; also
+one node of a local cluster (`cluster.py`), when given its `ClusterNode`.
 
 Data dir layout (default ``./.kafka-data``):
     server.properties, log4j2.properties   rewritten at every start
@@ -38,11 +39,12 @@ from stream.tools.broker.process import (
     exclusive,
     free_port,
     is_alive,
+    kill,
     port_accepts,
     port_is_free,
     terminate,
 )
-from stream.tools.broker.properties import log4j2_properties, new_cluster_id, server_properties
+from stream.tools.broker.properties import ClusterNode, log4j2_properties, new_cluster_id, server_properties
 from stream.tools.broker.secure import (
     ADMIN_USER,
     SecureMaterial,
@@ -93,6 +95,8 @@ class LocalBroker:
     progress: receives progress lines (jar download, format, start); None = silent.
     secure: a SASL_SSL listener (self-signed CA, SCRAM-SHA-512/256 users admin and worker) and the
         StandardAuthorizer with ACLs on, instead of PLAINTEXT. Fixed when the data dir is formatted.
+    cluster: this is one node of a local cluster (its id, the cluster id, every voter's controller port);
+        None: a single node that is its own quorum.
     """
 
     port: int = DEFAULT_PORT
@@ -102,6 +106,7 @@ class LocalBroker:
     jvm_options: tuple[str, ...] = ("-Xms256m", "-Xmx512m")
     progress: Progress | None = field(default=None, repr=False)
     secure: bool = False
+    cluster: ClusterNode | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
     _material: SecureMaterial | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -197,6 +202,17 @@ class LocalBroker:
                 self._proc = None
             return outcome
 
+    def kill(self) -> bool:
+        """SIGKILL, no clean shutdown: a crashed broker. False: it was not running."""
+        with exclusive(self.data_dir / ".start.lock"):
+            current = self.status()
+            killed = current.pid is not None and kill(current.pid)
+            self._state_path.unlink(missing_ok=True)
+            if self._proc is not None:
+                self._proc.poll()
+                self._proc = None
+            return killed
+
     def _start(self, timeout: float, *, any_port: bool) -> str:
         if not 0 < self.port < 65536:
             raise BrokerConfigError(f"port {self.port} is not a TCP port: use 1..65535")
@@ -215,6 +231,23 @@ class LocalBroker:
             self._rotate_log()
             controller_port = self._prepare(java, jars)
             return self._launch(java, jars, controller_port, timeout)
+
+    def launch(self) -> tuple[str, float, int]:
+        """Spawn the JVM without waiting for it (a node of a cluster is ready only once a quorum of voters
+        runs, so every node is launched before any is waited for). Returns (bootstrap, started, log offset)
+        for `wait_ready`. The caller holds the cluster's lock and has checked that the port is free."""
+        java = find_java()
+        jars = resolve_jars(self.cache_dir, progress=self.progress)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._state_path.unlink(missing_ok=True)
+        self._rotate_log()
+        controller_port = self._prepare(java, jars)
+        return self._spawn(java, jars, controller_port)
+
+    def wait_ready(self, launched: tuple[str, float, int], timeout: float) -> None:
+        """Wait until the node `launch` started is ready (as `start` does); stop it if it never becomes so."""
+        bootstrap, started, offset = launched
+        self._await(bootstrap, started, offset, timeout)
 
     def _running_address(self, any_port: bool) -> str | None:
         """The address of the broker running from this data dir if it may serve this start; None: none
@@ -261,6 +294,8 @@ class LocalBroker:
         stored = cluster.get("controller_port")
         keep = isinstance(stored, int) and stored != self.port and port_is_free(stored)
         controller_port = stored if keep and isinstance(stored, int) else free_port()
+        if self.cluster is not None:  # the quorum's voters are fixed: every node lists every voter's port
+            controller_port = self.cluster.controller_port
         formatted = (self._log_dirs / "meta.properties").exists()
         if formatted and bool(cluster.get("secure")) != self.secure:
             raise BrokerConfigError(
@@ -275,6 +310,7 @@ class LocalBroker:
             overrides=self.overrides,
             secure=secure_listener_properties(material, port=self.port, controller_port=controller_port)
             if material else None,
+            cluster=self.cluster,
         )
         if material is not None:
             write_private(self._properties_path, text)  # holds the broker key and the admin password
@@ -290,10 +326,11 @@ class LocalBroker:
         return controller_port
 
     def _format(self, java: JavaRuntime, jars: KafkaJars, material: SecureMaterial | None = None) -> str:
-        cluster_id = new_cluster_id()
+        cluster_id = self.cluster.cluster_id if self.cluster is not None else new_cluster_id()
         self._say(f"formatting {self._log_dirs} (cluster id {cluster_id})")
-        tool = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self._properties_path),
-                "--standalone"]  # fmt: skip
+        tool = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self._properties_path)]
+        if self.cluster is None:  # a quorum of one; a cluster's nodes name their voters statically instead
+            tool.append("--standalone")
         argfile = self.data_dir / ".format.args"
         if material is not None:
             # SCRAM users are created with the cluster (--add-scram); the java launcher reads the main class
@@ -321,6 +358,11 @@ class LocalBroker:
         return cluster_id
 
     def _launch(self, java: JavaRuntime, jars: KafkaJars, controller_port: int, timeout: float) -> str:
+        bootstrap, started, offset = self._spawn(java, jars, controller_port)
+        self._await(bootstrap, started, offset, timeout)
+        return bootstrap
+
+    def _spawn(self, java: JavaRuntime, jars: KafkaJars, controller_port: int) -> tuple[str, float, int]:
         command = [
             str(java.executable), *self.jvm_options,
             "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
@@ -343,7 +385,13 @@ class LocalBroker:
             "kafka_version": jars.version, "java": str(java.executable), "started_at": time.time(),
             "log_path": str(self.log_path), "secure": self.secure,
         })  # fmt: skip
-        self._say(f"starting Kafka {jars.version} (pid {pid}) on {bootstrap}, log: {self.log_path}")
+        node = f"node {self.cluster.node_id} " if self.cluster is not None else ""
+        self._say(f"starting Kafka {jars.version} {node}(pid {pid}) on {bootstrap}, log: {self.log_path}")
+        return bootstrap, started, offset
+
+    def _await(self, bootstrap: str, started: float, offset: int, timeout: float) -> None:
+        assert self._proc is not None
+        pid = self._proc.pid
         try:
             self._wait_ready(bootstrap, started + timeout, timeout, offset)
         except BaseException:  # also Ctrl-C: never leave a half-started broker behind
@@ -352,8 +400,7 @@ class LocalBroker:
             self._proc.poll()
             self._proc = None
             raise
-        self._say(f"ready in {time.monotonic() - started:.1f} s")
-        return bootstrap
+        self._say(f"{bootstrap} ready in {time.monotonic() - started:.1f} s")
 
     def _wait_ready(self, bootstrap: str, deadline: float, timeout: float, log_offset: int) -> None:
         assert self._proc is not None

@@ -23,6 +23,7 @@ __all__ = [
     "exclusive",
     "free_port",
     "is_alive",
+    "kill",
     "port_accepts",
     "port_is_free",
     "terminate",
@@ -127,6 +128,19 @@ def terminate(pid: int, timeout: float) -> StopOutcome:
         os.kill(pid, signal.SIGKILL)
     if _wait_dead(pid, 10.0):
         return "killed"
+    raise BrokerStopFailed(
+        f"broker pid {pid} survived SIGKILL: check `ps -o stat,cmd -p {pid}` (stuck in I/O?)"
+    )
+
+
+def kill(pid: int) -> bool:
+    """SIGKILL now, no clean shutdown (a crash, for tests and demos). False: it was not running."""
+    if not is_alive(pid):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if _wait_dead(pid, 10.0):
+        return True
     raise BrokerStopFailed(
         f"broker pid {pid} survived SIGKILL: check `ps -o stat,cmd -p {pid}` (stuck in I/O?)"
     )

@@ -1,0 +1,304 @@
+"""A local 3-node cluster (`broker start --nodes 3`): its commands, replicated topics, and the stage's
+guarantees through broker and worker failures (docs/scaling.md).
+
+One cluster for the module, started and stopped with the CLI as a user would. The chaos test runs last; it
+leaves every node running again.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+
+from core import RewardConfig, post_process_rewards
+from stream.clients import Connection
+from stream.config import TopicNames
+from stream.producer import RolloutProducer
+from stream.tools.broker.cluster import LocalCluster
+from stream.tools.broker.process import free_port, port_is_free
+from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
+from stream.topics import TopicSettings, ensure_topics
+from tests.stream.helpers import read_topic, spawn_worker, train_samples
+
+pytestmark = pytest.mark.kafka(timeout=150)
+
+CLI = Path(sys.prefix) / "bin" / "rollout-stream"
+NODES = 3
+
+
+def cli(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_STREAM_BROKER_")}
+    return subprocess.run([str(CLI), *args], capture_output=True, text=True, env=env, timeout=timeout,
+                          check=False)  # fmt: skip
+
+
+def _base_port() -> int:
+    """A port p with p, p+1 and p+2 free (the nodes' ports)."""
+    for _ in range(50):
+        base = free_port()
+        if base + NODES < 65536 and all(port_is_free(base + i) for i in range(1, NODES)):
+            return base
+    raise AssertionError("no three consecutive free ports")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    data_dir = tmp_path_factory.mktemp("cluster") / "kafka"
+    base = _base_port()
+    started = time.monotonic()
+    result = cli("broker", "start", "--nodes", str(NODES), "--port", str(base), "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stderr
+    expected = ",".join(f"127.0.0.1:{base + i}" for i in range(NODES))
+    assert result.stdout.strip() == expected, result.stdout
+    print(f"3-node cluster ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    try:
+        yield LocalCluster(data_dir=data_dir)
+    finally:
+        stopped = cli("broker", "stop", "--data-dir", str(data_dir), timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+
+
+def node_lines(data_dir: Path) -> dict[int, str]:
+    result = cli("broker", "status", "--data-dir", str(data_dir))
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"cluster nodes={NODES} "), result.stdout
+    return {int(line.split()[0].removeprefix("node=")): line for line in lines[1:]}
+
+
+def test_status_kill_restart_and_replicated_topics(cluster):
+    assert all(" running pid=" in line for line in node_lines(cluster.data_dir).values())
+
+    # topics create: 3 replicas and min.insync.replicas 2 by default on 3 brokers, the changelog too
+    tag = f"rep-{os.getpid()}-{random.randrange(1 << 30)}"
+    created = cli("topics", "create", "--bootstrap-servers", cluster.bootstrap, "--input-topic", f"{tag}-in",
+                  "--output-topic", f"{tag}-out", "--dead-letter-topic", f"{tag}-dlq",
+                  "--changelog-group-id", tag)
+    assert created.returncode == 0, created.stderr
+    assert "warning" not in created.stderr
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+    try:
+        names = [f"{tag}-in", f"{tag}-out", f"{tag}-dlq", f"{tag}-{tag}-in-windows-changelog"]
+        for topic in admin.describe_topics(names):
+            assert topic["error_code"] == 0, topic
+            assert {len(p["replica_nodes"]) for p in topic["partitions"]} == {3}, topic["name"]
+        configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+        in_sync = {n: configs["topic"][n]["min.insync.replicas"]["value"] for n in names}
+        assert in_sync == dict.fromkeys(names, "2")
+
+        # a topic with a single replica on a multi-broker cluster is named, with what to do
+        admin.create_topics([NewTopic(f"{tag}-single", 3, 1)])
+    finally:
+        admin.close()
+    warned = cli("topics", "create", "--bootstrap-servers", cluster.bootstrap, "--input-topic",
+                 f"{tag}-single", "--output-topic", f"{tag}-out", "--dead-letter-topic", f"{tag}-dlq")
+    assert warned.returncode == 0, warned.stderr
+    assert f"warning: '{tag}-single' has replication factor 1 on a cluster of 3 brokers" in warned.stderr
+
+    # kill: the node is down, the others serve; restart: back, ready
+    killed = cli("broker", "kill", "3", "--data-dir", str(cluster.data_dir))
+    assert killed.returncode == 0 and "SIGKILL" in killed.stderr, killed.stderr
+    lines = node_lines(cluster.data_dir)
+    assert " stopped " in lines[3] and " running " in lines[1] and " running " in lines[2]
+    restarted = cli("broker", "restart", "3", "--data-dir", str(cluster.data_dir))
+    assert restarted.returncode == 0, restarted.stderr
+    assert restarted.stdout.strip() == f"127.0.0.1:{cluster.node_port(3)}"
+    assert " running pid=" in node_lines(cluster.data_dir)[3]
+
+
+# ---- chaos ---------------------------------------------------------------------------------------------
+GROUPS = 1000
+PARTITIONS = 6
+
+
+@dataclass
+class Progress:
+    """The group's committed input offsets over time, per partition, and the end offsets: when each
+    partition had records to process and made no progress."""
+
+    samples: list[tuple[float, dict[int, int], dict[int, int]]] = field(default_factory=list)
+
+    def stalls(self, start: float, end: float) -> dict[int, float]:
+        """Per partition, the longest time within [start, end) it had unprocessed records and its committed
+        offset did not move (a gap in the samples, while the watcher could not ask, counts as no move)."""
+        out: dict[int, float] = {}
+        for p in range(PARTITIONS):
+            longest, since, last = 0.0, 0.0, None
+            for t, committed, ends in self.samples:
+                c = committed.get(p, -1)
+                behind = c < ends.get(p, 0)
+                if last is None or c != last or not behind:
+                    since = t  # progress now, or nothing to do
+                last = c
+                if start <= t < end and behind:
+                    longest = max(longest, t - max(since, start))
+            out[p] = longest
+        return out
+
+
+def watch_progress(bootstrap: str, group: str, topic: str, stop: threading.Event, into: Progress) -> None:
+    admin = consumer = None
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    while not stop.is_set():
+        try:
+            if admin is None:
+                admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+                consumer = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+            offsets = admin.list_consumer_group_offsets(group)
+            ends = consumer.end_offsets(tps)
+            into.samples.append((time.monotonic(), {tp.partition: om.offset for tp, om in offsets.items()},
+                                 {tp.partition: e for tp, e in ends.items()}))
+        except Exception:  # noqa: BLE001 - a broker just died: ask again (a gap in the samples is a stall)
+            admin = consumer = None
+        time.sleep(0.25)
+
+
+def input_leaders(bootstrap: str, topic: str) -> Counter[int]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        [described] = admin.describe_topics([topic])
+        return Counter(p["leader_id"] for p in described["partitions"])
+    finally:
+        admin.close()
+
+
+def wait_working(log_file: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log_file.exists() and "event=partition.restored" in log_file.read_text():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"worker never got to work: {log_file.read_text()[-2000:]}")
+
+
+@pytest.mark.kafka(timeout=420)
+def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster, tmp_path):
+    """3 workers, 6 partitions, RF 3 / min ISR 2; SIGKILL of the broker leading most input partitions, its
+    restart, SIGKILL of a worker, a clean stop of another broker: every outcome exactly once."""
+    cluster.start()  # every node up (an earlier test may have left one down)
+    bootstrap = cluster.bootstrap
+    rng = random.Random(20261130)
+    tag = f"cchaos-{os.getpid()}-{rng.randrange(1 << 30)}"
+    topics = TopicNames(f"{tag}-rollouts", f"{tag}-train", f"{tag}-dlq")
+    ensure_topics(Connection(bootstrap), data_topics=[topics.input, topics.output],
+                  dead_letter_topics=[topics.dead_letter], settings=TopicSettings(partitions=PARTITIONS))
+    group_id = f"cchaos-{tag}"
+    plan = SynthPlan(group_size=4, max_siblings=2, tokens=8, faults=FaultRates.uniform(0.03), seed=17,
+                     run_id="cchaos")
+    expected = Expected()
+    batches = []
+    for records, exp in plan_groups(plan, GROUPS):
+        expected.add(exp)
+        batches.append(records)
+
+    futures: list = []
+    produce_errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            with RolloutProducer(bootstrap, topic=topics.input) as p:
+                for i, records in enumerate(batches):
+                    futures.extend(p.send_raw(r.key, r.value) for r in records)
+                    if i % 20 == 19:
+                        time.sleep(0.9)  # ~50 s of input: every fault happens while records arrive
+                p.flush(timeout=120)
+        except BaseException as exc:  # surfaced below
+            produce_errors.append(exc)
+
+    args = ("--group-timeout", "4", "--commit-interval", "0.2", "--session-timeout", "10")
+    logs: list[Path] = []
+
+    def start(instance: str) -> subprocess.Popen:
+        logs.append(tmp_path / f"{instance}-{len(logs)}.log")
+        return spawn_worker(bootstrap, topics, group_id, *args, "--instance-id", instance, log_path=logs[-1])
+
+    progress, stop_watch = Progress(), threading.Event()
+    watcher = threading.Thread(target=watch_progress, args=(bootstrap, group_id, topics.input, stop_watch,
+                                                            progress), daemon=True)
+    workers = {name: start(name) for name in ("w1", "w2", "w3")}
+    for log_file in list(logs):
+        wait_working(log_file)
+    producer = threading.Thread(target=produce)
+    producer.start()
+    watcher.start()
+    faults: list[tuple[str, float]] = []
+    try:
+        time.sleep(6)
+        leaders = input_leaders(bootstrap, topics.input)
+        victim = leaders.most_common(1)[0][0]
+        faults.append((f"SIGKILL broker {victim} (leader of {leaders[victim]} of {PARTITIONS} input "
+                       f"partitions)", time.monotonic()))
+        assert cluster.kill(victim)
+        time.sleep(12)
+        faults.append((f"restart broker {victim}", time.monotonic()))
+        cluster.restart(victim, timeout=120)
+        time.sleep(4)
+        faults.append(("SIGKILL worker w2", time.monotonic()))
+        workers["w2"].send_signal(signal.SIGKILL)
+        workers["w2"].wait(10)
+        time.sleep(3)
+        workers["w2"] = start("w2")  # back under the same instance id
+        time.sleep(6)
+        other = next(n for n in cluster.node_ids if n != victim)
+        faults.append((f"clean stop of broker {other}", time.monotonic()))
+        assert cluster.stop_node(other, timeout=60) == "terminated"
+        time.sleep(10)
+        faults.append((f"start broker {other}", time.monotonic()))
+        cluster.restart(other, timeout=120)
+        producer.join(150)
+        assert not producer.is_alive() and not produce_errors, produce_errors
+        unacknowledged = [f for f in futures if not f.done() or f.exception() is not None]
+        assert not unacknowledged, (f"{len(unacknowledged)} sends not acknowledged: "
+                                    f"{unacknowledged[0].exception()}")
+
+        total = expected.published_samples
+        dead = sum(expected.dead_letters.values())
+        train = train_samples(read_topic(bootstrap, topics.output, min_count=total, timeout=120, settle=3))
+        dlq = read_topic(bootstrap, topics.dead_letter, min_count=dead, timeout=30, settle=2)
+        faults.append(("end", time.monotonic()))
+    finally:
+        stop_watch.set()
+        for w in workers.values():
+            w.send_signal(signal.SIGTERM)
+        codes = {name: w.wait(60) for name, w in workers.items()}
+        cluster.start()  # whatever happened, leave every node running for the next test
+
+    report = []
+    for (what, at), (_, until) in zip(faults, faults[1:], strict=False):
+        stalls = progress.stalls(at, until)
+        worst = max(stalls.values())
+        report.append(f"{what}: longest stall {worst:.1f} s, partitions stalled > 2 s: "
+                      f"{sum(1 for s in stalls.values() if s > 2)}")
+    print("\n".join(["cluster chaos, time without progress per fault:", *report]), file=sys.stderr)
+    (tmp_path / "stalls.txt").write_text("\n".join(report) + "\n")
+
+    assert codes == {"w1": 0, "w2": 0, "w3": 0}, codes
+    sources = Counter((t.source_partition, t.source_offset) for t in train)
+    assert max(sources.values()) == 1, "a train sample was published twice"
+    assert len(train) == total
+    dsources = Counter((r.headers["x-original-partition"], r.headers["x-original-offset"]) for r in dlq)
+    assert max(dsources.values()) == 1, "a record was dead-lettered twice"
+    assert Counter(r.headers["x-dlq-reason"] for r in dlq) == Counter(
+        {str(k): v for k, v in expected.dead_letters.items()})
+    groups = defaultdict(list)
+    for t in train:
+        groups[t.group_key].append(t)
+    assert len(groups) == expected.published_groups
+    cfg = RewardConfig()
+    for key, members in groups.items():
+        assert len(members) == members[0].group_sample_count, key
+        raw, values = post_process_rewards([m.sample for m in members], cfg,
+                                           prompt_group_sizes=[len(members)])
+        assert [m.reward for m in members] == values and [m.raw_reward for m in members] == raw
