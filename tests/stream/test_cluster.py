@@ -156,9 +156,10 @@ def watch_progress(bootstrap: str, group: str, topic: str, stop: threading.Event
             if admin is None:
                 admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
                 consumer = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=3000)
-            offsets = admin.list_consumer_group_offsets(group)
+            offsets = admin.list_group_offsets({group: tps}).get(group, {})
             ends = consumer.end_offsets(tps)
-            into.samples.append((time.monotonic(), {tp.partition: om.offset for tp, om in offsets.items()},
+            into.samples.append((time.monotonic(),
+                                 {tp.partition: om.offset for tp, om in offsets.items() if om.offset >= 0},
                                  {tp.partition: e for tp, e in ends.items()}))
         except Exception:  # noqa: BLE001 - a broker just died: ask again (a gap in the samples is a stall)
             admin = consumer = None
@@ -224,7 +225,7 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
         logs.append(tmp_path / f"{instance}-{len(logs)}.log")
         return spawn_worker(bootstrap, topics, group_id, *args, "--instance-id", instance, log_path=logs[-1])
 
-    progress, stop_watch = Progress(), threading.Event()
+    progress, stop_watch = Progress(), threading.Event()  # watched from before the first record
     watcher = threading.Thread(target=watch_progress, args=(bootstrap, group_id, topics.input, stop_watch,
                                                             progress), daemon=True)
     workers = {name: start(name) for name in ("w1", "w2", "w3")}
@@ -275,6 +276,7 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
         codes = {name: w.wait(60) for name, w in workers.items()}
         cluster.start()  # whatever happened, leave every node running for the next test
 
+    assert len(progress.samples) > 100, "the progress watcher could not sample the group's offsets"
     report = []
     for (what, at), (_, until) in zip(faults, faults[1:], strict=False):
         stalls = progress.stalls(at, until)
