@@ -43,11 +43,7 @@ def backlog_topic(kafka_bootstrap: str, kafka_admin) -> str:
 @pytest.mark.kafka(timeout=180)
 @pytest.mark.parametrize("groups_per_batch", [1, 8, 64])
 def test_a_fresh_reader_with_default_settings_reads_every_group_of_a_backlog(
-        kafka_bootstrap, backlog_topic, unique_group_id, groups_per_batch, kafka_client, request):
-    if kafka_client == "confluent":  # runs and is reported (README "Kafka clients"; issue 15)
-        request.applymarker(pytest.mark.xfail(strict=False, reason=(
-            "pause/resume on librdkafka: a few records re-delivered (2 of 3,072) and, once, a stall at "
-            "504 of 512 groups; under investigation")))
+        kafka_bootstrap, backlog_topic, unique_group_id, groups_per_batch, kafka_client):
     seen: dict[str, int] = defaultdict(int)
     longest_wait = 0.0
     with TrainDataReader(kafka_bootstrap, backlog_topic, unique_group_id, groups_per_batch=groups_per_batch,

@@ -215,6 +215,7 @@ class _Consumer:
         self._next: dict[
             tuple[str, int], int
         ] = {}  # per partition: the offset after the last record handed out
+        self.redelivered = 0  # records librdkafka fetched again below that offset, dropped
         self.connections: int | None = None
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
@@ -234,7 +235,17 @@ class _Consumer:
             batch.append(
                 Rec(tp.topic, tp.partition, m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers())
             )
-        for tp, batch in out.items():
+        for tp, batch in list(out.items()):
+            after = self._next.get(tp)
+            if after is not None and batch[0].offset < after:
+                # Handed out already: librdkafka re-fetches from an older position after some pause/resume
+                # sequences (seen on the reader's backlog). The seam hands out each offset once per position.
+                batch = [r for r in batch if r.offset >= after]
+                self.redelivered += len(out[tp]) - len(batch)
+                if not batch:
+                    del out[tp]
+                    continue
+                out[tp] = batch
             self._next[tp] = batch[-1].offset + 1
         return out
 
@@ -279,12 +290,15 @@ class _Consumer:
         return self.beginning_offsets([tp])[tp]
 
     def fetch_position(self, tp: TopicPartition) -> int:
+        # librdkafka's position is invalid after a seek until a record comes (e.g. a seek to the end): the
+        # seam's own mark of what it handed out counts too.
+        handed_out = self._next.get((tp.topic, tp.partition), -1)
         try:
             found = self._c.position([_rd(tp)])
         except KafkaException:
-            return -1
+            return handed_out
         offset = found[0].offset if found else OFFSET_INVALID
-        return offset if offset >= 0 else -1
+        return max(offset, handed_out) if offset >= 0 else handed_out
 
     def highwater(self, tp: TopicPartition) -> int | None:
         try:
