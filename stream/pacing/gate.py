@@ -69,7 +69,8 @@ class AdmissionGate:
         self._through: dict[int, int] = {}  # the trainer's consumed watermark, never moving back
         self._newest: int | None = None
         self._waiting = False
-        self._writer = ProgressWriter(conn, progress_topic, heartbeat_s=heartbeat_s)  # creates the topic
+        self._writer = ProgressWriter(conn, progress_topic, heartbeat_s=heartbeat_s,  # creates the topic
+                                      refresh=self.progress)
         self._board = ProgressBoard(conn, progress_topic)
         self._board.wait_caught_up(10.0)  # a fresh producer knows where the trainer is before its first admit
 

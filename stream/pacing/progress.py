@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -66,9 +67,10 @@ class ProgressWriter:
     """Writes one party's latest record; re-sends it every `heartbeat_s` so readers can tell it is alive."""
 
     def __init__(self, conn: Connection, topic: str, *, heartbeat_s: float = 5.0,
-                 client: Client | None = None) -> None:
-        """`client`: the Kafka client to use (default: the connection's; the worker passes its own)."""
-        self.conn, self.topic, self.heartbeat_s = conn, topic, heartbeat_s
+                 client: Client | None = None, refresh: Callable[[], Progress] | None = None) -> None:
+        """`client`: the Kafka client to use (default: the connection's; the worker passes its own);
+        `refresh`: the party's current record, for heartbeats (default: the last one published, re-dated)."""
+        self.conn, self.topic, self.heartbeat_s, self.refresh = conn, topic, heartbeat_s, refresh
         client = client or client_for(conn)
         ensure_progress_topic(conn, topic, client)
         self._producer = client.producer(client_id=f"{conn.client_id}-progress",
@@ -92,10 +94,11 @@ class ProgressWriter:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
+            fresh = self.refresh() if self.refresh is not None and self._latest is not None else None
             with self._lock:
                 if self._latest is None:
                     continue
-                self._latest = msgspec.structs.replace(self._latest, updated_ms=now_ms())
+                self._latest = fresh or msgspec.structs.replace(self._latest, updated_ms=now_ms())
                 try:
                     self._producer.send(self.topic, encode_progress(self._latest), progress_key(self._latest))
                 except Exception as exc:  # a heartbeat lost is harmless; the next one may pass

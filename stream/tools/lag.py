@@ -16,12 +16,14 @@ from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 
+from codec.progress import ProducerProgress, StageProgress, TrainerProgress
 from stream.clients import Connection
 from stream.kafka import KafkaFailure, TopicPartition, client_for
 from stream.layout import Fit, Flow
 from stream.names import progress_topic, rank_group_id
 from stream.pacing import ProgressBoard
 from stream.pacing.positions import ProducerRow, TrainerRow, age_s, producer_row, trainer_row
+from stream.topics import missing_topics
 
 __all__ = ["LagReport", "ProducerRow", "StageRow", "TrainerRow", "lag_report", "render_lag"]
 
@@ -87,15 +89,21 @@ def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_g
                stale_after_s: float = 60.0, wait_s: float = 10.0) -> LagReport:
     """Read the progress topic to its end (at most `wait_s`) and the offsets, and say where everyone is."""
     topic = progress_topic(output_topic)
-    board = ProgressBoard(conn, topic)
     notes: list[str] = []
-    try:
-        if not board.wait_caught_up(wait_s):
-            notes.append(f"{topic} was not read to its end within {wait_s:g}s"
-                         " (it does not exist until a trainer or `topics create` makes it)")
-        producers, stages, trainers = board.producers(), board.stages(), board.trainers()
-    finally:
-        board.close()
+    producers: list[ProducerProgress] = []
+    stages: list[StageProgress] = []
+    trainers: list[TrainerProgress] = []
+    if missing_topics(conn, [topic]):
+        notes.append(f"{topic} does not exist: no trainer, paced producer or worker with --metrics-port has "
+                     "written progress on this train-data topic yet")
+    else:
+        board = ProgressBoard(conn, topic)
+        try:
+            if not board.wait_caught_up(wait_s):
+                notes.append(f"{topic} was not read to its end within {wait_s:g}s")
+            producers, stages, trainers = board.producers(), board.stages(), board.trainers()
+        finally:
+            board.close()
     now = int(time.time() * 1000)
     stale_ms = stale_after_s * 1000
     producer_rows = [producer_row(p, now, stale_ms) for p in producers]
@@ -109,7 +117,7 @@ def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_g
         sum(s.open_groups for s in fresh_stages) if fresh_stages else None, len(fresh_stages),
         None if newest is None else age_s(newest, now), bool(mine) and not fresh_stages)]
     trainer_rows = [trainer_row(t, producer_rows, behind.get(t.group_id), now, stale_ms) for t in trainers]
-    if not trainers:
+    if not trainers and not notes:
         notes.append("no trainer has published progress (a TrainDataReader publishes it from rank 0)")
     return LagReport(topic, stale_after_s, producer_rows, stage_rows, trainer_rows, notes)
 
