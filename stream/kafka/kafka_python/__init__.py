@@ -387,7 +387,14 @@ class _Producer:
         if self._settings is None:
             raise BrokerUnavailable(f"{what} hung", kind="TransactionHung")
         stuck = self._p
-        threading.Thread(target=stuck.close, kwargs={"timeout": 0}, daemon=True).start()
+
+        def close_stuck() -> None:
+            try:
+                stuck.close(timeout=0)
+            except Exception:  # noqa: BLE001 - it is being abandoned: whatever it says is moot
+                pass
+
+        threading.Thread(target=close_stuck, name="kafka-python-abandoned", daemon=True).start()
         with _translated:
             self._p = KafkaProducer(**self._settings)
         self._needs_init, self._replaced = True, True
