@@ -29,12 +29,12 @@ records arrived, and the reader keeps that order, so a later group consumed impl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["Admission", "PacingLimits", "Refusal", "admission", "is_consumed", "next_batch_version",
-           "predicted_lag"]
+__all__ = ["Admission", "PacingLimits", "Refusal", "admission", "doomed_through", "is_consumed",
+           "next_batch_version", "predicted_lag"]
 
 
 class Refusal(Enum):
@@ -42,7 +42,7 @@ class Refusal(Enum):
 
     POLICY_LAG = "policy_lag"
     UNCONSUMED = "unconsumed"
-    NO_TRAINER = "no_trainer"  # a policy-lag bound, and the trainer has said nothing yet
+    NO_TRAINER = "no_trainer"  # a policy-lag bound, and the trainer has no weight version yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,7 @@ class Admission:
             return (f"policy lag at consumption would be {self.predicted_lag} > max_policy_lag "
                     f"{limits.max_policy_lag} ({self.unconsumed} group(s) ahead)")
         if self.refused is Refusal.NO_TRAINER:
-            return "the trainer has published no progress yet, so the policy lag cannot be bounded"
+            return "the trainer has published no weight version yet, so the policy lag cannot be bounded"
         if self.refused is Refusal.UNCONSUMED:
             return (f"{self.unconsumed} group(s) not yet consumed >= max_unconsumed_groups "
                     f"{limits.max_unconsumed_groups}")
@@ -117,8 +117,9 @@ def admission(weight_version: int, *, next_version: int | None, groups_per_batch
               limits: PacingLimits, trainer_known: bool = True) -> Admission:
     """May a group start at `weight_version` now? (the module docstring states the rule)
 
-    `trainer_known`: whether the trainer has said anything yet. Under a policy-lag bound nothing starts
-    before it has: groups counted only against `n` could land in batches judged at versions not known yet.
+    `trainer_known`: whether the trainer has published a weight version. Under a policy-lag bound nothing
+    starts before it has: groups counted only against `n` could land in batches judged at versions not
+    known yet.
     """
     lag = predicted_lag(weight_version, next_version, unconsumed, groups_per_batch, limits.versions_per_batch)
     if limits.max_policy_lag is not None and not trainer_known:
@@ -128,6 +129,34 @@ def admission(weight_version: int, *, next_version: int | None, groups_per_batch
     if limits.max_policy_lag is not None and lag is not None and lag > limits.max_policy_lag:
         return Admission(Refusal.POLICY_LAG, unconsumed, lag)
     return Admission(None, unconsumed, lag)
+
+
+Source = tuple[str, int, int]  # a record's source topic, partition and offset (its lineage)
+
+
+def doomed_through(queued: Sequence[tuple[Iterable[Source], bool]]) -> dict[str, dict[int, int]]:
+    """Per source topic and partition, the highest source offset of the leading run of queued groups that
+    will be skipped, in queue order.
+
+    `queued`: the reader's buffered groups in sequence order, each as its records' (source topic, partition,
+    offset) and whether it is judged stale or invalid already (a verdict that cannot change: versions only
+    move on). Such groups will never train, so a producer may stop counting them before the batch that
+    skips them completes; without this, groups that will be skipped could hold back the fresh ones that
+    batch waits for. A partition's run ends at its first group that may still train.
+    """
+    through: dict[str, dict[int, int]] = {}
+    blocked: set[tuple[str, int]] = set()
+    for sources, doomed in queued:
+        for topic, partition, offset in sources:
+            if (topic, partition) in blocked:
+                continue
+            if not doomed:
+                blocked.add((topic, partition))
+                continue
+            parts = through.setdefault(topic, {})
+            if offset > parts.get(partition, -1):
+                parts[partition] = offset
+    return through
 
 
 def is_consumed(partition: int | None, last_offset: int | None, consumed_through: Mapping[int, int]) -> bool:

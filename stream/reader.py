@@ -48,6 +48,7 @@ from core.assembly import (
     plan_batch,
 )
 from core.collate import Collated, collate
+from core.pacing import doomed_through
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
@@ -457,6 +458,8 @@ class TrainDataReader:
         deadline = None if timeout is None else time.monotonic() + timeout
         verdicts = [self._verdict(g) for g, _ in self._buffer]
         good = verdicts.count(None)
+        if good < len(verdicts) and self.progress is not None:  # a new version made buffered groups stale
+            self._report_doomed(verdicts)
         while good < self.groups_per_batch:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -475,7 +478,17 @@ class TrainDataReader:
             self._buffer.append((value, snapshot))
             verdicts.append(self._verdict(value))
             good += verdicts[-1] is None
+            if verdicts[-1] is not None and self.progress is not None:
+                self._report_doomed(verdicts)
         return self._batch(verdicts)
+
+    def _report_doomed(self, verdicts: list[Verdict | None]) -> None:
+        """Buffered groups that will be skipped stop counting for paced producers now (docs/pacing.md):
+        otherwise they could hold back the fresh groups this batch is waiting for."""
+        assert self.progress is not None
+        self.progress.doomed(doomed_through([
+            ([(s.source_topic, s.source_partition, s.source_offset) for s in g.samples], v is not None)
+            for (g, _), v in zip(self._buffer, verdicts, strict=True)]))
 
     def _verdict(self, group: AssembledGroup) -> Verdict | None:
         return group_verdict(group, self.weight_version, self.max_weight_staleness)

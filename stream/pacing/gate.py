@@ -137,7 +137,8 @@ class AdmissionGate:
                 next_version=None if trainer is None else next_batch_version(
                     trainer.weight_version, trainer.batch_version, self.limits.versions_per_batch),
                 groups_per_batch=trainer.groups_per_batch if trainer is not None else 1,
-                unconsumed=unconsumed, limits=self.limits, trainer_known=trainer is not None)
+                unconsumed=unconsumed, limits=self.limits,
+                trainer_known=trainer is not None and trainer.weight_version is not None)
             return decision, trainer
 
     # ---- admission -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from codec.progress import (
     progress_key,
 )
 from stream.clients import Connection
-from stream.kafka import Client, TopicExists, TopicPartition, TopicSpec, client_for
+from stream.kafka import Client, KafkaFailure, TopicExists, TopicPartition, TopicSpec, client_for
 from stream.logs import log_event
 
 __all__ = ["ProgressBoard", "ProgressWriter", "ensure_progress_topic", "now_ms"]
@@ -168,8 +168,28 @@ class ProgressBoard:
 
     # ---- the background reader -------------------------------------------------------------------
     def _run(self) -> None:
+        """Read the topic; a Kafka failure (a timeout on a loaded broker, a leader moving) costs a fresh
+        consumer a second later, never the board: the records read so far stay, and re-reading from the
+        beginning only replaces them with the same or newer ones."""
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._read()
+                except KafkaFailure as exc:
+                    log_event(log, "progress.read_failed", logging.WARNING, topic=self.topic,
+                              error=f"{type(exc).__name__}: {exc}", action="reading again in 1 s")
+                    self._stop.wait(1.0)
+        except BaseException as exc:  # not Kafka's: surfaced by whoever waits on the board
+            self.error = exc
+            log_event(log, "progress.board_failed", logging.ERROR, topic=self.topic,
+                      error=f"{type(exc).__name__}: {exc}")
+        finally:
+            with self._changed:
+                self._changed.notify_all()
+
+    def _read(self) -> None:
         consumer = self.client.assigned_consumer(client_id=f"{self.conn.client_id}-progress",
-                                                           max_record_bytes=1 << 20)
+                                                 max_record_bytes=1 << 20)
         try:
             parts: set[int] | None = None
             while not self._stop.is_set():
@@ -195,14 +215,8 @@ class ProgressBoard:
                         self._changed.notify_all()
                 if not self._caught_up.is_set() and all(consumer.position(tp) >= ends[tp] for tp in tps):
                     self._caught_up.set()
-        except BaseException as exc:  # surfaced by whoever waits on the board
-            self.error = exc
-            log_event(log, "progress.board_failed", logging.ERROR, topic=self.topic,
-                      error=f"{type(exc).__name__}: {exc}")
         finally:
             consumer.close()
-            with self._changed:
-                self._changed.notify_all()
 
     def _take(self, key: bytes | None, value: bytes | None) -> int:
         if key is None:

@@ -82,6 +82,18 @@ class TrainerProgressPublisher:
                      lag_counts=dict(self._lags),
                      consumed_through={t: dict(p) for t, p in self._through.items()})
 
+    def doomed(self, through: dict[str, dict[int, int]]) -> None:
+        """Queued groups that will be skipped (`core.pacing.doomed_through`): producers may stop counting
+        them now, before the batch that skips them completes."""
+        merged = {t: dict(p) for t, p in self._through.items()}
+        for topic, parts in through.items():
+            mine = merged.setdefault(topic, {})
+            for p, offset in parts.items():
+                if offset > mine.get(p, -1):
+                    mine[p] = offset
+        if merged != self._record.consumed_through:
+            self._update(consumed_through=merged)
+
     def publish(self) -> None:
         """Write the current state now (e.g. after a commit), not only on the next change."""
         self._update()

@@ -11,6 +11,7 @@ from core.pacing import (
     PacingLimits,
     Refusal,
     admission,
+    doomed_through,
     is_consumed,
     next_batch_version,
     predicted_lag,
@@ -51,7 +52,7 @@ def test_a_policy_lag_bound_waits_for_the_trainer_to_say_where_it_is():
     lag_bound = PacingLimits(max_policy_lag=2, max_unconsumed_groups=8)
     waiting = admission(0, next_version=None, groups_per_batch=1, unconsumed=0, limits=lag_bound,
                         trainer_known=False)
-    assert waiting.refused is Refusal.NO_TRAINER and "no progress" in waiting.explain(lag_bound)
+    assert waiting.refused is Refusal.NO_TRAINER and "no weight version" in waiting.explain(lag_bound)
     count_only = PacingLimits(max_unconsumed_groups=8)
     assert admission(0, next_version=None, groups_per_batch=1, unconsumed=7, limits=count_only,
                      trainer_known=False).admitted
@@ -99,6 +100,33 @@ def test_the_unconsumed_bound_is_a_strict_count(u, n):
     decision = admission(0, next_version=None, groups_per_batch=1, unconsumed=u,
                          limits=PacingLimits(max_unconsumed_groups=n))
     assert decision.admitted == (u < n)
+
+
+def test_doomed_through_stops_at_the_first_group_of_a_partition_that_may_still_train():
+    queued = [
+        ([("r", 0, 3), ("r", 0, 5)], True),  # stale
+        ([("r", 1, 2)], False),  # may train: partition 1's run ends here
+        ([("r", 0, 8)], True),  # stale
+        ([("r", 1, 9)], True),  # stale, behind a group of its partition that may train
+        ([("r", 0, 12)], False),
+        ([("r", 0, 15)], True),  # behind the group at 12
+        ([("x", 0, 1)], True),  # another source topic
+    ]
+    assert doomed_through(queued) == {"r": {0: 8}, "x": {0: 1}}
+    assert doomed_through([]) == {}
+    assert doomed_through([([("r", 0, 1)], False)]) == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.booleans()), max_size=30))
+def test_doomed_through_never_passes_a_group_that_may_train(groups):
+    """Groups in one source partition queue in offset order; no group that may train is ever at or below the
+    watermark of its partition."""
+    queued = [([("r", p, i)], doomed) for i, (p, doomed) in enumerate(groups)]
+    through = doomed_through(queued).get("r", {})
+    for i, (p, doomed) in enumerate(groups):
+        if not doomed:
+            assert through.get(p, -1) < i
 
 
 @pytest.mark.parametrize("partition,last,through,expected", [

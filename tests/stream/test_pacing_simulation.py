@@ -123,7 +123,7 @@ def simulate(bootstrap: str, *, paced: bool, producers: int = PRODUCERS, threads
             for step in range(STEPS):
                 asked = time.monotonic()
                 batch = reader.next_batch(timeout=60)
-                assert batch is not None, f"no batch {step} within 60 s"
+                assert batch is not None, f"no batch {step} within 60 s: {diagnosis(clients, out, reader)}"
                 idle = time.monotonic() - asked
                 if step == 0:
                     out.first_batch_s = time.monotonic() - started
@@ -160,6 +160,17 @@ def simulate(bootstrap: str, *, paced: bool, producers: int = PRODUCERS, threads
     out.first_batch_s = round(out.first_batch_s, 3)
     out.producer_wait_total_s = round(out.producer_wait_total_s, 3)
     return out
+
+
+def diagnosis(clients: list[RolloutProducer], out: Outcome, reader: TrainDataReader) -> str:
+    """What each party knew when the trainer starved (for a failure message)."""
+    parts = [f"errors {out.errors}", f"reader {reader.stats}"]
+    for p in clients:
+        if p.gate is not None:
+            decision, trainer = p.gate.decide(0)
+            parts.append(f"producer {p.gate.producer_id}: {p.gate.progress()}; decision at version 0 "
+                         f"{decision}; trainer {trainer}")
+    return "\n".join(parts)
 
 
 def pacing_metrics(port: int, trainer_group: str, trained: int, version: int) -> dict[str, float]:
@@ -255,3 +266,33 @@ def test_a_producer_whose_trainer_is_gone_times_out_and_says_so(kafka_bootstrap,
         assert table.exit_code == 0, (table.stdout, table.stderr, table.exception)
         [row] = [line for line in table.stdout.splitlines() if line.startswith("│ trainer ")]
         assert row.strip("│ ").split("│")[-1].strip() == "stale"
+
+
+def test_groups_the_reader_will_skip_stop_counting_before_their_batch_completes(kafka_bootstrap, kafka_client,
+                                                                               topic_factory):
+    """Stale groups waiting in the reader's buffer must not hold back the fresh groups their batch waits for:
+    the trainer reports them as done at once (core.pacing.doomed_through)."""
+    from tests.stream.test_reader import publish, train_sample
+
+    topic = topic_factory(1)
+    trainer_group = f"trainer-{topic}"
+    stale = [train_sample(g, g * 100 + r, versions=("0",)) for g in (7, 14) for r in range(2)]  # partition 0
+    publish(kafka_bootstrap, topic, stale)
+    reader = TrainDataReader(kafka_bootstrap, topic, trainer_group, groups_per_batch=2,
+                             max_weight_staleness=1, start="earliest", partition_idle_ms=0)
+    board = ProgressBoard(Connection(kafka_bootstrap), progress_topic(topic))
+    try:
+        reader.set_weight_version(5)
+        assert reader.next_batch(timeout=3) is None  # both groups are stale, nothing trains yet
+        deadline = time.monotonic() + 20
+        while True:
+            trainer = board.trainer(trainer_group)
+            through = {} if trainer is None else trainer.consumed_through.get("rollouts", {})
+            if through.get(0) == max(s.source_offset for s in stale):
+                break
+            assert time.monotonic() < deadline, f"stale groups never reported as done: {trainer}"
+            board.wait_for_change(board.updates, 0.5)
+        assert trainer is not None and trainer.consumed_groups == 0 and trainer.batch is None
+    finally:
+        board.close()
+        reader.close()
