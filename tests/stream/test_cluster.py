@@ -26,6 +26,7 @@ from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, Ne
 from core import RewardConfig, post_process_rewards
 from stream.clients import Connection
 from stream.config import TopicNames
+from stream.names import changelog_topic_name
 from stream.producer import RolloutProducer
 from stream.tools.broker.cluster import LocalCluster
 from stream.tools.broker.process import free_port, port_is_free
@@ -125,24 +126,29 @@ PARTITIONS = 6
 
 @dataclass
 class Progress:
-    """The group's committed input offsets over time, per partition, and the end offsets: when each
-    partition had records to process and made no progress."""
+    """Per partition over time: the input's end offset and the window changelog's last stable offset. The
+    worker writes its changelog position in every transaction that consumed records of a partition, so
+    that offset moves exactly when the partition's work is committed (committed input offsets would not:
+    they stay at the oldest open window, which an incomplete group holds for the whole group timeout)."""
 
     samples: list[tuple[float, dict[int, int], dict[int, int]]] = field(default_factory=list)
 
     def stalled_runs(self, partition: int) -> list[tuple[float, float]]:
-        """(start, end) of each time the partition had unprocessed records and its committed offset did not
-        move (a gap in the samples, while the watcher could not ask, counts as no move)."""
-        runs, since, last = [], None, None
-        for t, committed, ends in self.samples:
-            c = committed.get(partition, -1)
-            behind = max(c, 0) < ends.get(partition, 0)
-            if since is not None and (c != last or not behind):
-                runs.append((since, t))
-                since = None
-            if behind and since is None:
+        """(start, end) of each time records had arrived in the partition and no transaction committed work
+        of it since (a gap in the samples, while the watcher could not ask, counts as no progress)."""
+        runs: list[tuple[float, float]] = []
+        since = None  # first sample that saw input not yet followed by a commit
+        last_stable = input_at_commit = None
+        for t, inputs, stable in self.samples:
+            end, lso = inputs.get(partition, 0), stable.get(partition, 0)
+            if last_stable is None:
+                last_stable, input_at_commit = lso, end
+            if lso != last_stable:  # a commit
+                if since is not None:
+                    runs.append((since, t))
+                since, last_stable, input_at_commit = None, lso, end
+            elif since is None and end > (input_at_commit or 0):
                 since = t
-            last = c
         if since is not None and self.samples:
             runs.append((since, self.samples[-1][0]))
         return runs
@@ -155,21 +161,22 @@ class Progress:
                 for p in range(PARTITIONS)}
 
 
-def watch_progress(bootstrap: str, group: str, topic: str, stop: threading.Event, into: Progress) -> None:
-    admin = consumer = None
-    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+def watch_progress(bootstrap: str, inputs: str, changelog: str, stop: threading.Event,
+                   into: Progress) -> None:
+    """Every 0.25 s: the input's end offsets and the changelog's last stable offsets (read_committed)."""
+    plain = committed = None
     while not stop.is_set():
         try:
-            if admin is None:
-                admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
-                consumer = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=3000)
-            offsets = admin.list_group_offsets({group: tps}).get(group, {})
-            ends = consumer.end_offsets(tps)
-            into.samples.append((time.monotonic(),
-                                 {tp.partition: om.offset for tp, om in offsets.items() if om.offset >= 0},
-                                 {tp.partition: e for tp, e in ends.items()}))
+            if plain is None or committed is None:
+                plain = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+                committed = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=3000,
+                                          isolation_level="read_committed")
+            ends = plain.end_offsets([TopicPartition(inputs, p) for p in range(PARTITIONS)])
+            stable = committed.end_offsets([TopicPartition(changelog, p) for p in range(PARTITIONS)])
+            into.samples.append((time.monotonic(), {tp.partition: e for tp, e in ends.items()},
+                                 {tp.partition: e for tp, e in stable.items()}))
         except Exception:  # noqa: BLE001 - a broker just died: ask again (a gap in the samples is a stall)
-            admin = consumer = None
+            plain = committed = None
         time.sleep(0.25)
 
 
@@ -238,7 +245,8 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
         return spawn_worker(bootstrap, topics, group_id, *args, "--instance-id", instance, log_path=logs[-1])
 
     progress, stop_watch = Progress(), threading.Event()  # watched from before the first record
-    watcher = threading.Thread(target=watch_progress, args=(bootstrap, group_id, topics.input, stop_watch,
+    changelog = changelog_topic_name(group_id, topics.input)
+    watcher = threading.Thread(target=watch_progress, args=(bootstrap, topics.input, changelog, stop_watch,
                                                             progress), daemon=True)
     workers = {name: start(name) for name in ("w1", "w2", "w3")}
     for log_file in list(logs):
