@@ -198,7 +198,7 @@ def wait_working(log_file: Path, timeout: float = 60.0) -> None:
     raise AssertionError(f"worker never got to work: {log_file.read_text()[-2000:]}")
 
 
-@pytest.mark.kafka(timeout=420)
+@pytest.mark.kafka(timeout=480)
 def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster, tmp_path):
     """3 workers, 6 partitions, RF 3 / min ISR 2; SIGKILL of the broker leading most input partitions, its
     restart, SIGKILL of a worker, a clean stop of another broker: every outcome exactly once."""
@@ -229,8 +229,8 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
             with RolloutProducer(bootstrap, topic=topics.input) as p:
                 for i, records in enumerate(batches):
                     futures.extend(p.send_raw(r.key, r.value) for r in records)
-                    if i % 20 == 19:
-                        time.sleep(0.9)  # ~50 s of input: every fault happens while records arrive
+                    if i % 10 == 9:
+                        time.sleep(0.9)  # ~90 s of input: every fault happens while records arrive
                 p.flush(timeout=120)
         except BaseException as exc:  # surfaced below
             produce_errors.append(exc)
