@@ -189,6 +189,16 @@ def input_leaders(bootstrap: str, topic: str) -> Counter[int]:
         admin.close()
 
 
+def stopped(worker: subprocess.Popen, timeout: float = 60.0) -> int | None:
+    """The exit code of a worker told to stop; None (and SIGKILLed, never left behind) if it did not."""
+    try:
+        return worker.wait(timeout)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait(10)
+        return None
+
+
 def wait_working(log_file: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -293,7 +303,7 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
         stop_watch.set()
         for w in workers.values():
             w.send_signal(signal.SIGTERM)
-        codes = {name: w.wait(60) for name, w in workers.items()}
+        codes = {name: stopped(w) for name, w in workers.items()}
         cluster.start()  # whatever happened, leave every node running for the next test
 
     assert len(progress.samples) > 100, "the progress watcher could not sample the group's offsets"
