@@ -16,8 +16,9 @@ A rollout worker about to start a prompt group at weight version `w` asks whethe
   generate than those admitted after it can still arrive too late).
 * **unconsumed groups** `n`: admit iff `u < n`, so at most `n` groups are outstanding once it is admitted.
 
-Under a policy-lag bound nothing is admitted before the trainer has said where it is; a trainer without a
-weight version yet judges nothing stale, and only `n` applies.
+Under a policy-lag bound nothing is admitted before the trainer has said where it is. A trainer that has
+not set a weight version yet (most set it after their first step) is assumed to start at the version the
+producer asks for (`next_batch_version(..., start=w)`).
 
 Which groups count as consumed is decided by `is_consumed`: the trainer publishes, per partition of the
 rollouts topic, the highest source offset of any record of a group it has taken into a batch (trained or
@@ -42,7 +43,7 @@ class Refusal(Enum):
 
     POLICY_LAG = "policy_lag"
     UNCONSUMED = "unconsumed"
-    NO_TRAINER = "no_trainer"  # a policy-lag bound, and the trainer has no weight version yet
+    NO_TRAINER = "no_trainer"  # a policy-lag bound, and the trainer has said nothing yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,19 +84,25 @@ class Admission:
             return (f"policy lag at consumption would be {self.predicted_lag} > max_policy_lag "
                     f"{limits.max_policy_lag} ({self.unconsumed} group(s) ahead)")
         if self.refused is Refusal.NO_TRAINER:
-            return "the trainer has published no weight version yet, so the policy lag cannot be bounded"
+            return "the trainer has published no progress yet, so the policy lag cannot be bounded"
         if self.refused is Refusal.UNCONSUMED:
             return (f"{self.unconsumed} group(s) not yet consumed >= max_unconsumed_groups "
                     f"{limits.max_unconsumed_groups}")
         return "admitted"
 
 
-def next_batch_version(weight_version: int | None, batch_version: int | None,
-                       versions_per_batch: int = 1) -> int | None:
-    """The highest version the trainer's next batch can be judged at (None: it has no version, so the
-    reader judges nothing stale)."""
+def next_batch_version(weight_version: int | None, batch_version: int | None, versions_per_batch: int = 1,
+                       *, any_batch: bool = False, start: int | None = None) -> int | None:
+    """The highest version the trainer's next batch can be judged at.
+
+    A trainer without a weight version yet (most set it after their first step) is assumed to start at
+    `start` (the producer's version): its next batch is judged at `start`, or one step later once it has
+    taken a batch (`any_batch`). None when there is no version and no `start`.
+    """
     if weight_version is None:
-        return None
+        if start is None:
+            return None
+        return start + (versions_per_batch if any_batch else 0)
     if batch_version is None:
         return weight_version
     return max(weight_version, batch_version + versions_per_batch)
@@ -117,9 +124,9 @@ def admission(weight_version: int, *, next_version: int | None, groups_per_batch
               limits: PacingLimits, trainer_known: bool = True) -> Admission:
     """May a group start at `weight_version` now? (the module docstring states the rule)
 
-    `trainer_known`: whether the trainer has published a weight version. Under a policy-lag bound nothing
-    starts before it has: groups counted only against `n` could land in batches judged at versions not
-    known yet.
+    `trainer_known`: whether the trainer has said where it is. Under a policy-lag bound nothing starts
+    before it has: the groups ahead could not be counted against its batches. `next_version` None: no
+    lag can be predicted, only `n` applies.
     """
     lag = predicted_lag(weight_version, next_version, unconsumed, groups_per_batch, limits.versions_per_batch)
     if limits.max_policy_lag is not None and not trainer_known:

@@ -24,17 +24,19 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from codec import Sample, decode_sample, encode_sample, group_key
+from codec import Sample, decode_sample
 from stream import TrainDataReader
 from stream.clients import Connection, make_admin
 from stream.commands.options import resolve_bootstrap
 from stream.config import TopicNames, WorkerConfig
 from stream.logs import configure_logging
+from stream.pacing import PacingTimeout, WeightsTooOld
 from stream.producer import RolloutProducer
 from stream.tools.synth import SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_topics
@@ -89,9 +91,12 @@ class RolloutGenerator(threading.Thread):
     """Generates groups with snapshots of the policy, a few batches ahead of the trainer (an async fleet)."""
 
     def __init__(self, bootstrap: str, topic: str, plan: SynthPlan, policy: TinyPolicy, ahead_groups: int,
-                 seed: int) -> None:
+                 seed: int, pacing: dict[str, Any] | None = None) -> None:
+        """`pacing`: RolloutProducer's pacing arguments (docs/pacing.md); without them the generator keeps
+        itself `ahead_groups` ahead of what the trainer consumed."""
         super().__init__(name="rollout-generator", daemon=True)
         self.bootstrap, self.topic, self.plan, self.ahead = bootstrap, topic, plan, ahead_groups
+        self.pacing = pacing
         self.rng = random.Random(seed)
         self.torch_rng = torch.Generator().manual_seed(seed)
         self.snapshots: dict[int, TinyPolicy] = {0: copy.deepcopy(policy)}
@@ -108,9 +113,12 @@ class RolloutGenerator(threading.Thread):
             self.snapshots.pop(version - 8, None)
             self.version = version
 
-    def _generate(self, samples: list[Sample]) -> list[Sample]:
+    def _choose_version(self) -> int:
         with self.lock:  # generated with current weights, or weights up to 3 versions old
-            version = max(0, self.version - self.rng.choice([0, 0, 1, 2, 3]))
+            return max(0, self.version - self.rng.choice([0, 0, 1, 2, 3]))
+
+    def _generate(self, samples: list[Sample], version: int) -> list[Sample]:
+        with self.lock:
             policy = self.snapshots.get(version) or self.snapshots[self.version]
         length = samples[0].response_length
         prompts = torch.stack([s.tokens.tensor()[:-length].long() % VOCAB for s in samples])
@@ -127,15 +135,33 @@ class RolloutGenerator(threading.Thread):
             s.__post_init__()  # wrap the arrays
         return samples
 
+    def _admitted_version(self, producer: RolloutProducer) -> int | None:
+        """Paced: wait for room at the version chosen (weights too old to be admitted: the current ones)."""
+        version = self._choose_version()
+        while not self.stop.is_set():
+            try:
+                producer.admit(version, timeout=1.0)
+                return version
+            except PacingTimeout:  # no room yet; look at the stop flag, then wait on
+                continue
+            except WeightsTooOld:
+                with self.lock:
+                    version = self.version
+        return None
+
     def run(self) -> None:
-        with RolloutProducer(self.bootstrap, topic=self.topic) as producer:
+        with RolloutProducer(self.bootstrap, topic=self.topic, **(self.pacing or {})) as producer:
             for records, _ in plan_groups(self.plan, 10**9):
-                while self.sent_groups - self.consumed_groups >= self.ahead and not self.stop.is_set():
-                    time.sleep(0.02)
-                if self.stop.is_set():
+                if self.pacing:
+                    version = self._admitted_version(producer)
+                else:
+                    while self.sent_groups - self.consumed_groups >= self.ahead and not self.stop.is_set():
+                        time.sleep(0.02)
+                    version = self._choose_version()
+                if self.stop.is_set() or version is None:
                     return
-                for sample in self._generate([decode_sample(rec.value) for rec in records]):
-                    producer.send_raw(group_key(sample), encode_sample(sample))
+                for sample in self._generate([decode_sample(rec.value) for rec in records], version):
+                    producer.send(sample)  # keyed by group; a paced producer counts it until it is consumed
                 producer.flush()
                 self.sent_groups += 1
 
@@ -149,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per prompt group")
     parser.add_argument("--max-siblings", type=int, default=2, help="samples per rollout drawn from 1..N")
     parser.add_argument("--max-staleness", type=int, default=2, help="skip groups this many versions older")
+    parser.add_argument("--pace", action="store_true",
+                        help="pace the generator to the trainer (max_policy_lag = --max-staleness, "
+                        "docs/pacing.md)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -171,10 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
     plan = SynthPlan(group_size=args.group_size, max_siblings=args.max_siblings, tokens=32, seed=args.seed,
                      run_id=f"example-{tag}")
+    trainer_group = f"example-{tag}-trainer"
+    pacing = {"trainer_group_id": trainer_group, "train_data_topic": topics.output,
+              "max_policy_lag": args.max_staleness, "max_unconsumed_groups": 3 * args.groups_per_batch}
     generator = RolloutGenerator(bootstrap, topics.input, plan, policy,
-                                 ahead_groups=3 * args.groups_per_batch, seed=args.seed)
+                                 ahead_groups=3 * args.groups_per_batch, seed=args.seed,
+                                 pacing=pacing if args.pace else None)
     generator.start()
-    reader = TrainDataReader(bootstrap, topics.output, f"example-{tag}-trainer",
+    reader = TrainDataReader(bootstrap, topics.output, trainer_group,
                              groups_per_batch=args.groups_per_batch, max_weight_staleness=args.max_staleness)
     status = 0
     try:

@@ -135,10 +135,10 @@ class AdmissionGate:
             decision = admission(
                 weight_version,
                 next_version=None if trainer is None else next_batch_version(
-                    trainer.weight_version, trainer.batch_version, self.limits.versions_per_batch),
+                    trainer.weight_version, trainer.batch_version, self.limits.versions_per_batch,
+                    any_batch=trainer.batch is not None, start=weight_version),
                 groups_per_batch=trainer.groups_per_batch if trainer is not None else 1,
-                unconsumed=unconsumed, limits=self.limits,
-                trainer_known=trainer is not None and trainer.weight_version is not None)
+                unconsumed=unconsumed, limits=self.limits, trainer_known=trainer is not None)
             return decision, trainer
 
     # ---- admission -------------------------------------------------------------------------------

@@ -30,13 +30,20 @@ def test_next_batch_version(now, batch_version, step, expected):
     assert next_batch_version(now, batch_version, step) == expected
 
 
+def test_a_trainer_without_a_version_is_assumed_to_start_at_the_producers():
+    assert next_batch_version(None, None, start=3) == 3  # nothing taken yet: the first batch, at w
+    assert next_batch_version(None, None, start=3, any_batch=True) == 4  # first version after a step
+    assert next_batch_version(None, None, 2, start=3, any_batch=True) == 5
+    assert next_batch_version(7, None, start=3) == 7  # a version set wins
+
+
 @pytest.mark.parametrize("w,next_version,u,gpb,expected_lag,refused", [
     (4, 5, 0, 4, 1, None),  # the next batch, one version ahead: lag 1
     (4, 5, 3, 4, 1, None),  # still fits in the next batch
     (4, 5, 4, 4, 2, Refusal.POLICY_LAG),  # one batch later: lag 2
     (5, 5, 7, 4, 1, None),  # current weights may have a batch queued ahead
     (5, 5, 8, 4, 2, Refusal.POLICY_LAG),
-    (0, None, 100, 4, None, Refusal.UNCONSUMED),  # no trainer version: only the count applies
+    (0, None, 100, 4, None, Refusal.UNCONSUMED),  # no lag can be predicted: only the count applies
     (0, None, 15, 4, None, None),
 ])
 def test_admission_table(w, next_version, u, gpb, expected_lag, refused):
@@ -52,7 +59,7 @@ def test_a_policy_lag_bound_waits_for_the_trainer_to_say_where_it_is():
     lag_bound = PacingLimits(max_policy_lag=2, max_unconsumed_groups=8)
     waiting = admission(0, next_version=None, groups_per_batch=1, unconsumed=0, limits=lag_bound,
                         trainer_known=False)
-    assert waiting.refused is Refusal.NO_TRAINER and "no weight version" in waiting.explain(lag_bound)
+    assert waiting.refused is Refusal.NO_TRAINER and "no progress" in waiting.explain(lag_bound)
     count_only = PacingLimits(max_unconsumed_groups=8)
     assert admission(0, next_version=None, groups_per_batch=1, unconsumed=7, limits=count_only,
                      trainer_known=False).admitted
