@@ -52,6 +52,8 @@ from stream.topics import TopicSettings, ensure_changelog, ensure_topics
 
 EXE = str(Path(sys.executable).with_name("rollout-stream"))
 
+pytestmark = pytest.mark.every_client  # the same flags and files, mapped to each client's settings
+
 
 # ---- brokers ---------------------------------------------------------------------------------------
 @dataclass

@@ -216,6 +216,7 @@ class _Consumer:
             tuple[str, int], int
         ] = {}  # per partition: the offset after the last record handed out
         self.redelivered = 0  # records librdkafka fetched again below that offset, dropped
+        self._sought: set[tuple[str, int]] = set()  # sought, and no record handed out since
         self.connections: int | None = None
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
@@ -225,7 +226,7 @@ class _Consumer:
         for m in messages:
             error = m.error()
             if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
+                if error.code() == KafkaError._PARTITION_EOF or self._irrelevant(error):
                     continue
                 raise translate(KafkaException(error))
             tp = TopicPartition(m.topic(), m.partition())
@@ -247,7 +248,11 @@ class _Consumer:
                     continue
                 out[tp] = batch
             self._next[tp] = batch[-1].offset + 1
+            self._sought.discard(tp)
         return out
+
+    def _irrelevant(self, error: KafkaError) -> bool:
+        return False
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         tps = list(partitions)
@@ -270,6 +275,7 @@ class _Consumer:
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._next[(tp.topic, tp.partition)] = offset
+        self._sought.add((tp.topic, tp.partition))
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -292,7 +298,10 @@ class _Consumer:
     def fetch_position(self, tp: TopicPartition) -> int:
         # librdkafka's position is invalid after a seek until a record comes (e.g. a seek to the end): the
         # seam's own mark of what it handed out counts too.
-        handed_out = self._next.get((tp.topic, tp.partition), -1)
+        key = (tp.topic, tp.partition)
+        handed_out = self._next.get(key, -1)
+        if key in self._sought:  # librdkafka applies a seek asynchronously: its position may be the old one
+            return handed_out
         try:
             found = self._c.position([_rd(tp)])
         except KafkaException:
@@ -383,6 +392,7 @@ class _GroupConsumer(_Consumer):
         for tp in tps:
             self._paused.discard((tp.topic, tp.partition))
             self._next.pop((tp.topic, tp.partition), None)
+            self._sought.discard((tp.topic, tp.partition))
 
     def assignment(self) -> set[TopicPartition]:
         return {TopicPartition(tp.topic, tp.partition) for tp in self._c.assignment()}
@@ -392,11 +402,35 @@ class _GroupConsumer(_Consumer):
 
 
 class _AssignedConsumer(_Consumer):
+    def __init__(self, consumer: Consumer, commit_group: str | None) -> None:
+        super().__init__(consumer)
+        self._commit_group = commit_group
+        self._start: dict[tuple[str, int], int] = {}  # where a logical seek resolved to
+
     def assign(self, tps: Sequence[TopicPartition]) -> None:
         self._paused.clear()
         self._next.clear()
+        self._sought.clear()
+        self._start.clear()
+        # Without a group of its own there is nothing committed to start from: asking would need the right to
+        # describe the placeholder group (a least-privilege reader has none), so start at the beginning.
+        start = None if self._commit_group else OFFSET_BEGINNING
         with _translated:
-            self._c.assign([_rd(tp) for tp in tps])
+            self._c.assign([_rd(tp, start) for tp in tps])
+
+    def _irrelevant(self, error: KafkaError) -> bool:
+        # librdkafka wants a group id even here and looks for its coordinator: a least-privilege reader
+        # may not describe that placeholder group, and never uses it.
+        return self._commit_group is None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+    def position(self, tp: TopicPartition) -> int:
+        pos = self.fetch_position(tp)
+        if pos >= 0:
+            return pos
+        if (tp.topic, tp.partition) in self._start:
+            return self._start[(tp.topic, tp.partition)]
+        # Without a group of its own, committed offsets need a group the caller may not be allowed to read.
+        return super().position(tp) if self._commit_group else self.beginning_offsets([tp])[tp]
 
     def seek_to_beginning(self, tps: Sequence[TopicPartition]) -> None:
         self._reassign(tps, OFFSET_BEGINNING)
@@ -407,9 +441,12 @@ class _AssignedConsumer(_Consumer):
     def _reassign(self, tps: Sequence[TopicPartition], logical: int) -> None:
         # A logical offset is resolved at (re)assignment; seek() to one needs a started fetcher.
         current = {(tp.topic, tp.partition): tp for tp in self._c.assignment()}
+        resolved = (self.beginning_offsets if logical == OFFSET_BEGINNING else self.end_offsets)(list(tps))
         for tp in tps:
             current[(tp.topic, tp.partition)] = _rd(tp, logical)
             self._next.pop((tp.topic, tp.partition), None)
+            self._sought.discard((tp.topic, tp.partition))
+            self._start[(tp.topic, tp.partition)] = resolved[tp]
         with _translated:
             self._c.assign(list(current.values()))
 
@@ -784,7 +821,7 @@ class ConfluentClient:
         # librdkafka needs a group id even for a consumer that never joins one.
         settings["group.id"] = commit_group or f"rollout-stream-unjoined-{id(self):x}"
         with _translated:
-            return _AssignedConsumer(Consumer(settings))
+            return _AssignedConsumer(Consumer(settings), commit_group)
 
     def producer(
         self,
