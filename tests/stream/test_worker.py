@@ -58,12 +58,8 @@ def assert_exact(train, config: WorkerConfig):
 
 
 def test_publishes_groups_split_over_polls_and_partitions_with_siblings_in_deterministic_order(
-    kafka_bootstrap, kafka_client, request
+    kafka_bootstrap, kafka_client
 ):
-    if kafka_client == "confluent":  # runs and is reported; README "Kafka clients"
-        request.applymarker(pytest.mark.xfail(strict=False, reason=(
-            "on confluent, records produced right after the worker's restore reach it ~3 s late (a plain "
-            "consumer sees ~0.1 s), so these 3 s groups expire: under investigation")))
     topics = new_topics(kafka_bootstrap, partitions=3)
     config = cfg(kafka_bootstrap, topics)
     # Eight groups, interleaved member by member; rollout 1 of each has three siblings sent out of order.
@@ -75,9 +71,14 @@ def test_publishes_groups_split_over_polls_and_partitions_with_siblings_in_deter
     with running_worker(config) as worker:
         # Groups time out 3 s after their first member: send once the worker reads, not while it joins.
         wait_until(lambda: worker.ready, 30, "partitions assigned and restored")
-        for i in range(0, len(interleaved), 5):  # many small batches → many polls
-            send(kafka_bootstrap, topics.input, interleaved[i:i + 5])
-            time.sleep(0.05)
+        # One producer: a new idempotent librdkafka producer spends ~0.5 s on its first send (it waits for
+        # its producer id), and seven of them would outlast the groups' 3 s timeout.
+        with RolloutProducer(kafka_bootstrap, topic=topics.input) as producer:
+            for i in range(0, len(interleaved), 5):  # many small batches → many polls
+                for sample in interleaved[i:i + 5]:
+                    producer.send(sample)
+                producer.flush()
+                time.sleep(0.05)
         wait_until(lambda: worker.stats.groups_published == 8, 30, "8 groups published")
     reads = read_topic(kafka_bootstrap, topics.output, min_count=32)
     train = train_samples(reads)
