@@ -102,6 +102,14 @@ class AclRequest:
             help="Also IDEMPOTENT_WRITE on the cluster (only brokers older than 2.8 need it).",
         ),
     ] = False
+    paced: Annotated[
+        bool,
+        typer.Option(
+            "--paced",
+            help="producer: paced to a trainer of --output-topic (docs/pacing.md): READ and WRITE on its "
+            "progress topic.",
+        ),
+    ] = False
 
 
 def _permissions(request: AclRequest) -> list[Permission]:
@@ -126,7 +134,8 @@ def _permissions(request: AclRequest) -> list[Permission]:
         )
     if request.role == "producer":
         return producer_permissions(
-            input_topic=request.input_topic, idempotent_write=request.idempotent_write
+            input_topic=request.input_topic, idempotent_write=request.idempotent_write,
+            paced_to_output_topic=request.output_topic if request.paced else None,
         )
     if request.role == "reader":
         return reader_permissions(output_topic=request.output_topic, group_id=request.group_id)

@@ -19,7 +19,8 @@ from stream.commands.options import (
     fail,
     grouped_options,
 )
-from stream.names import changelog_topic_name
+from stream.names import changelog_topic_name, progress_topic
+from stream.pacing import ensure_progress_topic
 from stream.topics import TopicSettings, ensure_changelog, ensure_topics, unreplicated_warning
 
 topics_app = typer.Typer(cls=CommandGroup, help="Manage the stage's Kafka topics.", no_args_is_help=True)
@@ -53,7 +54,8 @@ def create(
         "needs no CREATE permission.", show_default=False)] = None,
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
-    """Create the rollout, train-data and dead-letter topics (existing topics are left unchanged)."""
+    """Create the rollout, train-data and dead-letter topics, and the train-data topic's progress topic for
+    pacing (existing topics are left unchanged)."""
     if (partitions < 1 or (replication_factor or 1) < 1 or (min_insync_replicas or 1) < 1
             or max_message_mib < 1 or dead_letter_retention_days <= 0):
         fail(
@@ -72,6 +74,10 @@ def create(
     names = [input_topic, output_topic, *(extra_topic or []), dead_letter_topic]
     for name in names:
         print(f"{name}: {'created' if name in created else 'exists'}")
+    progress = progress_topic(output_topic)  # where trainers and paced producers say where they are
+    made = ensure_progress_topic(conn, progress, replication_factor=replication_factor,
+                                 min_insync_replicas=min_insync_replicas)
+    print(f"{progress}: {'created' if made else 'exists'}")
     if (warning := unreplicated_warning(conn, names)) is not None:
         print(f"warning: {warning}", file=sys.stderr)
 

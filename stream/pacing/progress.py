@@ -29,6 +29,7 @@ from codec.progress import (
 from stream.clients import Connection
 from stream.kafka import Client, KafkaFailure, TopicExists, TopicPartition, TopicSpec, client_for
 from stream.logs import log_event
+from stream.topics import replication_for
 
 __all__ = ["ProgressBoard", "ProgressWriter", "ensure_progress_topic", "now_ms"]
 
@@ -49,13 +50,18 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def ensure_progress_topic(conn: Connection, topic: str, client: Client | None = None) -> bool:
-    """Create the compacted progress topic if it is missing (True: created now)."""
+def ensure_progress_topic(conn: Connection, topic: str, client: Client | None = None, *,
+                          replication_factor: int | None = None,
+                          min_insync_replicas: int | None = None) -> bool:
+    """Create the compacted progress topic if it is missing (True: created now), replicated like the stage's
+    other topics (`stream.topics.replication_for`: by default the smaller of 3 and the brokers)."""
     admin = (client or client_for(conn)).admin(client_id=conn.client_id)
     try:
         if topic in admin.list_topics():
             return False
-        error = admin.create_topics([TopicSpec(topic, 1, -1, PROGRESS_TOPIC_CONFIGS)])[topic]
+        replication = replication_for(admin, replication_factor, min_insync_replicas)
+        spec = TopicSpec(topic, 1, replication.factor, {**PROGRESS_TOPIC_CONFIGS, **replication.configs()})
+        error = admin.create_topics([spec])[topic]
         if error is not None and not isinstance(error, TopicExists):
             raise error
         return error is None

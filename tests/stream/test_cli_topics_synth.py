@@ -58,9 +58,11 @@ def test_topics_create_then_exists_with_large_record_limits_and_long_dead_letter
     args = ["topics", "create", "--bootstrap-servers", kafka_bootstrap, "--input-topic", names[0],
             "--output-topic", names[1], "--dead-letter-topic", names[2], "--partitions", "2"]
     first = cli(*args)
-    assert first.stdout.splitlines() == [f"{n}: created" for n in names]
+    progress = f"{names[1]}.progress"  # for pacing (docs/pacing.md): compacted, one partition
+    assert first.stdout.splitlines() == [f"{n}: created" for n in [*names, progress]]
     second = cli(*args)
-    assert second.stdout.splitlines() == [f"{n}: exists" for n in names]
+    assert second.stdout.splitlines() == [f"{n}: exists" for n in [*names, progress]]
+    assert topic_configs(kafka_bootstrap, [progress])[progress]["cleanup.policy"] == "compact"
 
     configs = topic_configs(kafka_bootstrap, names)
     for name in names:

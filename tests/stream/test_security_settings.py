@@ -379,3 +379,12 @@ def test_runtime_denials_become_one_line_naming_the_permission():
         translate(TransactionalIdAuthorizationFailedError()), conn, config
     )
     assert explain_denial(translate(KafkaError("other")), conn, config) is None
+
+
+def test_acls_print_for_a_paced_producer_adds_the_progress_topic():
+    args = ["acls", "print", "--principal", "User:rollout", "--role", "producer", "--output-topic", "td"]
+    plain = CliRunner().invoke(app, args)
+    paced = CliRunner().invoke(app, [*args, "--paced"])
+    assert plain.exit_code == paced.exit_code == 0, (plain.output, paced.output)
+    assert "td.progress" not in plain.stdout
+    assert "--operation Read --operation Write --topic td.progress" in paced.stdout
