@@ -36,7 +36,7 @@ from stream.worker.partitions import Partitions
 from stream.worker.periodic import Every
 from stream.worker.restore import Restorer
 from stream.worker.routing import DeadLetterLimitExceeded, Router
-from stream.worker.stats import LoopObserver, Snapshot, WorkerStats
+from stream.worker.stats import LoopObserver, OutcomeCounts, Snapshot, WorkerStats
 
 __all__ = ["Worker"]
 
@@ -59,7 +59,8 @@ class Worker:
         self.changelog_topic = changelog_topic_name(config.group_id, config.topics.input)
         self.partitions = Partitions(restores=self.eos)
         self.cadence = CommitCadence(config.commit_interval_s, config.commit_max_records)
-        self.router = Router(config, config.windows.reward, self.stats, self.ledger, self._send,
+        self.outcomes = OutcomeCounts()  # routed since the last commit; in self.stats once committed
+        self.router = Router(config, config.windows.reward, self.outcomes, self.ledger, self._send,
                              lambda topic, key: self._delivery.producer.partition_for(topic, key))
         self.metrics: LoopObserver | None = None
         self.snapshot = Snapshot(self.stats)
@@ -262,6 +263,7 @@ class Worker:
             committed = self._delivery.commit(self.partitions.active, timeout)
         except CommitAborted as exc:
             self.stats.aborts += 1
+            self.outcomes.clear()  # routed again after the restore, and counted then
             self.router.published_ts = []  # re-processed after the restore, and observed then
             log_event(log, "commit.aborted", logging.WARNING, error=str(exc),
                       action="restoring every assigned partition from the last commit")
@@ -271,6 +273,7 @@ class Worker:
             self.metrics.observe_commit(time.monotonic() - started, self.router.published_ts,
                                         int(self.clock() * 1000))
         self.router.published_ts = []
+        self.stats.count(self.outcomes)
         if committed:
             self.stats.commits += 1
             log_event(log, "commit", logging.DEBUG, ms=f"{(time.monotonic() - started) * 1000:.1f}",
@@ -305,6 +308,10 @@ class Worker:
         except Exception as exc:  # at-least-once: the next owner re-reads from the last commit
             log_event(log, "commit.on_revoke_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
             committed = False
+        if committed:
+            self.stats.count(self.outcomes)
+        elif self.eos:
+            self.outcomes.clear()
         self.partitions.revoked(partitions, committed=committed)
         log_event(log, "partitions.revoked", partitions=",".join(map(str, sorted(partitions))))
 
@@ -328,6 +335,7 @@ class Worker:
                 CommitAborted(f"partitions {','.join(map(str, sorted(partitions)))} were lost")
             )
             self.stats.aborts += 1
+            self.outcomes.clear()
             self._restore_all_later()
 
     def _drop(self, partition: int) -> None:

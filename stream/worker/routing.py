@@ -14,7 +14,7 @@ from stream.config import WorkerConfig
 from stream.errors import PolicyStop
 from stream.logs import log_event
 from stream.worker.outputs import OutputRecord, dead_letter_records, train_records
-from stream.worker.stats import WorkerStats
+from stream.worker.stats import OutcomeCounts
 
 __all__ = ["DeadLetterLimitExceeded", "Router"]
 
@@ -38,7 +38,7 @@ class Router:
         self,
         config: WorkerConfig,
         reward: RewardConfig,
-        stats: WorkerStats,
+        stats: OutcomeCounts,
         ledger: OffsetLedger,
         send: Callable[[OutputRecord], None],
         partition_for: Callable[[str, bytes], int | None],

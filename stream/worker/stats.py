@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["LoopObserver", "Snapshot", "WorkerStats"]
+__all__ = ["LoopObserver", "OutcomeCounts", "Snapshot", "WorkerStats"]
 
 
 class LoopObserver(Protocol):
@@ -16,6 +16,26 @@ class LoopObserver(Protocol):
     def observe_batch(self, seconds: float) -> None: ...
 
     def observe_commit(self, seconds: float, published_ts_ms: Iterable[int], now_ms: int) -> None: ...
+
+
+@dataclass
+class OutcomeCounts:
+    """Outcomes routed since the last commit: counted in WorkerStats when it commits, forgotten when it aborts
+    (the records are read and routed again after the restore)."""
+
+    samples_published: int = 0
+    groups_published: int = 0
+    dead_lettered: Counter[str] = field(default_factory=Counter)
+    dead_letter_groups: Counter[str] = field(default_factory=Counter)
+    duplicates: int = 0
+    zero_variance_groups: int = 0
+    zero_variance_dropped: int = 0
+
+    def clear(self) -> None:
+        self.samples_published = self.groups_published = self.duplicates = 0
+        self.zero_variance_groups = self.zero_variance_dropped = 0
+        self.dead_lettered.clear()
+        self.dead_letter_groups.clear()
 
 
 @dataclass
@@ -33,6 +53,16 @@ class WorkerStats:
     restores: int = 0
     restored_records: int = 0
     paused: bool = False
+
+    def count(self, committed: OutcomeCounts) -> None:
+        self.samples_published += committed.samples_published
+        self.groups_published += committed.groups_published
+        self.dead_lettered.update(committed.dead_lettered)
+        self.dead_letter_groups.update(committed.dead_letter_groups)
+        self.duplicates += committed.duplicates
+        self.zero_variance_groups += committed.zero_variance_groups
+        self.zero_variance_dropped += committed.zero_variance_dropped
+        committed.clear()
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -20,7 +20,7 @@ from stream.tools.broker.process import free_port
 from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
 from tests.stream.helpers import new_topics, read_topic, spawn_worker, train_samples, wait_until
 
-pytestmark = pytest.mark.kafka(timeout=180)
+pytestmark = [pytest.mark.kafka(timeout=180), pytest.mark.every_client]
 
 OUTAGE_S = 6.0
 

@@ -91,10 +91,12 @@ def test_revoke_commits_before_the_partitions_move(cluster):
     produce(cluster, [s for gi in range(6) for s in group(gi)])
     w1 = worker(cluster, "w1")
     steps(w1)  # everything processed, nothing committed yet
-    assert w1.stats.groups_published == 6 and w1.stats.commits == 0
+    # routed, not yet committed: counted once the commit lands
+    assert w1.outcomes.groups_published == 6 and w1.stats.groups_published == 0 and w1.stats.commits == 0
     w2 = worker(cluster, "w2")
     steps(w1, w2)  # w2 joins: w1 revokes everything (and commits it), then both are assigned
     assert published(cluster) == expected(range(6))  # committed in on_revoked, before any new owner read
+    assert w1.stats.groups_published == 6 and w1.outcomes.groups_published == 0
     assert sum(c.offset for c in cluster.committed("g").values()) == 12
     commit(w1), commit(w2)
     assert published(cluster) == expected(range(6))  # nothing re-published by the new owner
@@ -143,9 +145,11 @@ def test_an_aborted_commit_restores_and_publishes_everything_exactly_once(cluste
     cluster.fail_next_commit(BrokerUnavailable("broker went away", kind="KafkaConnectionError"))
     commit(w)  # the commit fails: the transaction is aborted and every partition restored
     assert w.stats.aborts == 1 and published(cluster) == Counter()
+    assert w.stats.groups_published == w.outcomes.groups_published == 0  # nothing counted that was aborted
     steps(w)
     commit(w)
     assert published(cluster) == expected(range(5))
+    assert w.stats.groups_published == 5  # each group counted once, though routed twice
 
 
 def test_back_pressure_pauses_at_the_cap_then_reads_on_past_it_when_nothing_closes(cluster):
