@@ -87,6 +87,7 @@ FETCH_PARTITION_BYTES = 4 * 1024 * 1024
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 TIMEOUT_S = 30.0  # metadata and offset queries
 TXN_TIMEOUT_S = 10.0  # a transactional call normally takes milliseconds: past this it has hung
+PARTITIONS_TTL_S = 30.0  # how long a topic's partition list is kept (the Java client refreshes every 5 min)
 
 _AUTH = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
@@ -489,6 +490,7 @@ class _Producer:
         self._p = producer
         self._settings = settings  # to build a fresh one when a transactional call hangs
         self._sends = 0
+        self._partitions: dict[str, tuple[float, list[int]]] = {}  # topic: (when asked, partitions)
 
     def _transactional(self, what: str, call: Any) -> None:
         """A transactional call, bounded in time. librdkafka can wait forever for a group or transaction
@@ -548,6 +550,12 @@ class _Producer:
         return future
 
     def partitions_for(self, topic: str) -> list[int] | None:
+        # A metadata request per call cost the stage half its time (one per group): known partitions are kept
+        # for a while, as the Java client and kafka-python keep their metadata.
+        known = self._partitions.get(topic)
+        now = time.monotonic()
+        if known is not None and now - known[0] < PARTITIONS_TTL_S:
+            return known[1]
         try:
             meta = self._p.list_topics(topic, timeout=TIMEOUT_S)
         except KafkaException:
@@ -555,7 +563,9 @@ class _Producer:
         found = meta.topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
             return None
-        return sorted(found.partitions)
+        partitions = sorted(found.partitions)
+        self._partitions[topic] = (now, partitions)
+        return partitions
 
     def partition_for(self, topic: str, key: bytes) -> int | None:
         partitions = self.partitions_for(topic)
