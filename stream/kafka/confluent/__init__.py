@@ -454,17 +454,18 @@ class _AssignedConsumer(_Consumer):
 
 # ---- producer ----------------------------------------------------------------------------------------------
 class _Future:
-    __slots__ = ("_done", "_error", "_written", "_producer")
+    __slots__ = ("_done", "_error", "_message", "_producer")
 
     def __init__(self, producer: _Producer) -> None:
-        self._done, self._error, self._written, self._producer = False, None, None, producer
+        self._done, self._error, self._message, self._producer = False, None, None, producer
 
     def _report(self, error: KafkaError | None, message: Any) -> None:
+        # Called for every record (on poll/flush): the Written is made only when asked for.
         self._done = True
         if error is not None:
             self._error = translate(KafkaException(error))
         else:
-            self._written = Written(message.topic(), message.partition(), message.offset())
+            self._message = message
 
     def done(self) -> bool:
         return self._done
@@ -481,8 +482,8 @@ class _Future:
             self._producer._p.poll(min(0.1, left) if left is not None else 0.1)
         if self._error is not None:
             raise self._error
-        assert self._written is not None
-        return self._written
+        m = self._message
+        return Written(m.topic(), m.partition(), m.offset())
 
 
 class _Producer:
