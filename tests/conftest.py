@@ -217,7 +217,8 @@ KAFKA_CLIENTS = ("confluent", "kafka-python")
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # Tests on the session's broker, and those marked `every_client` (with brokers of their own: secured,
     # restarted). Unmarked tests with brokers of their own run on the default client.
-    on_every = "kafka_bootstrap" in metafunc.fixturenames or metafunc.definition.get_closest_marker("every_client")
+    on_every = ("kafka_bootstrap" in metafunc.fixturenames
+                or metafunc.definition.get_closest_marker("every_client") is not None)
     if on_every and "kafka_client" in metafunc.fixturenames:
         only = os.environ.get("ROLLOUT_STREAM_TEST_CLIENTS", "").strip()
         clients = [c for c in KAFKA_CLIENTS if not only or c in only.split(",")]
