@@ -524,8 +524,14 @@ class _Admin:
         with _translated:
             found = self._a.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)],
                                              config_filter="all")
+        # kafka-python 3 answers {"topic": {name: {key: {"value": ...}}}}; older releases a list of resources
+        # with "configs".
+        if isinstance(found, dict) and isinstance(found.get("topic"), dict):
+            resources: list[Any] = [{"configs": found["topic"].get(name, {})}]
+        else:
+            resources = found if isinstance(found, list) else [found]
         out: dict[str, str] = {}
-        for resource in found if isinstance(found, list) else [found]:
+        for resource in resources:
             entries = resource.get("configs") if isinstance(resource, dict) else None
             if isinstance(entries, dict):
                 out.update({k: str(v.get("value") if isinstance(v, dict) else v) for k, v in entries.items()})
