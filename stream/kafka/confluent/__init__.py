@@ -104,6 +104,10 @@ _UNAVAILABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError.
 _UNKNOWN_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 
 
+_COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                       KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TIMED_OUT}
+
+
 def translate(exc: BaseException | KafkaError) -> BaseException:
     """librdkafka's error (a KafkaException, or a KafkaError) as the seam's; anything else unchanged."""
     error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
@@ -354,8 +358,17 @@ class _Consumer:
         return set(found.partitions)
 
     def committed(self, tp: TopicPartition) -> Committed | None:
-        with _translated:
-            found = self._c.committed([_rd(tp)], timeout=TIMEOUT_S)
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                found = self._c.committed([_rd(tp)], timeout=TIMEOUT_S)
+                break
+            except KafkaException as exc:
+                # The group's coordinator moves when its broker dies (NOT_COORDINATOR, then load in
+                # progress): ask again until it answers, as the Java client does.
+                if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
+                    raise translate(exc) from exc
+                time.sleep(0.2)
         if not found or found[0].offset < 0:
             return None
         return Committed(found[0].offset, found[0].metadata or "")
@@ -593,10 +606,25 @@ class _Producer:
                             lambda p: p.send_offsets_to_transaction(positions, group_metadata, TXN_TIMEOUT_S))
 
     def commit_transaction(self) -> None:
-        self._transactional("commit_transaction", lambda p: p.commit_transaction(TXN_TIMEOUT_S))
+        self._resumed("commit_transaction", lambda p: p.commit_transaction(TXN_TIMEOUT_S))
 
     def abort_transaction(self) -> None:
-        self._transactional("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
+        self._resumed("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
+
+    def _resumed(self, what: str, call: Any) -> None:
+        """librdkafka's contract for commit and abort: a retriable error (e.g. _TIMED_OUT while a coordinator
+        moves) means "call again to resume"; aborting instead fails with _CONFLICT (the commit is still in
+        progress). Seen on the 3-node cluster when the coordinator's broker was killed."""
+        deadline = time.monotonic() + 3 * TXN_TIMEOUT_S
+        while True:
+            try:
+                self._transactional(what, call)
+                return
+            except KafkaFailure as exc:
+                error = exc.__cause__.args[0] if isinstance(exc.__cause__, KafkaException) else None
+                if not (isinstance(error, KafkaError) and error.retriable()) or time.monotonic() > deadline:
+                    raise
+                log.warning("%s: %s; calling it again to resume (librdkafka's contract)", what, error.str())
 
 
 # ---- admin -------------------------------------------------------------------------------------------------
