@@ -408,6 +408,7 @@ class Worker:
         log_event(
             log, "progress",
             groups_published=self.stats.groups_published,
+            groups_uncommitted=self.outcomes.groups_published,  # in the open transaction
             samples_per_s=f"{rate:.1f}",
             dead_lettered=",".join(f"{k}:{v}" for k, v in sorted(self.stats.dead_lettered.items())) or "0",
             duplicates=self.stats.duplicates,

@@ -34,9 +34,14 @@ def wait_log(path: Path, pattern: str, timeout: float, count: int = 1) -> list[r
     raise AssertionError(f"{path.name}: no {count} x {pattern!r} within {timeout}s:\n{tail}")
 
 
-def last_published(path: Path) -> int:
-    found = re.findall(r"event=progress groups_published=(\d+)", path.read_text())
-    return int(found[-1]) if found else 0
+def last_published(path: Path, *, uncommitted: bool = False) -> int:
+    """Groups published as of the last progress line: committed, or with `uncommitted` also those in the
+    open transaction."""
+    found = re.findall(r"event=progress groups_published=(\d+) groups_uncommitted=(\d+)", path.read_text())
+    if not found:
+        return 0
+    committed, pending = map(int, found[-1])
+    return committed + pending if uncommitted else committed
 
 
 def test_a_frozen_worker_cannot_commit_after_its_partitions_moved(kafka_bootstrap, tmp_path):
@@ -72,9 +77,9 @@ def test_a_frozen_worker_cannot_commit_after_its_partitions_moved(kafka_bootstra
                 for r in records[: len(records) // 2]:
                     p.send_raw(r.key, r.value)
         deadline = time.monotonic() + 20
-        while last_published(log_a) < published_first and time.monotonic() < deadline:
+        while last_published(log_a, uncommitted=True) < published_first and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert last_published(log_a) >= published_first, log_a.read_text()[-2000:]
+        assert last_published(log_a, uncommitted=True) >= published_first, log_a.read_text()[-2000:]
         a.send_signal(signal.SIGSTOP)  # frozen with an open transaction and open windows
         frozen_at = time.monotonic()
 
