@@ -110,8 +110,10 @@ class WorkerCollector(Collector):
         info.add_metric([STAGE_VERSION, w.config.delivery, w.config.group_id, w.config.topics.input], 1)
         yield info
         yield counter("samples_in", "Input records consumed.", s.records_in)
-        yield counter("samples_published", "Train samples published (samples out).", s.samples_published)
-        yield counter("groups_published", "Prompt groups published.", s.groups_published)
+        yield counter("samples_published", "Train samples published (counted when their commit lands).",
+                      s.samples_published)
+        yield counter("groups_published", "Prompt groups published (counted when their commit lands).",
+                      s.groups_published)
         by_reason = CounterMetricFamily(
             f"{PREFIX}_dead_letters", "Records dead-lettered, by reason.", labels=["reason"]
         )
