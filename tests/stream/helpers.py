@@ -5,14 +5,17 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from codec import TrainSample, decode_train_sample
+from core import RewardConfig, post_process_rewards
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
 from stream.worker import Worker
@@ -131,3 +134,24 @@ def spawn_worker(bootstrap: str, topics: TopicNames, group_id: str, *extra: str,
            "--progress-interval", "5", *extra]
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     return subprocess.Popen(cmd, stdout=out, stderr=out, env={**os.environ, **(env or {})})
+
+
+def assert_exactly_once(train: list[Any], dlq: list[Any], expected: Any) -> None:
+    """Every expected train sample and dead-letter once, whole groups, rewards equal to core's batch API."""
+    sources = Counter((t.source_partition, t.source_offset) for t in train)
+    assert max(sources.values()) == 1, "a train sample was published twice"
+    assert len(train) == expected.published_samples
+    dsources = Counter((r.headers["x-original-partition"], r.headers["x-original-offset"]) for r in dlq)
+    assert not dlq or max(dsources.values()) == 1, "a record was dead-lettered twice"
+    assert Counter(r.headers["x-dlq-reason"] for r in dlq) == Counter(
+        {str(k): v for k, v in expected.dead_letters.items()})
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for t in train:
+        groups[t.group_key].append(t)
+    assert len(groups) == expected.published_groups
+    cfg = RewardConfig()
+    for key, members in groups.items():
+        assert len(members) == members[0].group_sample_count, key
+        raw, values = post_process_rewards([m.sample for m in members], cfg,
+                                           prompt_group_sizes=[len(members)])
+        assert [m.reward for m in members] == values and [m.raw_reward for m in members] == raw, key

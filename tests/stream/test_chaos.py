@@ -7,14 +7,12 @@ import random
 import signal
 import threading
 import time
-from collections import Counter, defaultdict
 
 import pytest
 
-from core import RewardConfig, post_process_rewards
 from stream.producer import RolloutProducer
 from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
-from tests.stream.helpers import new_topics, read_topic, spawn_worker, train_samples
+from tests.stream.helpers import assert_exactly_once, new_topics, read_topic, spawn_worker, train_samples
 
 pytestmark = pytest.mark.kafka(timeout=240)
 
@@ -93,25 +91,7 @@ def test_exactly_once_through_kills_restarts_and_a_second_worker(kafka_bootstrap
     assert kills == 3
 
     # Exactly once: every expected output, none twice.
-    sources = Counter((t.source_partition, t.source_offset) for t in train)
-    assert max(sources.values()) == 1, "a train sample was published twice"
-    assert len(train) == total
-    dsources = Counter((r.headers["x-original-partition"], r.headers["x-original-offset"]) for r in dlq)
-    assert max(dsources.values()) == 1, "a record was dead-lettered twice"
-    assert Counter(r.headers["x-dlq-reason"] for r in dlq) == Counter(
-        {str(k): v for k, v in expected.dead_letters.items()})
-    # Whole groups, values identical to core's batch API.
-    groups = defaultdict(list)
-    for t in train:
-        groups[t.group_key].append(t)
-    assert len(groups) == expected.published_groups
-    cfg = RewardConfig()
-    for key, members in groups.items():
-        assert len(members) == members[0].group_sample_count, key
-        raw, values = post_process_rewards(
-            [m.sample for m in members], cfg, prompt_group_sizes=[len(members)]
-        )
-        assert [m.reward for m in members] == values and [m.raw_reward for m in members] == raw
+    assert_exactly_once(train, dlq, expected)
     rereads = [int(x.split()[0]) for f in logs for x in f.read_text().split("reread=")[1:]]
     # The kills hit workers holding open windows: a restart rebuilt them by re-reading the input.
     assert max(rereads) > 0

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +23,6 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 
-from core import RewardConfig, post_process_rewards
 from stream.clients import Connection
 from stream.config import TopicNames
 from stream.names import changelog_topic_name
@@ -32,7 +31,7 @@ from stream.tools.broker.cluster import LocalCluster
 from stream.tools.broker.process import free_port, port_is_free
 from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_topics
-from tests.stream.helpers import read_topic, spawn_worker, train_samples
+from tests.stream.helpers import assert_exactly_once, read_topic, spawn_worker, train_samples
 
 pytestmark = pytest.mark.kafka(timeout=150)
 
@@ -317,23 +316,7 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
     (tmp_path / "stalls.txt").write_text("\n".join(report) + "\n")
 
     assert codes == {"w1": 0, "w2": 0, "w3": 0}, codes
-    sources = Counter((t.source_partition, t.source_offset) for t in train)
-    assert max(sources.values()) == 1, "a train sample was published twice"
     missing = published_keys - {t.group_key for t in train}
     assert not missing, {k: [(r.headers["x-dlq-reason"], r.partition, r.offset) for r in dlq
                              if r.key is not None and r.key.decode() == k] for k in sorted(missing)[:5]}
-    assert len(train) == total
-    dsources = Counter((r.headers["x-original-partition"], r.headers["x-original-offset"]) for r in dlq)
-    assert max(dsources.values()) == 1, "a record was dead-lettered twice"
-    assert Counter(r.headers["x-dlq-reason"] for r in dlq) == Counter(
-        {str(k): v for k, v in expected.dead_letters.items()})
-    groups = defaultdict(list)
-    for t in train:
-        groups[t.group_key].append(t)
-    assert len(groups) == expected.published_groups
-    cfg = RewardConfig()
-    for key, members in groups.items():
-        assert len(members) == members[0].group_sample_count, key
-        raw, values = post_process_rewards([m.sample for m in members], cfg,
-                                           prompt_group_sizes=[len(members)])
-        assert [m.reward for m in members] == values and [m.raw_reward for m in members] == raw
+    assert_exactly_once(train, dlq, expected)
