@@ -590,7 +590,10 @@ class _Producer:
             self._p.flush(-1 if timeout is None else timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        self._p.flush(-1 if timeout is None else timeout)
+        try:
+            self._p.flush(-1 if timeout is None else timeout)
+        except KafkaException as exc:  # e.g. a transaction left fatal by an interrupt: what failed was said
+            log.warning("closing the producer: %s", exc.args[0].str() if exc.args else exc)
 
     def init_transactions(self) -> None:
         with _translated:
@@ -606,25 +609,10 @@ class _Producer:
                             lambda p: p.send_offsets_to_transaction(positions, group_metadata, TXN_TIMEOUT_S))
 
     def commit_transaction(self) -> None:
-        self._resumed("commit_transaction", lambda p: p.commit_transaction(TXN_TIMEOUT_S))
+        self._transactional("commit_transaction", lambda p: p.commit_transaction(TXN_TIMEOUT_S))
 
     def abort_transaction(self) -> None:
-        self._resumed("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
-
-    def _resumed(self, what: str, call: Any) -> None:
-        """librdkafka's contract for commit and abort: a retriable error (e.g. _TIMED_OUT while a coordinator
-        moves) means "call again to resume"; aborting instead fails with _CONFLICT (the commit is still in
-        progress). Seen on the 3-node cluster when the coordinator's broker was killed."""
-        deadline = time.monotonic() + 3 * TXN_TIMEOUT_S
-        while True:
-            try:
-                self._transactional(what, call)
-                return
-            except KafkaFailure as exc:
-                error = exc.__cause__.args[0] if isinstance(exc.__cause__, KafkaException) else None
-                if not (isinstance(error, KafkaError) and error.retriable()) or time.monotonic() > deadline:
-                    raise
-                log.warning("%s: %s; calling it again to resume (librdkafka's contract)", what, error.str())
+        self._transactional("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
 
 
 # ---- admin -------------------------------------------------------------------------------------------------
