@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -35,6 +34,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from stream.kafka.bounded import Hung, call_within
 from stream.kafka.errors import (
     AuthorizationFailed,
     BrokerUnavailable,
@@ -512,23 +512,15 @@ class _Producer:
         #5511): past TIMEOUT_S the wedged producer is abandoned for a fresh one with the same transactional id
         (its init_transactions() fences the old one and aborts its open transaction) and the call fails as
         an aborted transaction would, so the caller restores and goes on."""
-        outcome: list[BaseException | None] = []
-
-        def run() -> None:
-            try:
-                call(self._p)  # librdkafka's own timeout: TXN_TIMEOUT_S (it may not keep it)
-                outcome.append(None)
-            except BaseException as exc:  # handed to the calling thread
-                outcome.append(exc)
-
-        thread = threading.Thread(target=run, name=f"rdkafka-{what}", daemon=True)
-        thread.start()
-        thread.join(TXN_TIMEOUT_S + 5)
-        if outcome:
-            if outcome[0] is not None:
-                exc = outcome[0]
-                raise (translate(exc) if isinstance(exc, KafkaException) else exc) from exc
+        producer = self._p
+        try:
+            # librdkafka's own timeout is TXN_TIMEOUT_S: it may not keep it
+            call_within(TXN_TIMEOUT_S + 5, lambda: call(producer), f"rdkafka-{what}")
             return
+        except KafkaException as exc:
+            raise translate(exc) from exc
+        except Hung:
+            pass
         log.warning("%s did not return in %.0f s (librdkafka#5456): replacing the transactional producer",
                     what, TXN_TIMEOUT_S + 5)
         if self._settings is None:

@@ -35,6 +35,7 @@ from kafka.net.sasl.oauth import AbstractTokenProvider
 from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 
+from stream.kafka.bounded import Hung, call_within
 from stream.kafka.errors import (
     AuthorizationFailed,
     BrokerUnavailable,
@@ -365,23 +366,13 @@ class _Producer:
         for a fresh one with the same transactional id, whose init_transactions() fences the old one and
         aborts its open transaction; the call fails as an aborted transaction would (retriable), so the
         worker restores from its last commit and goes on."""
-        outcome: list[BaseException | None] = []
-
-        def run() -> None:
-            try:
-                call(self._p)
-                outcome.append(None)
-            except BaseException as exc:  # handed to the calling thread
-                outcome.append(exc)
-
-        thread = threading.Thread(target=run, name=f"kafka-python-{what}", daemon=True)
-        thread.start()
-        thread.join(TXN_TIMEOUT_S)
-        if outcome:
-            if outcome[0] is not None:
-                with _translated:
-                    raise outcome[0]
+        producer = self._p
+        try:
+            with _translated:
+                call_within(TXN_TIMEOUT_S, lambda: call(producer), f"kafka-python-{what}")
             return
+        except Hung:
+            pass
         log_event(log, "producer.replaced", logging.WARNING, call=what, after_s=TXN_TIMEOUT_S,
                   reason="a transactional call did not return (its coordinator's broker went away)")
         if self._settings is None:
@@ -524,18 +515,9 @@ class _Admin:
         with _translated:
             found = self._a.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)],
                                              config_filter="all")
-        # kafka-python 3 answers {"topic": {name: {key: {"value": ...}}}}; older releases a list of resources
-        # with "configs".
-        if isinstance(found, dict) and isinstance(found.get("topic"), dict):
-            resources: list[Any] = [{"configs": found["topic"].get(name, {})}]
-        else:
-            resources = found if isinstance(found, list) else [found]
-        out: dict[str, str] = {}
-        for resource in resources:
-            entries = resource.get("configs") if isinstance(resource, dict) else None
-            if isinstance(entries, dict):
-                out.update({k: str(v.get("value") if isinstance(v, dict) else v) for k, v in entries.items()})
-        return out
+        # kafka-python 3 answers {"topic": {name: {key: {"value": ...}}}}
+        entries = found.get("topic", {}).get(name, {}) if isinstance(found, dict) else {}
+        return {k: str(v.get("value") if isinstance(v, dict) else v) for k, v in entries.items()}
 
     def group_offsets(self, groups: Sequence[str], tps: Sequence[TopicPartition]
                       ) -> dict[str, dict[TopicPartition, tuple[int, str]]]:
