@@ -7,7 +7,8 @@
     ├── RuntimeFailure          exit 1: the broker or the data path failed while running; a retry may help
     │     KafkaFailure (and its tree), BrokerUnreachable, ProduceFailed, CommitAborted, RestoreStalled,
     │     InstanceTakenOver, ReaderError, ScanStalled, TopicMissing, RecordNotFound, ReplayFailed,
-    │     AclsNotApplied, BrokerError (start, stop, jars), RunnerFailed
+    │     AclsNotApplied, BrokerError (start, stop, jars), RunnerFailed,
+    │     Hung (a client call past its deadline)
     └── PolicyStop              exit 3: the worker stopped itself as configured (DeadLetterLimitExceeded), so
                                 a supervisor can tell it from a crash (systemd RestartPreventExitStatus=3)
 
