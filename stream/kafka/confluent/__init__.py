@@ -225,8 +225,15 @@ class _Consumer:
         self.connections: int | None = None
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
+        # consume(n, timeout) returns only when n records arrived or the timeout passed: at half load every
+        # record waited out the whole timeout (p50 110 ms at a 0.1 s poll, p99 over 1 s in the bench). poll()
+        # returns with the first record; what is already fetched follows without waiting.
+        limit = max_records or 500
         with _translated:
-            messages = self._c.consume(max_records or 500, timeout_s)
+            first = self._c.poll(timeout_s)
+            messages = [] if first is None else [first]
+            if first is not None and limit > 1:
+                messages += self._c.consume(limit - 1, 0)
         out: dict[TopicPartition, list[Rec]] = {}
         for m in messages:
             error = m.error()
