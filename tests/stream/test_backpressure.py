@@ -67,8 +67,11 @@ def test_at_the_open_group_cap_it_pauses_drops_nothing_and_publishes_every_group
                 p.send_raw(records[0].key, records[0].value)
             p.flush()
             wait_until(lambda: events.named("backpressure.paused"), 20, "the worker to pause")
+            read_when_paused = worker.stats.records_in
             time.sleep(0.5)  # paused: nothing is read, nothing is timed out
-            assert worker.stats.records_in == groups and worker.stats.groups_published == 0
+            # How many a poll hands over before the pause depends on the client's fetch timing.
+            assert config.max_open_groups < read_when_paused <= groups
+            assert worker.stats.records_in == read_when_paused and worker.stats.groups_published == 0
             # ...then the rest, member by member across the groups, in several waves.
             rest = [(i, r) for records in planned for i, r in enumerate(records) if i > 0]
             rest.sort(key=lambda x: x[0])
@@ -81,7 +84,7 @@ def test_at_the_open_group_cap_it_pauses_drops_nothing_and_publishes_every_group
                    "every record read and every group closed")
         wait_until(lambda: worker.stats.commits > 0 and not worker.ledger.due(), 10, "the last commit")
     paused = events.named("backpressure.paused")
-    assert paused[0]["open_windows"] >= groups
+    assert paused[0]["open_windows"] > config.max_open_groups
     assert events.named("backpressure.overrun"), "a stalled pause must end by reading on"
     assert sum(worker.stats.dead_lettered.values()) == 0, worker.stats.dead_lettered
     assert worker.stats.groups_published == groups
