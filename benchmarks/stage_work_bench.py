@@ -5,6 +5,18 @@ decode, validation, windowing, shared-reward check, normalization, train-record 
 ledger — with a stub delivery that drops the outputs, and prints µs per sample (best of 3 passes).
 `--profile` adds a cProfile listing of one more pass.
 
+It also prints µs per sample of each step, best of 3, each timed in isolation over the same records:
+
+* decode: `codec.decode_sample` of every record value;
+* validation: `core.validate.validate_sample` of every decoded sample (what the window store runs first);
+* normalization: `core.rewards.normalize_group` of every published group's held samples;
+* encode: `stream.worker.outputs.train_records` of every published group;
+* ledger: `OffsetLedger.hold` of every record, and `resolve` of it (what delivery does once it is acked);
+* windows: `WindowStore.accept` of every (InputRecord, decoded sample) pair, minus validation and
+  normalization (which it runs inside);
+* worker glue (by subtraction): the whole `Worker` pass minus the steps above — building the
+  `InputRecord`, routing, counters.
+
     .venv/bin/python benchmarks/stage_work_bench.py                 # 256 tokens, groups of 8
     .venv/bin/python benchmarks/stage_work_bench.py --tokens 32768 --groups 80
 """
@@ -20,11 +32,18 @@ from typing import Any
 
 import numpy as np
 
+from codec import decode_sample
+from core.offsets import OffsetLedger
+from core.records import InputRecord, Published
+from core.rewards import normalize_group
+from core.validate import validate_sample
+from core.windows import WindowStore
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
 from stream.tools.bench.workloads import Workload, group_records
 from stream.worker import Worker
 from stream.worker.allocator import reuse_freed_buffers
+from stream.worker.outputs import train_records
 
 ConsumerRecord = namedtuple("ConsumerRecord", "topic partition offset timestamp key value headers")
 
@@ -68,6 +87,67 @@ def one_pass(recs: list[ConsumerRecord]) -> float:
     return seconds
 
 
+def _best(fn: Any) -> float:
+    return min(_timed(fn) for _ in range(3))
+
+
+def _timed(fn: Any) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def steps(recs: list[ConsumerRecord]) -> dict[str, float]:
+    """Seconds (best of 3) of each step over all of `recs`, each in isolation (see the docstring)."""
+    config = WorkerConfig(bootstrap_servers="unused:9092", topics=TopicNames(), group_id="work-bench")
+    wcfg = config.windows
+    now = int(time.time() * 1000)
+    values = [r.value for r in recs]
+    samples = [decode_sample(v) for v in values]
+    inputs = [InputRecord(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, ())
+              for r in recs]
+    published: list[Published] = []
+    store = WindowStore(wcfg)
+    for record, sample in zip(inputs, samples, strict=True):
+        published += [o for o in store.accept(record, sample, now) if isinstance(o, Published)]
+    held = [[m.sample for m in g.members] for g in published]
+    reward = wcfg.reward
+
+    def decode() -> None:
+        for v in values:
+            decode_sample(v)
+
+    def validation() -> None:
+        for r, s in zip(recs, samples, strict=True):
+            validate_sample(s, key=r.key, reward_key=reward.reward_key, limits=wcfg.limits)
+
+    def windows() -> None:
+        store = WindowStore(wcfg)
+        for record, sample in zip(inputs, samples, strict=True):
+            store.accept(record, sample, now)
+
+    def normalization() -> None:
+        for h in held:
+            normalize_group(h, reward)
+
+    def encode() -> None:
+        for g in published:
+            train_records(g, reward, "train-data", 0)
+
+    def ledger() -> None:
+        led = OffsetLedger()
+        for r in recs:
+            led.hold(r.partition, r.offset)
+        for r in recs:
+            led.resolve(r.partition, (r.offset,))
+
+    out = {name: _best(fn) for name, fn in [("decode", decode), ("validation", validation),
+                                            ("windows", windows), ("normalization", normalization),
+                                            ("encode", encode), ("ledger", ledger)]}
+    out["windows"] -= out["validation"] + out["normalization"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=256)
@@ -83,6 +163,10 @@ def main() -> None:
     best = min(one_pass(recs) for _ in range(3))
     print(f"{w.label()[2:]}: {best / len(recs) * 1e6:.1f} µs per sample of the stage's own work "
           f"({len(recs)} samples, best of 3)")
+    parts = steps(recs)
+    parts["worker glue"] = best - sum(parts.values())
+    for name, seconds in parts.items():
+        print(f"  {name:<14} {seconds / len(recs) * 1e6:6.2f} µs")
     if args.profile:
         profiler = cProfile.Profile()
         profiler.enable()

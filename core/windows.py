@@ -16,7 +16,7 @@ from core.config import RewardConfig
 from core.digest import DIGEST_ALGORITHM, digest_with, record_digest
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
 from core.rewards import SharedRewardViolation, declared_rollout_key, normalize_group
-from core.validate import SampleLimits, effective_group_size, validate_sample
+from core.validate import SampleLimits, plainly_valid, validate_sample
 
 __all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
            "replay_id", "REPLAY_ID_HEADER", "DEFAULT_GROUP_TIMEOUT_MS", "DEFAULT_CLOSED_RETENTION_MS",
@@ -160,12 +160,15 @@ class WindowStore:
             return [DeadLettered(R.DECODE_ERROR, decoded.message, key, (record,), now_ms)]
         sample = decoded
         cfg = self.config
-        problem = validate_sample(sample, key=record.key, reward_key=cfg.reward.reward_key, limits=cfg.limits)
-        gkey = group_key_of(sample.run_id, sample.group_index) if sample.group_index is not None else None
-        if problem is not None:
-            return self._reject_record(record, gkey, problem, now_ms)
+        gkey: str | None = plainly_valid(sample, record.key, cfg.reward.reward_key, cfg.limits)
+        if gkey is None:  # something to say, or valid in a less common way: the readable full check
+            problem = validate_sample(sample, key=record.key, reward_key=cfg.reward.reward_key,
+                                      limits=cfg.limits)
+            gkey = group_key_of(sample.run_id, sample.group_index) if sample.group_index is not None else None
+            if problem is not None:
+                return self._reject_record(record, gkey, problem, now_ms)
         assert gkey is not None and sample.group_index is not None
-        wkey = (record.partition, gkey, replay_id(record))
+        wkey = (record.partition, gkey, replay_id(record) if record.headers else "")
         closed = self.closed.get(wkey)
         if closed is not None:
             return [self._after_close(record, gkey, closed, now_ms)]
@@ -176,8 +179,8 @@ class WindowStore:
             outcomes: list[Outcome] = [self._close_incomplete(wkey, window, now_ms)]
             outcomes.append(self._after_close(record, gkey, self.closed[wkey], now_ms))
             return outcomes
-        group_size = effective_group_size(sample, cfg.limits)
-        assert group_size is not None
+        group_size = sample.group_size if sample.group_size is not None else cfg.limits.default_group_size
+        assert group_size is not None  # effective_group_size, inlined: validation refused None
         if window is None:
             window = GroupWindow(
                 gkey, record.partition, group_size, record.timestamp_ms + cfg.group_timeout_ms

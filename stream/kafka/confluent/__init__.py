@@ -608,10 +608,26 @@ class _Producer:
                             lambda p: p.send_offsets_to_transaction(positions, group_metadata, TXN_TIMEOUT_S))
 
     def commit_transaction(self) -> None:
-        self._transactional("commit_transaction", lambda p: p.commit_transaction(TXN_TIMEOUT_S))
+        self._resumed("commit_transaction", lambda p: p.commit_transaction(TXN_TIMEOUT_S))
 
     def abort_transaction(self) -> None:
-        self._transactional("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
+        self._resumed("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
+
+    def _resumed(self, what: str, call: Any) -> None:
+        """librdkafka's contract for commit and abort: a retriable error (e.g. _TIMED_OUT while a coordinator
+        moves) means "call again to resume"; aborting instead fails with _CONFLICT (the commit is still in
+        progress). Seen on the 3-node cluster when the coordinator's broker was killed. (Ctrl-C cannot
+        interleave an abort here: call_within lets the interrupted call finish first.)"""
+        deadline = time.monotonic() + 3 * TXN_TIMEOUT_S
+        while True:
+            try:
+                self._transactional(what, call)
+                return
+            except KafkaFailure as exc:
+                error = exc.__cause__.args[0] if isinstance(exc.__cause__, KafkaException) else None
+                if not (isinstance(error, KafkaError) and error.retriable()) or time.monotonic() > deadline:
+                    raise
+                log.warning("%s: %s; calling it again to resume (librdkafka's contract)", what, error.str())
 
 
 # ---- admin -------------------------------------------------------------------------------------------------
