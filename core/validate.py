@@ -77,7 +77,9 @@ def validate_sample(
     return None
 
 
-def plainly_valid(sample: Sample, key: bytes | None, reward_key: str | None, limits: SampleLimits) -> str | None:
+def plainly_valid(
+    sample: Sample, key: bytes | None, reward_key: str | None, limits: SampleLimits
+) -> str | None:
     """The sample's group key when it is valid the common way (a finite float reward without a reward key,
     every size in range, its record keyed by its group), else None: then `validate_sample` says why, or
     that it is valid after all (an int or keyed reward). One pass of attribute loads instead of

@@ -15,7 +15,7 @@ from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
 from core.digest import DIGEST_ALGORITHM, digest_with, record_digest
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
-from core.rewards import SharedRewardViolation, declared_rollout_key, normalize_group
+from core.rewards import SharedRewardViolation, normalize_group
 from core.validate import SampleLimits, plainly_valid, validate_sample
 
 __all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
@@ -228,13 +228,24 @@ class WindowStore:
         group_size: int,
         now_ms: int,
     ) -> list[Outcome]:
-        rkey: int | str | tuple[str, int, int] | None = declared_rollout_key(sample)
-        if rkey is None:
+        rollout_id = sample.rollout_id
+        rkey: int | str | tuple[str, int, int] | None = rollout_id if rollout_id is not None else sample.index
+        if rkey is None:  # declared_rollout_key, inlined
             # A row without rollout_id or index is a rollout of its own: only its bytes can tell a copy.
             if any(m.record.value == record.value for m in window.members()):
                 return [DuplicateDropped(window.key, record)]
             rkey = ("row", record.partition, record.offset)
         rollout = window.rollouts.get(rkey)
+        if rollout is None:
+            return self._add_rollout(wkey, window, record, sample, rkey, group_size, now_ms)
+        return self._add_member(wkey, window, record, sample, rkey, rollout, group_size, now_ms)
+
+    def _add_member(
+        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: Sample,
+        rkey: int | str | tuple[str, int, int], rollout: Rollout | None, group_size: int, now_ms: int,
+    ) -> list[Outcome]:
+        """`_add` of any member, the whole rule (`_add_rollout` is its first-sample case, checked against it
+        by tests/core/test_fast_paths.py)."""
         siblings: list[Member | None] | None = None
         if rollout is not None:
             siblings = [rollout] if type(rollout) is Member else rollout  # type: ignore[assignment]
@@ -293,14 +304,55 @@ class WindowStore:
                 return [self._finish(wkey, window, now_ms)]
         return []
 
+    def _add_rollout(
+        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: Sample,
+        rkey: int | str | tuple[str, int, int], group_size: int, now_ms: int,
+    ) -> list[Outcome]:
+        """`_add` of a rollout's first sample (the common case): `_add`'s checks that can fail without
+        siblings, in its order, with fewer loads."""
+        if group_size != window.group_size:
+            return self._reject_group(
+                wkey, window, record, R.INVALID_SAMPLE,
+                f"members disagree on group_size: {window.group_size} and {group_size}", now_ms,
+            )
+        size = record.size
+        if window.nbytes + size > self.config.max_group_bytes:
+            return self._reject_group(
+                wkey, window, record, R.GROUP_TOO_LARGE,
+                f"group would hold {window.nbytes + size} bytes, more than the worker's cap of "
+                f"{self.config.max_group_bytes} bytes for one group", now_ms,
+            )
+        rollouts = window.rollouts
+        if len(rollouts) >= window.group_size:
+            return self._reject_group(
+                wkey, window, record, R.INVALID_SAMPLE,
+                f"group has more rollouts than its group_size {window.group_size} (extra rollout {rkey!r})",
+                now_ms,
+            )
+        member = Member(record, _held(sample), rkey)
+        window.nbytes += size
+        self.open_bytes += size
+        count = sample.sibling_count
+        if count != 1:
+            siblings: list[Member | None] = [None] * count
+            siblings[sample.sibling_index] = member
+            rollouts[rkey] = siblings
+            return []
+        rollouts[rkey] = member
+        window.complete_rollouts += 1
+        if window.complete_rollouts == window.group_size:
+            return [self._finish(wkey, window, now_ms)]
+        return []
+
     def _finish(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         members = window.members()
         result = normalize_group([m.sample for m in members], self.config.reward)
+        digests = frozenset([record_digest(m.record.value) for m in members])  # window.digests(), once
         if isinstance(result, SharedRewardViolation):
             records = tuple(m.record for m in members)
-            self._close(wkey, window, R.SHARED_REWARD_VIOLATION, result.message, now_ms)
+            self._close(wkey, window, R.SHARED_REWARD_VIOLATION, result.message, now_ms, digests=digests)
             return DeadLettered(R.SHARED_REWARD_VIOLATION, result.message, window.key, records, now_ms)
-        self._close(wkey, window, None, "", now_ms)
+        self._close(wkey, window, None, "", now_ms, digests=digests)
         return Published(window.key, window.partition, tuple(members), result)
 
     def _reject_group(
@@ -364,11 +416,12 @@ class WindowStore:
 
     def _close(
         self, wkey: WindowKey, window: GroupWindow, reason: DeadLetterReason | None, message: str,
-        now_ms: int, extra_digest: bytes | None = None,
+        now_ms: int, extra_digest: bytes | None = None, digests: frozenset[bytes] | None = None,
     ) -> None:
         del self.open[wkey]
         self.open_bytes -= window.nbytes
-        digests = window.digests()
+        if digests is None:
+            digests = window.digests()
         if extra_digest is not None:
             digests |= {extra_digest}
         self._remember(wkey, ClosedGroup(reason, message, window.deadline_ms, now_ms, digests))

@@ -104,6 +104,8 @@ _UNAVAILABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError.
 _UNKNOWN_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 
 
+_LEADER_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                   KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT}
 _COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
                        KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TIMED_OUT}
 
@@ -340,8 +342,19 @@ class _Consumer:
         return behind
 
     def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
-        with _translated:
-            return self._c.get_watermark_offsets(_rd(tp), timeout=TIMEOUT_S, cached=False)
+        # After a broker dies librdkafka asks the old leader until its metadata catches up (a worker on the
+        # 3-node cluster stopped on NOT_LEADER_FOR_PARTITION when its partitions moved): asked again.
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                low, high = self._c.get_watermark_offsets(_rd(tp), timeout=TIMEOUT_S, cached=False)
+                return low, high
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                code = error.code() if isinstance(error, KafkaError) else None
+                if code not in _LEADER_MOVING or time.monotonic() > deadline:
+                    raise translate(exc) from exc
+                time.sleep(0.2)
 
     def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         return {TopicPartition(*tp): self._watermarks(TopicPartition(*tp))[0] for tp in tps}
