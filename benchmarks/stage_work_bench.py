@@ -2,10 +2,10 @@
 
 Feeds benchmark-workload records (as the consumer hands them over) through the real `Worker` record path —
 decode, validation, windowing, shared-reward check, normalization, train-record encoding and the offset
-ledger — with a stub delivery that drops the outputs, and prints µs per sample (best of 3 passes).
+ledger — with a stub delivery that drops the outputs, and prints µs per sample (best of 3, or --passes).
 `--profile` adds a cProfile listing of one more pass.
 
-It also prints µs per sample of each step, best of 3, each timed in isolation over the same records:
+It also prints µs per sample of each step (best of as many), each timed in isolation over the same records:
 
 * decode: `codec.decode_sample` of every record value;
 * validation: what the window store runs first on every decoded sample: `core.validate.plainly_valid`,
@@ -88,8 +88,11 @@ def one_pass(recs: list[ConsumerRecord]) -> float:
     return seconds
 
 
+PASSES = 3
+
+
 def _best(fn: Any) -> float:
-    return min(_timed(fn) for _ in range(3))
+    return min(_timed(fn) for _ in range(PASSES))
 
 
 def _timed(fn: Any) -> float:
@@ -99,7 +102,7 @@ def _timed(fn: Any) -> float:
 
 
 def steps(recs: list[ConsumerRecord]) -> dict[str, float]:
-    """Seconds (best of 3) of each step over all of `recs`, each in isolation (see the docstring)."""
+    """Seconds (best of PASSES) of each step over all of `recs`, each in isolation (see the docstring)."""
     config = WorkerConfig(bootstrap_servers="unused:9092", topics=TopicNames(), group_id="work-bench")
     wcfg = config.windows
     now = int(time.time() * 1000)
@@ -151,20 +154,23 @@ def steps(recs: list[ConsumerRecord]) -> dict[str, float]:
 
 
 def main() -> None:
+    global PASSES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--siblings", type=int, default=1)
     ap.add_argument("--groups", type=int, default=3000)
+    ap.add_argument("--passes", type=int, default=3, help="best of this many (more on a busy machine)")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
+    PASSES = args.passes
     reuse_freed_buffers()  # as `rollout-stream run` does
     w = Workload("x", args.tokens, args.group_size, args.siblings, args.groups)
     recs = records(w)
     one_pass(recs[: max(1, len(recs) // 10)])  # warm-up: imports, caches
-    best = min(one_pass(recs) for _ in range(3))
+    best = min(one_pass(recs) for _ in range(PASSES))
     print(f"{w.label()[2:]}: {best / len(recs) * 1e6:.1f} µs per sample of the stage's own work "
-          f"({len(recs)} samples, best of 3)")
+          f"({len(recs)} samples, best of {PASSES})")
     parts = steps(recs)
     parts["worker glue"] = best - sum(parts.values())
     for name, seconds in parts.items():

@@ -20,8 +20,9 @@ class PartitionOffsets:
     def hold(self, offset: int) -> None:
         self._pending.add(offset)
         heapq.heappush(self._heap, offset)
-        if self.next_offset is None or offset + 1 > self.next_offset:
-            self.next_offset = offset + 1
+        after = offset + 1
+        if self.next_offset is None or after > self.next_offset:
+            self.next_offset = after
 
     def resolve(self, offset: int) -> None:
         self._pending.discard(offset)
@@ -47,7 +48,10 @@ class OffsetLedger:
         self.committed: dict[int, int] = {}
 
     def hold(self, partition: int, offset: int) -> None:
-        self.partitions.setdefault(partition, PartitionOffsets()).hold(offset)
+        tracker = self.partitions.get(partition)
+        if tracker is None:  # not setdefault: that would build a PartitionOffsets for every record
+            tracker = self.partitions[partition] = PartitionOffsets()
+        tracker.hold(offset)
 
     def resolve(self, partition: int, offsets: Iterable[int]) -> None:
         tracker = self.partitions.get(partition)

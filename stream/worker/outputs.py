@@ -42,32 +42,42 @@ def train_records(
     when given: the one the key maps to, computed once per group)."""
     key = group.group_key.encode()
     stats = group.rewards
+    # What every member of the group shares, built once: each member's record is a copy with its own
+    # sample bytes, rewards and source (one struct copy instead of a 17-field construction and the copy
+    # encode_train_sample makes to embed the raw bytes; tests/stream/test_train_records.py checks the
+    # bytes against that path).
+    shared = TrainSample(
+        sample=_NO_SAMPLE,  # type: ignore[arg-type]  # replaced in every copy
+        raw_reward=0.0,
+        reward=0.0,
+        group_key=group.group_key,
+        group_rollout_count=stats.rollout_count,
+        group_sample_count=len(group.members),
+        group_mean=stats.mean,
+        group_std=stats.std,
+        zero_variance=stats.zero_variance,
+        advantage_estimator=reward.advantage_estimator,
+        rewards_normalization=reward.rewards_normalization,
+        grpo_std_normalization=reward.grpo_std_normalization,
+        reward_key=reward.reward_key,
+        source_topic="",
+        source_partition=0,
+        source_offset=0,
+        stage_version=STAGE_VERSION,
+    )
     out: list[OutputRecord] = []
     for member, raw, value in zip(group.members, stats.raw, stats.rewards, strict=True):
         src = member.record
-        train = TrainSample(
-            sample=member.sample,
-            raw_reward=raw,
-            reward=value,
-            group_key=group.group_key,
-            group_rollout_count=stats.rollout_count,
-            group_sample_count=len(group.members),
-            group_mean=stats.mean,
-            group_std=stats.std,
-            zero_variance=stats.zero_variance,
-            advantage_estimator=reward.advantage_estimator,
-            rewards_normalization=reward.rewards_normalization,
-            grpo_std_normalization=reward.grpo_std_normalization,
-            reward_key=reward.reward_key,
-            source_topic=src.topic,
-            source_partition=src.partition,
-            source_offset=src.offset,
-            stage_version=STAGE_VERSION,
-        )
-        out.append(
-            OutputRecord(topic, key, encode_train_sample(train, raw_sample=src.value), [], src, partition)
-        )
+        # The original input bytes verbatim (a valid member always has them): unknown fields survive.
+        sample = member.sample if src.value is None else msgspec.Raw(src.value)
+        train = _copy(shared, sample=sample, raw_reward=raw, reward=value, source_topic=src.topic,
+                      source_partition=src.partition, source_offset=src.offset)
+        out.append(OutputRecord(topic, key, encode_train_sample(train), [], src, partition))
     return out
+
+
+_NO_SAMPLE = msgspec.Raw(b"")
+_copy = msgspec.structs.replace
 
 
 def _iso_ms(ms: int) -> str:

@@ -1,0 +1,68 @@
+"""`train_records` builds each member's record from one shared template: its bytes must be exactly those of
+the plain path (one `TrainSample` per member, `encode_train_sample` embedding the raw input bytes)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from codec import Sample, TrainSample, encode_sample, encode_train_sample
+from core.config import RewardConfig
+from core.records import InputRecord, Member, Published
+from core.rewards import GroupRewards
+from core.windows import HeldSample
+from stream.worker.outputs import STAGE_VERSION, OutputRecord, train_records
+
+_floats = st.one_of(st.floats(allow_nan=False), st.integers(-5, 5), st.sampled_from([0.0, -0.0, 0.5]))
+
+
+def _plain(group: Published, reward: RewardConfig, topic: str, partition: int | None) -> list[OutputRecord]:
+    """train_records as it was before the template: the definition the fast one is held to."""
+    key = group.group_key.encode()
+    stats = group.rewards
+    out = []
+    for member, raw, value in zip(group.members, stats.raw, stats.rewards, strict=True):
+        src = member.record
+        train = TrainSample(
+            sample=member.sample, raw_reward=raw, reward=value, group_key=group.group_key,
+            group_rollout_count=stats.rollout_count, group_sample_count=len(group.members),
+            group_mean=stats.mean, group_std=stats.std, zero_variance=stats.zero_variance,
+            advantage_estimator=reward.advantage_estimator,
+            rewards_normalization=reward.rewards_normalization,
+            grpo_std_normalization=reward.grpo_std_normalization, reward_key=reward.reward_key,
+            source_topic=src.topic, source_partition=src.partition, source_offset=src.offset,
+            stage_version=STAGE_VERSION,
+        )
+        value = encode_train_sample(train, raw_sample=src.value)
+        out.append(OutputRecord(topic, key, value, [], src, partition))
+    return out
+
+
+@st.composite
+def groups(draw: st.DrawFn) -> Published:
+    n = draw(st.integers(1, 5))
+    gkey = draw(st.sampled_from(["7", "run/7", "rün/123456789"]))
+    members = []
+    for i in range(n):
+        prompt = "p" * draw(st.integers(0, 40))
+        value = encode_sample(Sample(group_index=7, rollout_id=i, reward=0.5, prompt=prompt,
+                                     tokens=[1, 2, 3], response_length=2))
+        record = InputRecord(draw(st.sampled_from(["rollouts", "t"])), draw(st.integers(0, 300)),
+                             draw(st.integers(0, 2**40)), 0, gkey.encode(), value)
+        members.append(Member(record, HeldSample(0.5, i, None, 0), i))
+    rewards = GroupRewards(raw=[draw(_floats) for _ in range(n)], rewards=[draw(_floats) for _ in range(n)],
+                           rollout_count=draw(st.integers(1, 5)), mean=draw(_floats), std=draw(_floats),
+                           zero_variance=draw(st.booleans()))
+    return Published(gkey, 0, tuple(members), rewards)
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups(), st.sampled_from([RewardConfig(),
+                                  RewardConfig(advantage_estimator="reinforce_plus_plus_baseline"),
+                                  RewardConfig(reward_key="acc", grpo_std_normalization=False)]),
+       st.sampled_from([None, 0, 5]))
+def test_train_records_are_byte_identical_to_one_train_sample_per_member(group, reward, partition):
+    fast = train_records(group, reward, "train-data", partition)
+    plain = _plain(group, reward, "train-data", partition)
+    assert [(o.topic, o.key, o.value, o.headers, o.source, o.partition) for o in fast] == \
+        [(o.topic, o.key, o.value, o.headers, o.source, o.partition) for o in plain]
