@@ -57,8 +57,8 @@ class SecurityOptions:
             envvar=CLIENT_ENV,
             show_default=False,
             rich_help_panel=_PANEL,
-            help="Kafka client library: kafka-python (the default) or confluent (librdkafka: a higher "
-            "ceiling; see README 'Kafka clients').",
+            help="Kafka client library: confluent (librdkafka, the default: a higher ceiling) or "
+            "kafka-python (pure Python, the design's client); see README 'Kafka clients'.",
         ),
     ] = None
 

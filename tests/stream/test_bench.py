@@ -90,7 +90,8 @@ def test_table_renders_every_section_and_judges_the_targets():
         {"cpus": 2, "cpu_model": "test", "python": "3.11", "kafka_python": "3", "load_average_start": [1.0]},
     )
     report.results = [
-        WorkloadResult(a, "exactly-once", tp("stage", 900), tp("passthrough", 1000), lat),
+        WorkloadResult(a, "exactly-once", tp("stage", 900), tp("passthrough", 1000), lat,
+                       pair_ratios=[0.9, 0.84, 0.95]),
         WorkloadResult(b, "exactly-once", tp("stage", 50), tp("passthrough", 100), lat),
     ]
     report.delivery_compare = [
@@ -116,9 +117,12 @@ def test_table_renders_every_section_and_judges_the_targets():
         "Commit cadence",
         "Targets",
         "not met",
+        "alternating stage/passthrough pair",
+        "a 256t g8 exactly-once: 0.90, 0.84, 0.95",
     ):
         assert needle in text, needle
     assert report.to_json()["results"][0]["ratio"] == 0.9
+    assert report.results[0].spread == (0.84, 0.95) and report.results[1].spread is None
     assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0 and percentile([], 99) is None
 
 

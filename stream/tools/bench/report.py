@@ -297,6 +297,12 @@ def targets_view(report: BenchReport) -> Group:
     return Group(Text("Targets:"), *(Flow(Text.from_markup(line), first=2, indent=4) for line in lines))
 
 
+def _spread(results: Sequence[WorkloadResult]) -> Group | None:
+    lines = [" ".join(filter(None, (r.workload.label(), _CLIENT_SHORT.get(r.client, r.client), r.delivery)))
+             + ": " + ", ".join(f"{x:.2f}" for x in r.pair_ratios) for r in results if r.spread is not None]
+    return Group(*(Flow(Text(line), first=2, indent=4) for line in lines)) if lines else None
+
+
 def render(report: BenchReport, console: Console | None = None) -> None:
     console = console or output_console()
     m = report.machine
@@ -326,6 +332,10 @@ def render(report: BenchReport, console: Console | None = None) -> None:
         same = [r for r in report.results if any(r.workload == c.workload for c in report.client_compare)]
         console.print(titled("kafka-python (kp) and confluent-kafka/librdkafka (rd), same broker and run",
                              _throughput(same + report.client_compare)))
+    spread = _spread([*report.results, *report.client_compare])
+    if spread:
+        console.print(titled("Ratio of each alternating stage/passthrough pair (the table keeps each side's "
+                             "fastest drain)", spread))
     if report.memory:
         console.print(
             titled(

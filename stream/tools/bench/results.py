@@ -102,6 +102,12 @@ class WorkloadResult:
     latency: LatencyResult | None
     passthrough_latency: LatencyResult | None = None  # same offered rate as `latency`
     client: str = ""  # the Kafka client both sides ran on
+    pair_ratios: list[float] = field(default_factory=list)  # stage/passthrough of each alternating pair
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        """The lowest and highest ratio of one stage drain to the passthrough drain next to it."""
+        return (min(self.pair_ratios), max(self.pair_ratios)) if len(self.pair_ratios) > 1 else None
 
     @property
     def ratio(self) -> float:
@@ -124,6 +130,7 @@ class WorkloadResult:
             "stage": self.stage.to_json(),
             "passthrough": self.passthrough.to_json(),
             "ratio": round(self.ratio, 3),
+            "pair_ratios": [round(r, 3) for r in self.pair_ratios],
             "latency": self.latency.to_json() if self.latency else None,
             "passthrough_latency": self.passthrough_latency.to_json() if self.passthrough_latency else None,
         }

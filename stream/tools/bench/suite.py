@@ -182,15 +182,19 @@ class _Bench:
                 "passthrough", topics, delivery, pre, latency_of=w, rate=lat.rate if lat else None, tag=tag
             )
             # On a shared machine one drain can be slowed by anything else running: alternate further drains
-            # of the same backlog (fresh consumer groups) and keep each side's fastest.
+            # of the same backlog (fresh consumer groups) and keep each side's fastest; each pair's ratio is
+            # kept too, for the spread.
+            pairs = [_pair_ratio(stage, passthrough)]
             for i in range(2, self.s.repeats + 1):
                 again, _ = self.drain("stage", topics, delivery, pre, tag=f"{tag}-r{i}")
+                other, _ = self.drain("passthrough", topics, delivery, pre, tag=f"{tag}-r{i}")
+                pairs.append(_pair_ratio(again, other))
                 stage = max(stage, again, key=lambda t: t.samples_per_s)
-                again, _ = self.drain("passthrough", topics, delivery, pre, tag=f"{tag}-r{i}")
-                passthrough = max(passthrough, again, key=lambda t: t.samples_per_s)
+                passthrough = max(passthrough, other, key=lambda t: t.samples_per_s)
         finally:
             delete_topics(self.conn, topics.all())
-        r = WorkloadResult(w, delivery, stage, passthrough, lat, pass_lat, client=self.conn.client)
+        r = WorkloadResult(w, delivery, stage, passthrough, lat, pass_lat, client=self.conn.client,
+                           pair_ratios=pairs)
         self.progress(
             f"{w.label()} [{delivery}, {self.conn.client}]: stage {stage.samples_per_s:,.0f}/s, passthrough "
             f"{passthrough.samples_per_s:,.0f}/s, ratio {r.ratio:.2f}, p99 "
@@ -244,6 +248,10 @@ class _Bench:
             f"{lat.rate if lat else 0:,.0f}/s"
         )
         return SweepPoint(interval, max_records, tp, lat)
+
+
+def _pair_ratio(stage: Throughput, passthrough: Throughput) -> float:
+    return stage.samples_per_s / passthrough.samples_per_s if passthrough.samples_per_s else 0.0
 
 
 def run_bench(
