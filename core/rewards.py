@@ -166,6 +166,14 @@ def rollout_key(sample: Sample, row: int) -> RolloutKey:
     return ("row", row) if key is None else key
 
 
+def _rollout_key(sample: Sample, row: int) -> RolloutKey:
+    """`rollout_key`, inlined (normalize_group asks it of every sample)."""
+    key = sample.rollout_id
+    if key is None:
+        key = sample.index
+    return ("row", row) if key is None else key
+
+
 def _raw_rewards(samples: Sequence[Sample], reward_key: str | None) -> list[float]:
     """`selected_reward` of each sample; plain int/float rewards without a key are taken as they are."""
     if not reward_key:
@@ -189,28 +197,33 @@ def normalize_group(
     count = len(samples)
     if count == 0:
         raise ValueError("a prompt group needs at least one sample")
+    row_ids: Sequence[int]
     if rows is None:
-        row_ids = list(range(count))
+        row_ids = range(count)
     else:
         row_ids = [operator.index(row) for row in rows]
         if len(row_ids) != count or len(set(row_ids)) != count:
             raise ValueError(f"rows must be {count} distinct batch row indices; got {row_ids}")
     raw = _raw_rewards(samples, cfg.reward_key)
 
-    members: dict[RolloutKey, list[int]] = {}  # rollout key -> positions in `samples`, first-seen order
-    for position, sample in enumerate(samples):
-        members.setdefault(rollout_key(sample, row_ids[position]), []).append(position)
-
-    shared: list[float] = []
-    for key, positions in members.items():
-        first = raw[positions[0]]
-        if len(positions) > 1 and any(raw[position] != first for position in positions[1:]):
-            return SharedRewardViolation(
-                rollout_key=key,
-                rows=[row_ids[position] for position in positions],
-                rewards=[raw[position] for position in positions],
-            )
-        shared.append(first)
+    keys = [_rollout_key(sample, row) for sample, row in zip(samples, row_ids, strict=True)]
+    members: dict[RolloutKey, list[int]] | None = None  # None: one sample per rollout, in `samples` order
+    if len(set(keys)) == count:  # the common case: no siblings to check, each rollout's reward is its own
+        shared = list(raw)
+    else:
+        members = {}  # rollout key -> positions in `samples`, first-seen order
+        for position, key in enumerate(keys):
+            members.setdefault(key, []).append(position)
+        shared = []
+        for key, positions in members.items():
+            first = raw[positions[0]]
+            if len(positions) > 1 and any(raw[position] != first for position in positions[1:]):
+                return SharedRewardViolation(
+                    rollout_key=key,
+                    rows=[row_ids[position] for position in positions],
+                    rewards=[raw[position] for position in positions],
+                )
+            shared.append(first)
 
     # Over rollouts: torch-free where that is provably bit-identical, else the reference's torch ops.
     fast = torch_free_normalization() and not _flushes_subnormals()
@@ -218,6 +231,8 @@ def normalize_group(
     values, mean, std, zero_variance = statistics or _torch_statistics(shared, cfg)
     if values is None:
         rewards = list(raw)
+    elif members is None:
+        rewards = values  # rollout i is sample i
     else:
         rewards = [0.0] * count
         for positions, value in zip(members.values(), values, strict=True):
