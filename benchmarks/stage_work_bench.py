@@ -1,6 +1,7 @@
 """The stage's own work per sample, without Kafka: what `rollout-stream bench` cannot separate.
 
-Feeds benchmark-workload records (as the consumer hands them over) through the real `Worker` record path —
+Feeds benchmark-workload records (as the consumer hands them over: polls of POLL_RECORDS, per partition)
+through the real `Worker` record path —
 decode, validation, windowing, shared-reward check, normalization, train-record encoding and the offset
 ledger — with a stub delivery that drops the outputs, and prints µs per sample (best of 3, or --passes).
 `--profile` adds a cProfile listing of one more pass.
@@ -45,6 +46,7 @@ from stream.config import TopicNames, WorkerConfig
 from stream.tools.bench.workloads import Workload, group_records
 from stream.worker import Worker
 from stream.worker.allocator import reuse_freed_buffers
+from stream.worker.cadence import POLL_RECORDS
 from stream.worker.outputs import train_records
 
 ConsumerRecord = namedtuple("ConsumerRecord", "topic partition offset timestamp key value headers")
@@ -75,14 +77,25 @@ def records(w: Workload) -> list[ConsumerRecord]:
     return out
 
 
+def polls(recs: list[ConsumerRecord], size: int = POLL_RECORDS) -> list[list[ConsumerRecord]]:
+    """The records as the loop gets them: polls of `size` records, each handed over per partition."""
+    out: list[list[ConsumerRecord]] = []
+    for start in range(0, len(recs), size):
+        by_partition: dict[int, list[ConsumerRecord]] = {}
+        for rec in recs[start:start + size]:
+            by_partition.setdefault(rec.partition, []).append(rec)
+        out += by_partition.values()
+    return out
+
+
 def one_pass(recs: list[ConsumerRecord]) -> float:
     config = WorkerConfig(bootstrap_servers="unused:9092", topics=TopicNames(), group_id="work-bench")
     worker = Worker(config, Connection("unused:9092"))
     worker._delivery = _Delivery()
     now = int(time.time() * 1000)
     started = CLOCK()
-    for rec in recs:
-        worker._accept(rec, now)
+    for batch in polls(recs):
+        worker._accept_batch(batch, now)
     worker.store.drain_changes()
     seconds = CLOCK() - started
     assert worker.outcomes.samples_published == len(recs), worker.outcomes  # routed; nothing commits here

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from codec import DecodeError, decode_sample
 from core.offsets import OffsetLedger
@@ -201,11 +201,7 @@ class Worker:
         for tp, records in batch.items():
             if tp.partition in skip or tp.partition not in active:
                 continue
-            for rec in records:
-                if self.router.limit_exceeded is not None:  # the rest stays uncommitted, for after the fix
-                    self._stop.set()
-                    break
-                self._accept(rec, now_ms)
+            self._accept_batch(records, now_ms)
         mono = time.monotonic()
         if self.metrics is not None and batch:
             self.metrics.observe_batch(mono - started)
@@ -243,11 +239,24 @@ class Worker:
             return self.store.accept(record, exc, now_ms)
         return self.store.accept(record, decoded, now_ms)
 
-    def _accept(self, rec: Record, now_ms: int) -> None:
-        self.stats.records_in += 1
-        self.cadence.uncommitted += 1
-        self.ledger.hold(rec.partition, rec.offset)
-        self.router.route(self._decide(rec, now_ms))
+    def _accept_batch(self, records: Sequence[Record], now_ms: int) -> None:
+        """Hold, decide and route each record of one partition's poll batch, in order, until the dead-letter
+        limit stops the worker; the lookups and counters are per batch, not per record."""
+        router, hold, decide = self.router, self.ledger.hold, self._decide
+        accepted = 0
+        try:
+            for rec in records:
+                if router.limit_exceeded is not None:  # the rest stays uncommitted, for after the fix
+                    self._stop.set()
+                    break
+                accepted += 1
+                hold(rec.partition, rec.offset)
+                outcomes = decide(rec, now_ms)
+                if outcomes:  # most records only join their window
+                    router.route(outcomes)
+        finally:
+            self.stats.records_in += accepted
+            self.cadence.uncommitted += accepted
 
     def _send(self, out: OutputRecord) -> None:
         assert self._delivery is not None
