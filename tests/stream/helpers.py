@@ -142,7 +142,9 @@ def assert_exactly_once(train: list[Any], dlq: list[Any], expected: Any) -> None
     assert max(sources.values()) == 1, "a train sample was published twice"
     assert len(train) == expected.published_samples
     dsources = Counter((r.headers["x-original-partition"], r.headers["x-original-offset"]) for r in dlq)
-    assert not dlq or max(dsources.values()) == 1, "a record was dead-lettered twice"
+    twice = [(r.partition, r.offset, r.key, {k: v for k, v in r.headers.items() if k != "x-error"})
+             for r in dlq if dsources[(r.headers["x-original-partition"], r.headers["x-original-offset"])] > 1]
+    assert not twice, f"a record was dead-lettered twice: {twice[:6]}"
     assert Counter(r.headers["x-dlq-reason"] for r in dlq) == Counter(
         {str(k): v for k, v in expected.dead_letters.items()})
     groups: dict[str, list[Any]] = defaultdict(list)
