@@ -141,9 +141,12 @@ def assert_exactly_once(train: list[Any], dlq: list[Any], expected: Any) -> None
     sources = Counter((t.source_partition, t.source_offset) for t in train)
     assert max(sources.values()) == 1, "a train sample was published twice"
     assert len(train) == expected.published_samples
-    dsources = Counter((r.headers["x-original-partition"], r.headers["x-original-offset"]) for r in dlq)
+    def source(r: Any) -> tuple[Any, Any]:
+        return r.headers["x-original-partition"], r.headers["x-original-offset"]
+
+    dsources = Counter(source(r) for r in dlq)
     twice = [(r.partition, r.offset, r.key, {k: v for k, v in r.headers.items() if k != "x-error"})
-             for r in dlq if dsources[(r.headers["x-original-partition"], r.headers["x-original-offset"])] > 1]
+             for r in dlq if dsources[source(r)] > 1]
     assert not twice, f"a record was dead-lettered twice: {twice[:6]}"
     assert Counter(r.headers["x-dlq-reason"] for r in dlq) == Counter(
         {str(k): v for k, v in expected.dead_letters.items()})

@@ -118,7 +118,7 @@ def test_table_renders_every_section_and_judges_the_targets():
         "Targets",
         "not met",
         "alternating stage/passthrough pair",
-        "a 256t g8 exactly-once: 0.90, 0.84, 0.95",
+        "a 256t g8 exactly-once: pairs 0.90, 0.84, 0.95",
     ):
         assert needle in text, needle
     assert report.to_json()["results"][0]["ratio"] == 0.9

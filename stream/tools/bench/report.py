@@ -298,8 +298,19 @@ def targets_view(report: BenchReport) -> Group:
 
 
 def _spread(results: Sequence[WorkloadResult]) -> Group | None:
-    lines = [" ".join(filter(None, (r.workload.label(), _CLIENT_SHORT.get(r.client, r.client), r.delivery)))
-             + ": " + ", ".join(f"{x:.2f}" for x in r.pair_ratios) for r in results if r.spread is not None]
+    lines = []
+    for r in results:
+        parts = []
+        if r.spread is not None:
+            parts.append("pairs " + ", ".join(f"{x:.2f}" for x in r.pair_ratios))
+        outside = [(side, t.appended_per_s) for side, t in (("stage", r.stage), ("pass", r.passthrough))
+                   if t.appended_per_s]
+        if outside:
+            parts.append("broker append rate " + ", ".join(f"{side} {rate:,.0f}/s" for side, rate in outside))
+        if parts:
+            name = " ".join(filter(None, (r.workload.label(), _CLIENT_SHORT.get(r.client, r.client),
+                                          r.delivery)))
+            lines.append(f"{name}: " + "; ".join(parts))
     return Group(*(Flow(Text(line), first=2, indent=4) for line in lines)) if lines else None
 
 
@@ -334,8 +345,9 @@ def render(report: BenchReport, console: Console | None = None) -> None:
                              _throughput(same + report.client_compare)))
     spread = _spread([*report.results, *report.client_compare])
     if spread:
-        console.print(titled("Ratio of each alternating stage/passthrough pair (the table keeps each side's "
-                             "fastest drain)", spread))
+        console.print(titled("Each alternating stage/passthrough pair's ratio (the table keeps each side's "
+                             "fastest drain); the same drains' outputs over their broker append timestamps",
+                             spread))
     if report.memory:
         console.print(
             titled(

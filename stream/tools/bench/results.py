@@ -67,10 +67,18 @@ class Throughput:
     commits: int
     final_commit_s: float | None
     thread_cpu_s: dict[str, float] = field(default_factory=dict)
+    # Outputs of the drain over the span of their broker append timestamps: the rate seen from outside the
+    # process (it leaves out the time to the first output, so it reads a little higher).
+    appended: int = 0
+    append_span_s: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def appended_per_s(self) -> float | None:
+        return self.appended / self.append_span_s if self.append_span_s > 0 else None
 
     @property
     def mb_per_s(self) -> float:
@@ -90,6 +98,8 @@ class Throughput:
             else None,
             "commits": self.commits,
             "thread_cpu_s": self.thread_cpu_s,
+            "appended": self.appended,
+            "appended_per_s": round(self.appended_per_s, 1) if self.appended_per_s else None,
         }
 
 

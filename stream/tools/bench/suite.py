@@ -27,8 +27,10 @@ from stream.tools.bench.workloads import (
     BenchTopics,
     Preloaded,
     Workload,
+    append_span,
     create_topics,
     delete_topics,
+    end_offsets,
     preload,
 )
 
@@ -137,11 +139,15 @@ class _Bench:
         for attempt in (1, 2):
             spec = self.spec(mode, topics, delivery, pre, serve_after=latency_of is not None,
                              interval=interval, max_records=max_records, tag=tag)
+            before = end_offsets(self.conn, topics.names.output)
             proc = RunnerProcess(spec)
             try:
                 drained = proc.wait_for("drained", timeout=DRAIN_TIMEOUT_S,
                                         first_record_within=FIRST_RECORD_S)
                 tp = self.throughput(mode, pre, drained)
+                # Committed before "drained": the outputs of this drain, before any latency-phase output.
+                tp.appended, tp.append_span_s = append_span(self.conn, topics.names.output, before,
+                                                            end_offsets(self.conn, topics.names.output))
                 lat = None
                 if latency_of is not None:
                     self.catch_up(proc, topics.names.input)

@@ -137,7 +137,9 @@ def create_topics(conn: Connection, partitions: int, tag: str = "bench") -> Benc
         replication = replication_for(admin)  # on a cluster, replicated as `topics create` would
         for error in admin.create_topics(
             [TopicSpec(n, partitions, replication.factor,
-                       {"max.message.bytes": str(MAX_RECORD_BYTES), **replication.configs()})
+                       {"max.message.bytes": str(MAX_RECORD_BYTES), **replication.configs(),
+                        # the broker stamps outputs as it appends them: a rate measured outside the process
+                        **({"message.timestamp.type": "LogAppendTime"} if n == names.output else {})})
              for n in (names.input, names.output, names.dead_letter)]
         ).values():
             if error is not None:
@@ -211,3 +213,39 @@ def preload(
     finally:
         consumer.close()
     return Preloaded(n, nbytes, ends, time.monotonic() - started)
+
+
+def end_offsets(conn: Connection, topic: str) -> dict[int, int]:
+    consumer = client_for(conn).assigned_consumer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        return {tp.partition: end for tp, end in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def append_span(conn: Connection, topic: str, start: dict[int, int], end: dict[int, int]
+                ) -> tuple[int, float]:
+    """Records appended to `topic` between two sets of end offsets, and the seconds from the first one's
+    broker timestamp (LogAppendTime) to the last one's: a drain's rate as the broker saw it."""
+    consumer = client_for(conn).assigned_consumer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES)
+    count, first, last = 0, None, None
+    try:
+        tps = [TopicPartition(topic, p) for p in end if end[p] > start.get(p, 0)]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, start.get(tp.partition, 0))
+        deadline = time.monotonic() + 120
+        while tps and any(consumer.position(tp) < end[tp.partition] for tp in tps):
+            if time.monotonic() > deadline:
+                raise PreloadFailed(f"reading {topic}'s new records took over 120 s")
+            for tp, records in consumer.poll(0.5).items():
+                for rec in records:
+                    if rec.offset < end[tp.partition]:
+                        count += 1
+                        first = rec.timestamp if first is None else min(first, rec.timestamp)
+                        last = rec.timestamp if last is None else max(last, rec.timestamp)
+    finally:
+        consumer.close()
+    return count, ((last - first) / 1000 if first is not None and last is not None else 0.0)
+
