@@ -33,25 +33,12 @@ class InputRecord(msgspec.Struct, frozen=True, gc=False):
 
 
 class Member(msgspec.Struct, frozen=True, gc=False):
-    """A valid sample held in a window: its record, the fields `normalize_group` reads of it, and its rollout.
-
-    Everything else stays in the record's bytes, which outputs embed verbatim; a full decoded `Sample`
-    (arrays, prompt, metadata, ~2 KB of Python objects for a 256-token sample) would double a window's
-    memory. The read fields live on the member itself: one object per held sample, not two.
-    """
+    """A valid sample held in a window: its record and what normalization reads of it (`sample` has
+    `reward`, `rollout_id`, `index`, `sibling_index`, like `codec.Sample`)."""
 
     record: InputRecord
-    reward: float | dict[str, float] | None
-    rollout_id: int | str | None
-    index: int | None  # kept only without a rollout_id, the only case it matters (docs/spec.md §2.4)
-    sibling_index: int
+    sample: Any
     rollout: object
-
-    @property
-    def sample(self) -> Any:
-        """What normalization reads, with `codec.Sample`'s names (`reward`, `rollout_id`, `index`,
-        `sibling_index`): the member itself."""
-        return self
 
 
 @dataclass(frozen=True, slots=True)

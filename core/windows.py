@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import msgspec
+
 from codec import DeadLetterReason, DecodeError, Sample, group_key_of
 from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
@@ -16,7 +18,7 @@ from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Ou
 from core.rewards import SharedRewardViolation, normalize_group
 from core.validate import SampleLimits, plainly_valid, validate_sample
 
-__all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "Rollout", "WindowStore", "WindowKey",
+__all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
            "replay_id", "REPLAY_ID_HEADER", "DEFAULT_GROUP_TIMEOUT_MS", "DEFAULT_CLOSED_RETENTION_MS",
            "DEFAULT_MAX_CLOSED_GROUPS", "DEFAULT_MAX_GROUP_BYTES"]
 
@@ -114,11 +116,24 @@ class ClosedGroup:
             return b""
 
 
-def _member(record: InputRecord, sample: Sample, rkey: object) -> Member:
+class HeldSample(msgspec.Struct, frozen=True, gc=False):
+    """What a window keeps of a validated member: the fields `normalize_group` reads.
+
+    Everything else stays in the record's bytes, which outputs embed verbatim; a full decoded `Sample`
+    (arrays, prompt, metadata, ~2 KB of Python objects for a 256-token sample) would double a window's
+    memory, and even an emptied one costs ~300 B more per sample than this.
+    """
+
+    reward: float | dict[str, float] | None
+    rollout_id: int | str | None
+    index: int | None
+    sibling_index: int
+
+
+def _held(sample: Sample) -> HeldSample:
     # index only matters without a rollout_id (docs/spec.md §2.4); not keeping it saves an int per sample
-    rollout_id = sample.rollout_id
-    index = sample.index if rollout_id is None else None
-    return Member(record, sample.reward, rollout_id, index, sample.sibling_index, rkey)
+    index = sample.index if sample.rollout_id is None else None
+    return HeldSample(sample.reward, sample.rollout_id, index, sample.sibling_index)
 
 
 class WindowStore:
@@ -273,7 +288,7 @@ class WindowStore:
                     f"(extra rollout {rkey!r})",
                     now_ms,
                 )
-        member = _member(record, sample, rkey)
+        member = Member(record, _held(sample), rkey)
         if sample.sibling_count == 1:
             window.rollouts[rkey] = rollout = member
         else:
@@ -314,7 +329,7 @@ class WindowStore:
                 f"group has more rollouts than its group_size {window.group_size} (extra rollout {rkey!r})",
                 now_ms,
             )
-        member = _member(record, sample, rkey)
+        member = Member(record, _held(sample), rkey)
         window.nbytes += size
         self.open_bytes += size
         count = sample.sibling_count

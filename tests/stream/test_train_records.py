@@ -10,6 +10,7 @@ from codec import Sample, TrainSample, encode_sample, encode_train_sample
 from core.config import RewardConfig
 from core.records import InputRecord, Member, Published
 from core.rewards import GroupRewards
+from core.windows import HeldSample
 from stream.worker.outputs import STAGE_VERSION, OutputRecord, train_records
 
 _floats = st.one_of(st.floats(allow_nan=False), st.integers(-5, 5), st.sampled_from([0.0, -0.0, 0.5]))
@@ -48,7 +49,7 @@ def groups(draw: st.DrawFn) -> Published:
                                      tokens=[1, 2, 3], response_length=2))
         record = InputRecord(draw(st.sampled_from(["rollouts", "t"])), draw(st.integers(0, 300)),
                              draw(st.integers(0, 2**40)), 0, gkey.encode(), value)
-        members.append(Member(record, 0.5, i, None, 0, i))
+        members.append(Member(record, HeldSample(0.5, i, None, 0), i))
     rewards = GroupRewards(raw=[draw(_floats) for _ in range(n)], rewards=[draw(_floats) for _ in range(n)],
                            rollout_count=draw(st.integers(1, 5)), mean=draw(_floats), std=draw(_floats),
                            zero_variance=draw(st.booleans()))
