@@ -40,9 +40,16 @@ __all__ = [
     "TopicPartition",
     "TopicSpec",
     "Written",
+    "heartbeat_interval_ms",
 ]
 
 Header = tuple[str, bytes]
+
+
+def heartbeat_interval_ms(session_timeout_s: float) -> int:
+    """The Java client's 3 s, or a third of a shorter session: members learn of a rebalance at their next
+    heartbeat, and a third of the 45 s session (what both clients had) made a scale-out wait up to 15 s."""
+    return max(100, min(3000, int(session_timeout_s * 1000 / 3)))
 
 
 class TopicPartition(NamedTuple):

@@ -56,6 +56,7 @@ from stream.kafka.seam import (
     TopicPartition,
     TopicSpec,
     Written,
+    heartbeat_interval_ms,
 )
 
 __all__ = ["ConfluentClient", "settings_for", "translate"]
@@ -857,7 +858,7 @@ class ConfluentClient:
             **self._consumer_settings(client_id, max_record_bytes, isolation, _librdkafka_names(tuning)),
             "group.id": group_id,
             "session.timeout.ms": int(session_timeout_s * 1000),
-            "heartbeat.interval.ms": max(100, int(session_timeout_s * 1000 / 3)),
+            "heartbeat.interval.ms": heartbeat_interval_ms(session_timeout_s),
             "partition.assignment.strategy": "range",
             "statistics.interval.ms": 1000,
             "stats_cb": stats,

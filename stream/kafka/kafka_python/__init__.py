@@ -56,6 +56,7 @@ from stream.kafka.seam import (
     TopicPartition,
     TopicSpec,
     Written,
+    heartbeat_interval_ms,
 )
 from stream.logs import log_event
 
@@ -724,7 +725,7 @@ class KafkaPythonClient:
                        session_timeout_s: float = 45.0, instance_id: str | None = None,
                        isolation: str = "read_committed", **tuning: Any) -> _GroupConsumer:
         tuning = {"session_timeout_ms": int(session_timeout_s * 1000),
-                  "heartbeat_interval_ms": max(100, int(session_timeout_s * 1000 / 3)), **tuning}
+                  "heartbeat_interval_ms": heartbeat_interval_ms(session_timeout_s), **tuning}
         if instance_id is not None:
             tuning["group_instance_id"] = instance_id
         rejoin_after_s = tuning.pop("rejoin_after_s", REJOIN_AFTER_S)
