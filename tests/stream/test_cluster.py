@@ -208,13 +208,14 @@ def wait_working(log_file: Path, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.kafka(timeout=480)
-def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster, tmp_path):
+@pytest.mark.every_client
+def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster, tmp_path, kafka_client):
     """3 workers, 6 partitions, RF 3 / min ISR 2; SIGKILL of the broker leading most input partitions, its
     restart, SIGKILL of a worker, a clean stop of another broker: every outcome exactly once."""
     cluster.start()  # every node up (an earlier test may have left one down)
     bootstrap = cluster.bootstrap
     rng = random.Random(20261130)
-    tag = f"cchaos-{os.getpid()}-{rng.randrange(1 << 30)}"
+    tag = f"cchaos-{kafka_client}-{os.getpid()}-{rng.randrange(1 << 30)}"
     topics = TopicNames(f"{tag}-rollouts", f"{tag}-train", f"{tag}-dlq")
     ensure_topics(Connection(bootstrap), data_topics=[topics.input, topics.output],
                   dead_letter_topics=[topics.dead_letter], settings=TopicSettings(partitions=PARTITIONS))
