@@ -166,14 +166,6 @@ def rollout_key(sample: Sample, row: int) -> RolloutKey:
     return ("row", row) if key is None else key
 
 
-def _rollout_key(sample: Sample, row: int) -> RolloutKey:
-    """`rollout_key`, inlined (normalize_group asks it of every sample)."""
-    key = sample.rollout_id
-    if key is None:
-        key = sample.index
-    return ("row", row) if key is None else key
-
-
 def _raw_rewards(samples: Sequence[Sample], reward_key: str | None) -> list[float]:
     """`selected_reward` of each sample; plain int/float rewards without a key are taken as they are."""
     if not reward_key:
@@ -206,14 +198,16 @@ def normalize_group(
             raise ValueError(f"rows must be {count} distinct batch row indices; got {row_ids}")
     raw = _raw_rewards(samples, cfg.reward_key)
 
-    keys = [_rollout_key(sample, row) for sample, row in zip(samples, row_ids, strict=True)]
     members: dict[RolloutKey, list[int]] | None = None  # None: one sample per rollout, in `samples` order
-    if len(set(keys)) == count:  # the common case: no siblings to check, each rollout's reward is its own
+    rollout_ids = [sample.rollout_id for sample in samples]
+    if None not in rollout_ids and len(set(rollout_ids)) == count:
+        # The common case: every sample names a rollout of its own (its rollout_id is its rollout key), so
+        # there are no siblings to check and each rollout's shared reward is its sample's.
         shared = list(raw)
     else:
         members = {}  # rollout key -> positions in `samples`, first-seen order
-        for position, key in enumerate(keys):
-            members.setdefault(key, []).append(position)
+        for position, sample in enumerate(samples):
+            members.setdefault(rollout_key(sample, row_ids[position]), []).append(position)
         shared = []
         for key, positions in members.items():
             first = raw[positions[0]]
