@@ -13,11 +13,13 @@ It also prints µs per sample of each step (best of as many), each timed in isol
   and `validate_sample` where that declines (before plainly_valid existed: `validate_sample` alone);
 * normalization: `core.rewards.normalize_group` of every published group's held samples;
 * encode: `stream.worker.outputs.train_records` of every published group;
-* ledger: `OffsetLedger.hold` of every record, and `resolve` of it (what delivery does once it is acked);
+* ledger: `OffsetLedger.hold` of every record (its `resolve` is delivery's, after an ack: not in the pass);
 * windows: `WindowStore.accept` of every (InputRecord, decoded sample) pair, minus validation and
   normalization (which it runs inside);
 * worker glue (by subtraction): the whole `Worker` pass minus the steps above — building the
-  `InputRecord`, routing, counters.
+  `InputRecord`, routing, counters (and the noise of a busy machine: best-of minima do not add up exactly).
+
+On a busy machine (another process on the 2 cores) `--cpu --passes 7` times the thread's CPU time instead.
 
     .venv/bin/python benchmarks/stage_work_bench.py                 # 256 tokens, groups of 8
     .venv/bin/python benchmarks/stage_work_bench.py --tokens 32768 --groups 80
@@ -158,8 +160,6 @@ def steps(recs: list[ConsumerRecord]) -> dict[str, float]:
         led = OffsetLedger()
         for r in recs:
             led.hold(r.partition, r.offset)
-        for r in recs:
-            led.resolve(r.partition, (r.offset,))
 
     out = {name: _best(fn) for name, fn in [("decode", decode), ("validation", validation),
                                             ("windows", windows), ("normalization", normalization),
