@@ -409,15 +409,36 @@ class _Consumer:
 
 class _GroupConsumer(_Consumer):
     def subscribe(self, topic: str, listener: RebalanceListener) -> None:
-        def assigned(_c: Any, tps: list[RdTP]) -> None:
+        kept: dict[tuple[str, int], int] = {}  # revoked partitions' positions, until the next assignment
+
+        def assigned(c: Any, tps: list[RdTP]) -> None:
             listener.on_assigned({tp.partition for tp in tps})
+            # An eager rebalance revokes every partition, and librdkafka fetches the ones it gets back from
+            # their committed offset: the worker, which keeps their state, read records twice (stragglers and
+            # decode errors dead-lettered twice on the 3-node cluster). Kept partitions go on after the last
+            # record handed out, as kafka-python 3 keeps their positions.
+            resume = []
+            for tp in tps:
+                key = (tp.topic, tp.partition)
+                if key in kept:
+                    resume.append(RdTP(tp.topic, tp.partition, kept[key]))
+                    self._next[key] = kept[key]
+                else:
+                    resume.append(tp)
+            kept.clear()
+            with _translated:
+                c.assign(resume)
 
         def revoked(_c: Any, tps: list[RdTP]) -> None:
             listener.on_revoked({tp.partition for tp in tps})
+            kept.update({(tp.topic, tp.partition): self._next[(tp.topic, tp.partition)]
+                         for tp in tps if (tp.topic, tp.partition) in self._next})
             self._forget(tps)
 
         def lost(_c: Any, tps: list[RdTP]) -> None:
             listener.on_lost({tp.partition for tp in tps})
+            for tp in tps:
+                kept.pop((tp.topic, tp.partition), None)  # its state is gone: it is restored if it comes back
             self._forget(tps)
 
         with _translated:

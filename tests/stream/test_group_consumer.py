@@ -1,0 +1,89 @@
+"""The seam's group consumer on the real broker, on each client: what the worker relies on in a rebalance."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from stream.clients import Connection
+from stream.kafka import TopicPartition, client_for
+from tests.stream.helpers import new_topics
+
+RECORDS = 200
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, set[int]]] = []
+
+    def on_assigned(self, partitions: set[int]) -> None:
+        self.seen.append(("assigned", set(partitions)))
+
+    def on_revoked(self, partitions: set[int]) -> None:
+        self.seen.append(("revoked", set(partitions)))
+
+    def on_lost(self, partitions: set[int]) -> None:
+        self.seen.append(("lost", set(partitions)))
+
+
+def test_a_partition_kept_through_a_rebalance_goes_on_after_the_last_record_handed_out(kafka_bootstrap):
+    """The worker commits the lowest offset still held by an open window, far below what it has read, and
+    keeps a partition's state when the partition stays with it. So a kept partition must not be fetched again
+    from its committed offset: records read twice were dead-lettered twice (librdkafka, eager rebalance)."""
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="keep")
+    client = client_for(Connection(kafka_bootstrap))
+    producer = client.producer(client_id="keep-producer", max_record_bytes=1 << 20)
+
+    def produce(start: int, count: int) -> None:
+        for p in (0, 1):
+            for i in range(start, start + count):
+                producer.send(topics.input, f"{p}:{i}".encode(), partition=p)
+        producer.flush()
+
+    produce(0, RECORDS)
+    group = f"g-{topics.input}"
+    first_events, second_events = _Events(), _Events()
+    first = client.group_consumer(group, client_id="keep-first", max_record_bytes=1 << 20,
+                                  session_timeout_s=10)
+    second = None
+    handed: dict[int, list[int]] = defaultdict(list)
+    try:
+        first.subscribe(topics.input, first_events)
+        deadline = time.monotonic() + 30
+        while sum(map(len, handed.values())) < 2 * RECORDS and time.monotonic() < deadline:
+            for tp, records in first.poll(0.2).items():
+                handed[tp.partition] += [r.offset for r in records]
+        assert sum(map(len, handed.values())) == 2 * RECORDS, dict(handed)
+        # As the worker does with open windows: the committed offset is far below what was read.
+        first.commit({TopicPartition(topics.input, p): 10 for p in (0, 1)})
+
+        second = client.group_consumer(group, client_id="keep-second", max_record_bytes=1 << 20,
+                                       session_timeout_s=10)
+        second.subscribe(topics.input, second_events)
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and not (first.assignment() and second.assignment()
+                                                   and len(first.assignment()) == 1):
+            for tp, records in first.poll(0.1).items():
+                handed[tp.partition] += [r.offset for r in records]
+            second.poll(0.1)
+        assert len(first.assignment()) == 1 and second.assignment(), (first_events.seen, second_events.seen)
+        kept = next(iter(first.assignment())).partition
+        assert ("revoked", {0, 1}) in first_events.seen, first_events.seen
+
+        produce(RECORDS, 50)
+        deadline = time.monotonic() + 20
+        while len(handed[kept]) < RECORDS + 50 and time.monotonic() < deadline:
+            for tp, records in first.poll(0.2).items():
+                handed[tp.partition] += [r.offset for r in records]
+            second.poll(0.05)
+        time.sleep(0.5)
+        for tp, records in first.poll(0.5).items():
+            handed[tp.partition] += [r.offset for r in records]
+        offsets = handed[kept]
+        assert offsets == list(range(RECORDS + 50)), (
+            f"partition {kept}: handed out {len(offsets)} records, {len(offsets) - len(set(offsets))} twice")
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+        producer.close()
