@@ -87,3 +87,35 @@ def test_a_partition_kept_through_a_rebalance_goes_on_after_the_last_record_hand
         if second is not None:
             second.close()
         producer.close()
+
+
+def test_a_static_member_fenced_right_after_losing_its_partitions_rejoins_anew(kafka_bootstrap):
+    """librdkafka#3437, on the confluent implementation: after its own session timed out (a coordinator's
+    broker died), a static member can be fenced by its own rejoin. Right after a loss the seam replaces the
+    consumer, which rejoins with the same instance id and gets its partitions back; without a loss just
+    before, the fencing stands (another live worker took the id)."""
+    from confluent_kafka import KafkaError
+
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="fenced")
+    client = client_for(Connection(kafka_bootstrap, client="confluent"))
+    events = _Events()
+    consumer = client.group_consumer(f"g-{topics.input}", client_id="fenced", max_record_bytes=1 << 20,
+                                     session_timeout_s=10, instance_id="fenced-0")
+    try:
+        consumer.subscribe(topics.input, events)
+        deadline = time.monotonic() + 30
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.1)
+        assert consumer.assignment()
+        fenced = KafkaError(KafkaError._FATAL, "Static consumer fenced by other consumer with same "
+                            "group.instance.id", fatal=True)
+        assert not consumer._recovered(fenced), "fenced without a loss just before: not its own rejoin"
+        consumer._lost_at = time.monotonic()  # as the on_lost callback records it
+        assert consumer._recovered(fenced)
+        deadline = time.monotonic() + 30
+        while len(consumer.assignment()) < 2 and time.monotonic() < deadline:
+            consumer.poll(0.1)
+        assert {tp.partition for tp in consumer.assignment()} == {0, 1}
+        assert events.seen[-1] == ("assigned", {0, 1}), events.seen
+    finally:
+        consumer.close()

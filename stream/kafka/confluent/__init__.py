@@ -88,6 +88,7 @@ FETCH_PARTITION_BYTES = 4 * 1024 * 1024
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 TIMEOUT_S = 30.0  # metadata and offset queries
 TXN_TIMEOUT_S = 10.0  # a transactional call normally takes milliseconds: past this it has hung
+SELF_FENCED_WITHIN_S = 10.0  # a static member fenced this soon after losing its partitions fenced itself
 PARTITIONS_TTL_S = 30.0  # how long a topic's partition list is kept (the Java client refreshes every 5 min)
 
 _AUTH = {
@@ -232,17 +233,23 @@ class _Consumer:
         # record waited out the whole timeout (p50 110 ms at a 0.1 s poll, p99 over 1 s in the bench). poll()
         # returns with the first record; what is already fetched follows without waiting.
         limit = max_records or 500
-        with _translated:
+        try:
             first = self._c.poll(timeout_s)
             messages = [] if first is None else [first]
             if first is not None and limit > 1:
                 messages += self._c.consume(limit - 1, 0)
+        except KafkaException as exc:
+            if exc.args and self._recovered(exc.args[0]):
+                return {}
+            raise translate(exc) from exc
         out: dict[TopicPartition, list[Rec]] = {}
         for m in messages:
             error = m.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF or self._irrelevant(error):
                     continue
+                if self._recovered(error):
+                    return {}
                 raise translate(KafkaException(error))
             tp = TopicPartition(m.topic(), m.partition())
             batch = out.get(tp)
@@ -267,6 +274,10 @@ class _Consumer:
         return out
 
     def _irrelevant(self, error: KafkaError) -> bool:
+        return False
+
+    def _recovered(self, error: KafkaError) -> bool:
+        """Whether a failure was dealt with here (the consumer replaced), so the poll just returns nothing."""
         return False
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
@@ -408,8 +419,15 @@ class _Consumer:
 
 
 class _GroupConsumer(_Consumer):
+    def __init__(self, consumer: Consumer, settings: dict[str, Any]) -> None:
+        super().__init__(consumer)
+        self._settings = settings  # to replace a consumer librdkafka fenced by mistake
+        self._subscription: tuple[str, RebalanceListener] | None = None
+        self._lost_at: float | None = None  # when the group last took this member's partitions away
+        self._kept: dict[tuple[str, int], int] = {}  # revoked partitions' positions, till the next assignment
+
     def subscribe(self, topic: str, listener: RebalanceListener) -> None:
-        kept: dict[tuple[str, int], int] = {}  # revoked partitions' positions, until the next assignment
+        self._subscription = (topic, listener)
 
         def assigned(c: Any, tps: list[RdTP]) -> None:
             listener.on_assigned({tp.partition for tp in tps})
@@ -420,29 +438,55 @@ class _GroupConsumer(_Consumer):
             resume = []
             for tp in tps:
                 key = (tp.topic, tp.partition)
-                if key in kept:
-                    resume.append(RdTP(tp.topic, tp.partition, kept[key]))
-                    self._next[key] = kept[key]
+                if key in self._kept:
+                    resume.append(RdTP(tp.topic, tp.partition, self._kept[key]))
+                    self._next[key] = self._kept[key]
                 else:
                     resume.append(tp)
-            kept.clear()
+            self._kept.clear()
             with _translated:
                 c.assign(resume)
 
         def revoked(_c: Any, tps: list[RdTP]) -> None:
             listener.on_revoked({tp.partition for tp in tps})
-            kept.update({(tp.topic, tp.partition): self._next[(tp.topic, tp.partition)]
-                         for tp in tps if (tp.topic, tp.partition) in self._next})
+            self._kept.update({(tp.topic, tp.partition): self._next[(tp.topic, tp.partition)]
+                               for tp in tps if (tp.topic, tp.partition) in self._next})
             self._forget(tps)
 
         def lost(_c: Any, tps: list[RdTP]) -> None:
             listener.on_lost({tp.partition for tp in tps})
+            self._lost_at = time.monotonic()
             for tp in tps:
-                kept.pop((tp.topic, tp.partition), None)  # its state is gone: it is restored if it comes back
+                self._kept.pop((tp.topic, tp.partition), None)  # its state is gone: restored if it comes back
             self._forget(tps)
 
         with _translated:
             self._c.subscribe([topic], on_assign=assigned, on_revoke=revoked, on_lost=lost)
+
+    def _recovered(self, error: KafkaError) -> bool:
+        # librdkafka#3437: after its own session times out (a coordinator's broker died), a static member may
+        # be fenced "by another consumer with the same group.instance.id" that is its own rejoin, a fatal
+        # error. Right after such a loss the consumer is replaced once and rejoins with the same id; a member
+        # fenced without a loss just before (another live worker took the id) still fails.
+        if not (error.fatal() and self._subscription is not None and self._lost_at is not None
+                and time.monotonic() - self._lost_at < SELF_FENCED_WITHIN_S):
+            return False
+        log.warning("the group fenced this consumer right after its session timed out (librdkafka#3437): "
+                    "rejoining with a new consumer and the same instance id")
+        self._lost_at = None
+        try:
+            self._c.close()
+        except (KafkaException, RuntimeError):  # fatal already: what it says on closing is moot
+            pass
+        with _translated:
+            self._c = Consumer(self._settings)
+        self._paused.clear()
+        self._next.clear()
+        self._sought.clear()
+        self._kept.clear()
+        topic, listener = self._subscription
+        self.subscribe(topic, listener)
+        return True
 
     def _forget(self, tps: list[RdTP]) -> None:
         for tp in tps:
@@ -887,7 +931,7 @@ class ConfluentClient:
         if instance_id is not None:
             settings["group.instance.id"] = instance_id
         with _translated:
-            consumer = _GroupConsumer(Consumer(settings))
+            consumer = _GroupConsumer(Consumer(settings), settings)
         consumer_ref.append(consumer)
         return consumer
 
