@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from stream.clients import MAX_RECORD_BYTES, Connection
@@ -156,8 +157,15 @@ def ensure_changelog(conn: Connection | Client, name: str, partitions: int,
                 return True
             if not isinstance(error, TopicExists):
                 raise error
-        described = admin.describe_topics([name])
-        have = (described[0].partitions or 0) if described else 0
+        # Created a moment ago by another worker, a topic can be listed before its partitions are: 0 is
+        # "not yet" (three workers starting together on the 3-node cluster saw it), not a mismatch.
+        deadline = time.monotonic() + 10
+        while True:
+            described = admin.describe_topics([name])
+            have = (described[0].partitions or 0) if described else 0
+            if have or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         if have != partitions:
             raise TopicMismatch(
                 f"changelog topic {name!r} has {have} partitions but the input topic has {partitions}; "

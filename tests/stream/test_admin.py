@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from stream.clients import Connection
 from stream.kafka import TopicSpec, client_for
+from stream.topics import TopicMismatch, ensure_changelog
 
 
 def test_topic_configs_are_the_topics_own_on_every_client(kafka_bootstrap, kafka_client):
@@ -21,3 +24,13 @@ def test_topic_configs_are_the_topics_own_on_every_client(kafka_bootstrap, kafka
         admin.delete_topics([name])
     finally:
         admin.close()
+
+
+def test_the_changelog_is_created_once_and_a_wrong_partition_count_is_refused(kafka_bootstrap, kafka_client):
+    conn = Connection(kafka_bootstrap)
+    name = f"changelog-{uuid.uuid4().hex[:10]}"
+    assert ensure_changelog(conn, name, 3) is True
+    assert ensure_changelog(conn, name, 3) is False  # right after its creation: found, not a mismatch
+    with pytest.raises(TopicMismatch, match="has 3 partitions but the input topic has 4"):
+        ensure_changelog(conn, name, 4)
+    client_for(conn).admin().delete_topics([name])
