@@ -181,6 +181,20 @@ class Rec(NamedTuple):
 
 
 # ---- settings ----------------------------------------------------------------------------------------------
+class _SessionWatch:
+    """librdkafka's logger for a group consumer: logs as `librdkafka_log` does, and notes when librdkafka
+    says the consumer's own session timed out (SESSTMOUT), which it can say in the same poll that hands over
+    the fatal fencing of librdkafka#3437, before the lost partitions' callback."""
+
+    def __init__(self) -> None:
+        self.timed_out_at: float | None = None
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        if args and args[0] == "SESSTMOUT":
+            self.timed_out_at = time.monotonic()
+        librdkafka_log.log(level, msg, *args)
+
+
 def settings_for(conn: Any, client_id: str | None = None) -> dict[str, Any]:
     """librdkafka properties for a `stream.clients.Connection` (address, client id, TLS/SASL)."""
     sec = conn.security
@@ -419,9 +433,11 @@ class _Consumer:
 
 
 class _GroupConsumer(_Consumer):
-    def __init__(self, consumer: Consumer, settings: dict[str, Any]) -> None:
+    def __init__(self, consumer: Consumer, settings: dict[str, Any], watch: _SessionWatch | None = None
+                 ) -> None:
         super().__init__(consumer)
         self._settings = settings  # to replace a consumer librdkafka fenced by mistake
+        self._watch = watch
         self._subscription: tuple[str, RebalanceListener] | None = None
         self._lost_at: float | None = None  # when the group last took this member's partitions away
         self._kept: dict[tuple[str, int], int] = {}  # revoked partitions' positions, till the next assignment
@@ -468,12 +484,20 @@ class _GroupConsumer(_Consumer):
         # be fenced "by another consumer with the same group.instance.id" that is its own rejoin, a fatal
         # error. Right after such a loss the consumer is replaced once and rejoins with the same id; a member
         # fenced without a loss just before (another live worker took the id) still fails.
-        if not (error.fatal() and self._subscription is not None and self._lost_at is not None
-                and time.monotonic() - self._lost_at < SELF_FENCED_WITHIN_S):
+        watched = self._watch.timed_out_at if self._watch else None
+        lost = [t for t in (self._lost_at, watched) if t is not None]
+        if not (error.fatal() and self._subscription is not None and lost
+                and time.monotonic() - max(lost) < SELF_FENCED_WITHIN_S):
             return False
         log.warning("the group fenced this consumer right after its session timed out (librdkafka#3437): "
                     "rejoining with a new consumer and the same instance id")
         self._lost_at = None
+        if self._watch is not None:
+            self._watch.timed_out_at = None
+        # The listener hears of the loss first: librdkafka may not have served the lost callback yet.
+        lost_now = {tp.partition for tp in self._c.assignment()}
+        if lost_now and self._subscription is not None:
+            self._subscription[1].on_lost(lost_now)
         try:
             self._c.close()
         except (KafkaException, RuntimeError):  # fatal already: what it says on closing is moot
@@ -589,6 +613,7 @@ class _Producer:
     def __init__(self, producer: _RdProducer, settings: dict[str, Any] | None = None) -> None:
         self._p = producer
         self._settings = settings  # to build a fresh one when a transactional call hangs
+        self._replaced = False
         self._sends = 0
         self._partitions: dict[str, tuple[float, list[int]]] = {}  # topic: (when asked, partitions)
 
@@ -604,19 +629,35 @@ class _Producer:
             call_within(TXN_TIMEOUT_S + 5, lambda: call(producer), f"rdkafka-{what}")
             return
         except KafkaException as exc:
-            raise translate(exc) from exc
+            error = exc.args[0] if exc.args else None
+            # A fatal error other than fencing leaves the producer unusable, yet nobody else owns its id: seen
+            # as INVALID_TXN_STATE on ending a transaction while the coordinator's broker died.
+            if not (isinstance(error, KafkaError) and error.fatal() and error.code() not in _FENCED
+                    and self._settings is not None):
+                raise translate(exc) from exc
+            log.warning("%s: %s: replacing the transactional producer", what, error.str())
+            self._replace()
+            raise KafkaFailure(f"{what}: {error.str()}; the transaction was aborted and the producer "
+                               "replaced", kind="TransactionFatal", retriable=True) from exc
         except Hung:
             pass
         log.warning("%s did not return in %.0f s (librdkafka#5456): replacing the transactional producer",
                     what, TXN_TIMEOUT_S + 5)
         if self._settings is None:
             raise BrokerUnavailable(f"{what} hung", kind="TransactionHung")
+        self._replace()
+        raise KafkaFailure(f"{what} hung; the transaction was aborted and the producer replaced",
+                           kind="TransactionHung", retriable=True)
+
+    def _replace(self) -> None:
+        """A fresh producer with the same transactional id: its init_transactions() fences the old one and
+        aborts the old one's open transaction."""
+        assert self._settings is not None
         fresh = _RdProducer(self._settings)
         with _translated:
             fresh.init_transactions(TIMEOUT_S * 2)
         self._p = fresh
-        raise KafkaFailure(f"{what} hung; the transaction was aborted and the producer replaced",
-                           kind="TransactionHung", retriable=True)
+        self._replaced = True  # no transaction of its own open yet: nothing to abort
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None, *, partition: int | None = None,
              headers: Sequence[Header] | None = None, timestamp_ms: int | None = None) -> _Future:
@@ -680,6 +721,7 @@ class _Producer:
     def begin_transaction(self) -> None:
         with _translated:
             self._p.begin_transaction()
+        self._replaced = False
 
     def send_offsets_to_transaction(self, offsets: Offsets, group_metadata: Any) -> None:
         positions = _rd_offsets(offsets)
@@ -690,6 +732,9 @@ class _Producer:
         self._resumed("commit_transaction", lambda p: p.commit_transaction(TXN_TIMEOUT_S))
 
     def abort_transaction(self) -> None:
+        if self._replaced:  # its predecessor's transaction was aborted by the replacement
+            self._replaced = False
+            return
         self._resumed("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
 
     def _resumed(self, what: str, call: Any) -> None:
@@ -919,8 +964,10 @@ class ConfluentClient:
             consumer_ref[0].connections = sum(1 for b in brokers.values()
                                               if b.get("state") == "UP" and b.get("nodeid", -1) >= 0)
 
+        watch = _SessionWatch()
         settings = {
             **self._consumer_settings(client_id, max_record_bytes, isolation, _librdkafka_names(tuning)),
+            "logger": watch,
             "group.id": group_id,
             "session.timeout.ms": int(session_timeout_s * 1000),
             "heartbeat.interval.ms": heartbeat_interval_ms(session_timeout_s),
@@ -931,7 +978,7 @@ class ConfluentClient:
         if instance_id is not None:
             settings["group.instance.id"] = instance_id
         with _translated:
-            consumer = _GroupConsumer(Consumer(settings), settings)
+            consumer = _GroupConsumer(Consumer(settings), settings, watch)
         consumer_ref.append(consumer)
         return consumer
 

@@ -1,0 +1,51 @@
+"""The confluent implementation's transactional producer after a fatal error (real broker)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from stream.clients import Connection
+from stream.kafka import KafkaFailure, ProducerFenced, client_for
+from tests.stream.helpers import new_topics, read_topic
+
+
+def _raise(error: KafkaError):
+    def call(_producer: object) -> None:
+        raise KafkaException(error)
+    return call
+
+
+def test_a_fatal_transaction_error_replaces_the_producer_and_reads_as_an_aborted_transaction(kafka_bootstrap):
+    """Seen as INVALID_TXN_STATE on ending a transaction while the coordinator's broker died: the producer is
+    unusable though no other one owns its id. It is replaced; the caller restores, and the next transaction
+    commits. Fencing (a newer producer owns the id) is not replaced: that is a zombie's end."""
+    topics = new_topics(kafka_bootstrap, partitions=1, prefix="fatal")
+    producer = client_for(Connection(kafka_bootstrap, client="confluent")).producer(
+        client_id="fatal", max_record_bytes=1 << 20, transactional_id=f"fatal-{uuid.uuid4().hex[:8]}")
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topics.output, b"lost", b"k", partition=0)
+        before = producer._p
+        fatal = KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True)
+        with pytest.raises(KafkaFailure) as failed:
+            producer._transactional("commit_transaction", _raise(fatal))
+        assert failed.value.retriable and failed.value.kind == "TransactionFatal"
+        assert producer._p is not before
+        producer.abort_transaction()  # the replacement aborted the old transaction: nothing left to abort
+        producer.begin_transaction()
+        producer.send(topics.output, b"kept", b"k", partition=0)
+        producer.commit_transaction()
+        committed = read_topic(kafka_bootstrap, topics.output, min_count=1, timeout=20)
+        assert [r.value for r in committed] == [b"kept"]
+
+        fenced = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+        current = producer._p
+        with pytest.raises(ProducerFenced):
+            producer._transactional("commit_transaction", _raise(fenced))
+        assert producer._p is current
+    finally:
+        producer.close(timeout=10)
