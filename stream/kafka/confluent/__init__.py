@@ -441,11 +441,16 @@ class _GroupConsumer(_Consumer):
         self._subscription: tuple[str, RebalanceListener] | None = None
         self._lost_at: float | None = None  # when the group last took this member's partitions away
         self._kept: dict[tuple[str, int], int] = {}  # revoked partitions' positions, till the next assignment
+        self._consumers = 0  # librdkafka consumers subscribed so far (one, unless one was replaced)
 
     def subscribe(self, topic: str, listener: RebalanceListener) -> None:
         self._subscription = (topic, listener)
+        self._consumers += 1
+        mine = self._consumers  # a replaced consumer's callbacks (served as it closes) are not passed on
 
         def assigned(c: Any, tps: list[RdTP]) -> None:
+            if mine != self._consumers:
+                return
             listener.on_assigned({tp.partition for tp in tps})
             # An eager rebalance revokes every partition, and librdkafka fetches the ones it gets back from
             # their committed offset: the worker, which keeps their state, read records twice (stragglers and
@@ -464,12 +469,16 @@ class _GroupConsumer(_Consumer):
                 c.assign(resume)
 
         def revoked(_c: Any, tps: list[RdTP]) -> None:
+            if mine != self._consumers:
+                return
             listener.on_revoked({tp.partition for tp in tps})
             self._kept.update({(tp.topic, tp.partition): self._next[(tp.topic, tp.partition)]
                                for tp in tps if (tp.topic, tp.partition) in self._next})
             self._forget(tps)
 
         def lost(_c: Any, tps: list[RdTP]) -> None:
+            if mine != self._consumers:
+                return
             listener.on_lost({tp.partition for tp in tps})
             self._lost_at = time.monotonic()
             for tp in tps:
@@ -498,6 +507,7 @@ class _GroupConsumer(_Consumer):
         lost_now = {tp.partition for tp in self._c.assignment()}
         if lost_now and self._subscription is not None:
             self._subscription[1].on_lost(lost_now)
+        self._consumers += 1  # the old consumer's callbacks go nowhere from now on
         try:
             self._c.close()
         except (KafkaException, RuntimeError):  # fatal already: what it says on closing is moot
