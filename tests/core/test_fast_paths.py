@@ -20,7 +20,6 @@ from core.records import InputRecord
 from core.validate import SampleLimits, plainly_valid, validate_sample
 from core.windows import REPLAY_ID_HEADER, WindowConfig, WindowStore
 
-_lengths = st.one_of(st.none(), st.integers(0, 6))
 _rewards = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.0, -0.0, 0.25, 1.0, -2.5, 1e300]),
     st.sampled_from([math.nan, math.inf, -math.inf]), st.floats(allow_nan=True, allow_infinity=True),
@@ -28,30 +27,39 @@ _rewards = st.one_of(
 )
 
 
+def _edges(rl: int) -> dict[str, list[object]]:
+    """Values of each field at and beyond its limits (response length `rl`)."""
+    return {
+        "group_index": [None], "reward": [None, True, 1, math.nan, math.inf, -math.inf, {"acc": 1.0}],
+        "response_length": [-1, rl + 1, rl + 3], "group_size": [None, 0, -1, 4, 5, 4096, 4097],
+        "sibling_count": [0, -1, 1, 2, 3, 1024, 1025], "sibling_index": [-1, 0, 2, 3],
+        "tokens": [None, [1] * max(rl - 1, 0)], "loss_mask": [None, [1] * (rl + 1), [1] * max(rl - 1, 0)],
+        "rollout_log_probs": [[1.0] * rl, [1.0] * (rl + 1)],
+    }
+
+
 @st.composite
 def samples(draw: st.DrawFn) -> tuple[Sample, bytes | None]:
-    response_length = draw(st.integers(-1, 5))
-    arrays = {name: (None if n is None else [1] * n)
-              for name, n in (("tokens", draw(_lengths)), ("loss_mask", draw(_lengths)),
-                              ("rollout_log_probs", draw(_lengths)))}
-    sample = Sample(
-        group_index=draw(st.one_of(st.none(), st.integers(0, 3))),
-        rollout_id=draw(st.one_of(st.none(), st.integers(0, 3), st.just("r0"))),
-        reward=draw(_rewards),
-        response_length=response_length,
-        group_size=draw(st.one_of(st.none(), st.integers(-1, 5), st.just(5000))),
-        sibling_count=draw(st.one_of(st.integers(-1, 3), st.just(2000))),
-        sibling_index=draw(st.integers(-1, 3)),
-        run_id=draw(st.sampled_from([None, "", "run", "rün"])),
-        **arrays,
-    )
+    """A valid sample with up to two fields set out of line (each check is exercised at its edge)."""
+    rl = draw(st.integers(0, 4))
+    fields: dict[str, object] = {
+        "group_index": draw(st.integers(0, 3)), "rollout_id": draw(st.sampled_from([None, 1, "r0"])),
+        "reward": draw(st.sampled_from([0.0, -0.0, 0.25, -2.5, 1e300])), "response_length": rl,
+        "group_size": draw(st.sampled_from([1, 4, None])), "sibling_count": 2, "sibling_index": 1,
+        "run_id": draw(st.sampled_from([None, "", "run", "rün"])),
+        "tokens": [1] * (rl + draw(st.integers(0, 2))), "loss_mask": [1] * rl, "rollout_log_probs": None,
+    }
+    edges = _edges(rl)
+    for name in draw(st.lists(st.sampled_from(sorted(edges)), max_size=2)):
+        fields[name] = draw(st.sampled_from(edges[name]))
+    sample = Sample(**fields)  # type: ignore[arg-type]
     right = None if sample.group_index is None else group_key_of(sample.run_id, sample.group_index).encode()
-    key = draw(st.sampled_from([right, right, None, b"other", b"\xff"]))
+    key = draw(st.sampled_from([right, right, right, None, b"other", b"\xff"]))
     return sample, key
 
 
-_limits = st.builds(SampleLimits, default_group_size=st.one_of(st.none(), st.integers(0, 4)),
-                    max_group_size=st.sampled_from([4, 4096]), max_sibling_count=st.sampled_from([2, 1024]))
+_limits = st.builds(SampleLimits, default_group_size=st.sampled_from([None, 0, 2, 4, 5000]),
+                    max_group_size=st.sampled_from([4096, 4]), max_sibling_count=st.sampled_from([1024, 2]))
 
 
 @settings(max_examples=2000, deadline=None)
@@ -65,6 +73,23 @@ def test_plainly_valid_accepts_only_valid_samples_with_their_group_key(drawn, re
         assert fast == group_key_of(sample.run_id, sample.group_index)
     elif problem is None and not reward_key and type(sample.reward) is float:
         pytest.fail("a valid sample with a plain float reward took the slow path")
+
+
+@pytest.mark.parametrize("limits", [SampleLimits(), SampleLimits(default_group_size=4, max_group_size=4,
+                                                                  max_sibling_count=2)])
+def test_plainly_valid_agrees_at_every_single_field_edge(limits):
+    for rl in (0, 2):
+        for name, values in _edges(rl).items():
+            for value in values:
+                fields: dict[str, object] = {
+                    "group_index": 3, "reward": 0.5, "response_length": rl, "group_size": 2,
+                    "sibling_count": 2, "sibling_index": 1, "run_id": "run", "tokens": [1] * rl,
+                    "loss_mask": [1] * rl, name: value,
+                }
+                sample = Sample(**fields)  # type: ignore[arg-type]
+                fast = plainly_valid(sample, b"run/3", None, limits)
+                problem = validate_sample(sample, key=b"run/3", reward_key=None, limits=limits)
+                assert (fast is not None) == (problem is None and type(sample.reward) is float), (name, value)
 
 
 def _without_fast_paths(store: WindowStore, monkeypatch: pytest.MonkeyPatch) -> None:
