@@ -495,7 +495,9 @@ class _GroupConsumer(_Consumer):
         # fenced without a loss just before (another live worker took the id) still fails.
         watched = self._watch.timed_out_at if self._watch else None
         lost = [t for t in (self._lost_at, watched) if t is not None]
-        if not (error.fatal() and self._subscription is not None and lost
+        # consume() hands the fatal error over as an event whose code is _FATAL and whose fatal flag is unset
+        fatal = error.fatal() or error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID)
+        if not (fatal and self._subscription is not None and lost
                 and time.monotonic() - max(lost) < SELF_FENCED_WITHIN_S):
             return False
         log.warning("the group fenced this consumer right after its session timed out (librdkafka#3437): "
