@@ -321,8 +321,10 @@ class _Consumer:
             try:
                 self._c.seek(_rd(tp, offset))
                 return
-            except KafkaException as exc:  # "Erroneous state" until the partition's fetcher has started
-                if exc.args[0].code() != KafkaError._STATE or time.monotonic() > deadline:
+            except KafkaException as exc:  # "Erroneous state" until the partition's fetcher has started;
+                # "Outdated" when an assignment made in the rebalance callback is still being applied
+                if exc.args[0].code() not in (KafkaError._STATE, KafkaError._OUTDATED) or \
+                        time.monotonic() > deadline:
                     raise translate(exc) from exc
                 time.sleep(0.01)
 
@@ -599,6 +601,9 @@ class _Future:
         self._done = True
         if error is not None:
             self._error = translate(KafkaException(error))
+            if self._producer._failed is None and self._producer._settings is None:
+                # not transactional: a transaction reports its refusals itself, and an abort purges records
+                self._producer._failed = self._error
         else:
             self._message = message
 
@@ -626,6 +631,7 @@ class _Producer:
         self._p = producer
         self._settings = settings  # to build a fresh one when a transactional call hangs
         self._replaced = False
+        self._failed: BaseException | None = None  # the first delivery failure since the last flush
         self._sends = 0
         self._partitions: dict[str, tuple[float, list[int]]] = {}  # topic: (when asked, partitions)
 
@@ -717,14 +723,22 @@ class _Producer:
         return partitions[partition_for_key(key, len(partitions))] if partitions else None
 
     def flush(self, timeout: float | None = None) -> None:
+        """Wait for every record sent; raise the first one the broker refused since the last flush. librdkafka
+        reports refusals (no Write ACL) only in delivery reports: synth exited 0 having delivered nothing."""
         with _translated:
             self._p.flush(-1 if timeout is None else timeout)
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
 
     def close(self, timeout: float | None = None) -> None:
         try:
             self._p.flush(-1 if timeout is None else timeout)
         except KafkaException as exc:  # e.g. a transaction left fatal by an interrupt: what failed was said
             log.warning("closing the producer: %s", exc.args[0].str() if exc.args else exc)
+        failed, self._failed = self._failed, None
+        if failed is not None:  # records the broker refused are not dropped silently on closing either
+            raise failed
 
     def init_transactions(self) -> None:
         with _translated:

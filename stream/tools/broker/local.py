@@ -422,9 +422,12 @@ class LocalBroker:
         if self.secure:
             # Readiness only: the broker just launched here is up even if its certificate has expired (tests
             # need one), and the SCRAM login proves it knows the admin password anyway. Clients do verify.
-            probe_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-            probe_tls.check_hostname, probe_tls.verify_mode = False, ssl.CERT_NONE
-            tuning.update(ssl_context=probe_tls, ssl_check_hostname=False)
+            if conn.client == "confluent":  # librdkafka has no SSLContext: its own switch
+                tuning["enable.ssl.certificate.verification"] = False
+            else:
+                probe_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                probe_tls.check_hostname, probe_tls.verify_mode = False, ssl.CERT_NONE
+                tuning.update(ssl_context=probe_tls, ssl_check_hostname=False)
         try:
             admin = client_for(conn).admin(client_id=conn.client_id, **tuning)
             try:
