@@ -1,0 +1,62 @@
+"""librdkafka's assigned consumer: partitions the caller assigns, logical seeks resolved by reassigning."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError
+
+from stream.kafka.confluent.consumer import _Consumer
+from stream.kafka.confluent.convert import _rd
+from stream.kafka.confluent.errors import _translated
+from stream.kafka.seam import TopicPartition
+
+
+class _AssignedConsumer(_Consumer):
+    def __init__(self, consumer: Consumer, commit_group: str | None) -> None:
+        super().__init__(consumer)
+        self._commit_group = commit_group
+        self._start: dict[tuple[str, int], int] = {}  # where a logical seek resolved to
+
+    def assign(self, tps: Sequence[TopicPartition]) -> None:
+        self._paused.clear()
+        self._next.clear()
+        self._sought.clear()
+        self._start.clear()
+        # Without a group of its own there is nothing committed to start from: asking would need the right to
+        # describe the placeholder group (a least-privilege reader has none), so start at the beginning.
+        start = None if self._commit_group else OFFSET_BEGINNING
+        with _translated:
+            self._c.assign([_rd(tp, start) for tp in tps])
+
+    def _irrelevant(self, error: KafkaError) -> bool:
+        # librdkafka wants a group id even here and looks for its coordinator: a least-privilege reader
+        # may not describe that placeholder group, and never uses it.
+        return self._commit_group is None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+    def position(self, tp: TopicPartition) -> int:
+        pos = self.fetch_position(tp)
+        if pos >= 0:
+            return pos
+        if (tp.topic, tp.partition) in self._start:
+            return self._start[(tp.topic, tp.partition)]
+        # Without a group of its own, committed offsets need a group the caller may not be allowed to read.
+        return super().position(tp) if self._commit_group else self.beginning_offsets([tp])[tp]
+
+    def seek_to_beginning(self, tps: Sequence[TopicPartition]) -> None:
+        self._reassign(tps, OFFSET_BEGINNING)
+
+    def seek_to_end(self, tps: Sequence[TopicPartition]) -> None:
+        self._reassign(tps, OFFSET_END)
+
+    def _reassign(self, tps: Sequence[TopicPartition], logical: int) -> None:
+        # A logical offset is resolved at (re)assignment; seek() to one needs a started fetcher.
+        current = {(tp.topic, tp.partition): tp for tp in self._c.assignment()}
+        resolved = (self.beginning_offsets if logical == OFFSET_BEGINNING else self.end_offsets)(list(tps))
+        for tp in tps:
+            current[(tp.topic, tp.partition)] = _rd(tp, logical)
+            self._next.pop((tp.topic, tp.partition), None)
+            self._sought.discard((tp.topic, tp.partition))
+            self._start[(tp.topic, tp.partition)] = resolved[tp]
+        with _translated:
+            self._c.assign(list(current.values()))

@@ -1,0 +1,125 @@
+"""librdkafka's group consumer: the rebalance callbacks, partitions kept through an eager rebalance, and the
+replacement of a static member that fenced itself (librdkafka#3437)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as RdTP
+
+from stream.kafka.confluent.consumer import _Consumer
+from stream.kafka.confluent.errors import _translated
+from stream.kafka.confluent.settings import _SessionWatch
+from stream.kafka.seam import RebalanceListener, TopicPartition
+
+log = logging.getLogger("rollout_stream.kafka")
+
+SELF_FENCED_WITHIN_S = 10.0  # a static member fenced this soon after losing its partitions fenced itself
+
+
+class _GroupConsumer(_Consumer):
+    def __init__(self, consumer: Consumer, settings: dict[str, Any], watch: _SessionWatch | None = None
+                 ) -> None:
+        super().__init__(consumer)
+        self._settings = settings  # to replace a consumer librdkafka fenced by mistake
+        self._watch = watch
+        self._subscription: tuple[str, RebalanceListener] | None = None
+        self._lost_at: float | None = None  # when the group last took this member's partitions away
+        self._kept: dict[tuple[str, int], int] = {}  # revoked partitions' positions, till the next assignment
+        self._consumers = 0  # librdkafka consumers subscribed so far (one, unless one was replaced)
+
+    def subscribe(self, topic: str, listener: RebalanceListener) -> None:
+        self._subscription = (topic, listener)
+        self._consumers += 1
+        mine = self._consumers  # a replaced consumer's callbacks (served as it closes) are not passed on
+
+        def assigned(c: Any, tps: list[RdTP]) -> None:
+            if mine != self._consumers:
+                return
+            listener.on_assigned({tp.partition for tp in tps})
+            # An eager rebalance revokes every partition, and librdkafka fetches the ones it gets back from
+            # their committed offset: the worker, which keeps their state, read records twice (stragglers and
+            # decode errors dead-lettered twice on the 3-node cluster). Kept partitions go on after the last
+            # record handed out, as kafka-python 3 keeps their positions.
+            resume = []
+            for tp in tps:
+                key = (tp.topic, tp.partition)
+                if key in self._kept:
+                    resume.append(RdTP(tp.topic, tp.partition, self._kept[key]))
+                    self._next[key] = self._kept[key]
+                else:
+                    resume.append(tp)
+            self._kept.clear()
+            with _translated:
+                c.assign(resume)
+
+        def revoked(_c: Any, tps: list[RdTP]) -> None:
+            if mine != self._consumers:
+                return
+            listener.on_revoked({tp.partition for tp in tps})
+            self._kept.update({(tp.topic, tp.partition): self._next[(tp.topic, tp.partition)]
+                               for tp in tps if (tp.topic, tp.partition) in self._next})
+            self._forget(tps)
+
+        def lost(_c: Any, tps: list[RdTP]) -> None:
+            if mine != self._consumers:
+                return
+            listener.on_lost({tp.partition for tp in tps})
+            self._lost_at = time.monotonic()
+            for tp in tps:
+                self._kept.pop((tp.topic, tp.partition), None)  # its state is gone: restored if it comes back
+            self._forget(tps)
+
+        with _translated:
+            self._c.subscribe([topic], on_assign=assigned, on_revoke=revoked, on_lost=lost)
+
+    def _recovered(self, error: KafkaError) -> bool:
+        # librdkafka#3437: after its own session times out (a coordinator's broker died), a static member may
+        # be fenced "by another consumer with the same group.instance.id" that is its own rejoin, a fatal
+        # error. Right after such a loss the consumer is replaced once and rejoins with the same id; a member
+        # fenced without a loss just before (another live worker took the id) still fails.
+        watched = self._watch.timed_out_at if self._watch else None
+        lost = [t for t in (self._lost_at, watched) if t is not None]
+        # consume() hands the fatal error over as an event whose code is _FATAL and whose fatal flag is unset
+        fatal = error.fatal() or error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID)
+        if not (fatal and self._subscription is not None and lost
+                and time.monotonic() - max(lost) < SELF_FENCED_WITHIN_S):
+            return False
+        log.warning("the group fenced this consumer right after its session timed out (librdkafka#3437): "
+                    "rejoining with a new consumer and the same instance id")
+        self._lost_at = None
+        if self._watch is not None:
+            self._watch.timed_out_at = None
+        # The listener hears of the loss first: librdkafka may not have served the lost callback yet.
+        lost_now = {tp.partition for tp in self._c.assignment()}
+        if lost_now and self._subscription is not None:
+            self._subscription[1].on_lost(lost_now)
+        self._consumers += 1  # the old consumer's callbacks go nowhere from now on
+        try:
+            self._c.close()
+        except (KafkaException, RuntimeError):  # fatal already: what it says on closing is moot
+            pass
+        with _translated:
+            self._c = Consumer(self._settings)
+        self._paused.clear()
+        self._next.clear()
+        self._sought.clear()
+        self._kept.clear()
+        topic, listener = self._subscription
+        self.subscribe(topic, listener)
+        return True
+
+    def _forget(self, tps: list[RdTP]) -> None:
+        for tp in tps:
+            self._paused.discard((tp.topic, tp.partition))
+            self._next.pop((tp.topic, tp.partition), None)
+            self._sought.discard((tp.topic, tp.partition))
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(tp.topic, tp.partition) for tp in self._c.assignment()}
+
+    def connection_count(self) -> int | None:
+        return self.connections
