@@ -1,0 +1,205 @@
+"""kafka-python's group and assigned consumers, with the workarounds of its consumer bugs (see the package
+doc): parked records of resumed partitions, dropped joins (`RejoinWatchdog`), commits in `on_revoked`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KTP
+from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
+from kafka.structs import OffsetAndMetadata
+
+from stream.kafka.kafka_python.convert import _ktp, _offsets
+from stream.kafka.kafka_python.errors import _translated
+from stream.kafka.seam import Committed, Offsets, Polled, RebalanceListener, TopicPartition
+from stream.logs import log_event
+
+log = logging.getLogger("rollout_stream.kafka")
+
+# No partitions this long while subscribed: the join may have been dropped (see the package doc). Long enough
+# that a member idle because there are more members than partitions rarely rejoins (each rejoin rebalances).
+REJOIN_AFTER_S = 30.0
+
+
+class _Consumer:
+    """What group and assigned consumers share."""
+
+    def __init__(self, consumer: KafkaConsumer) -> None:
+        self._c = consumer
+
+    def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
+        _unpark_resumed(self._c)
+        with _translated:
+            return self._c.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        self._c.pause(*[_ktp(tp) for tp in partitions])
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        self._c.resume(*[_ktp(tp) for tp in partitions])
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._c.seek(_ktp(tp), offset)
+
+    def position(self, tp: TopicPartition) -> int:
+        with _translated:
+            return self._c.position(_ktp(tp))
+
+    def fetch_position(self, tp: TopicPartition) -> int:
+        state = self._c._subscription.assignment.get(_ktp(tp))
+        position = getattr(state, "position", None) if state is not None else None
+        return getattr(position, "offset", -1) if position is not None else -1
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        state = self._c._subscription.assignment.get(_ktp(tp))
+        return getattr(state, "highwater", None) if state is not None else None
+
+    def backlog(self) -> int:
+        behind = 0
+        for state in list(self._c._subscription.assignment.values()):
+            if state.paused or state.position is None or state.highwater is None:
+                continue
+            behind += max(0, state.highwater - state.position.offset)
+        return behind
+
+    def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        with _translated:
+            found = self._c.beginning_offsets([_ktp(tp) for tp in tps])
+        return {TopicPartition(*k): v for k, v in found.items()}
+
+    def end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        with _translated:
+            found = self._c.end_offsets([_ktp(tp) for tp in tps])
+        return {TopicPartition(*k): v for k, v in found.items()}
+
+    def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
+        with _translated:
+            found = self._c.offsets_for_times({_ktp(tp): ts for tp, ts in timestamps.items()})
+        return {TopicPartition(*k): (v.offset if v is not None else None) for k, v in found.items()}
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        with _translated:
+            found = self._c.partitions_for_topic(topic)
+        return set(found) if found else None
+
+    def committed(self, tp: TopicPartition) -> Committed | None:
+        with _translated:
+            found = self._c.committed(_ktp(tp), metadata=True)
+        if found is None or found.offset is None or found.offset < 0:
+            return None
+        return Committed(found.offset, found.metadata or "")
+
+    def commit(self, offsets: Offsets) -> None:
+        with _translated:
+            self._c.commit(_offsets(offsets))
+
+    def group_metadata(self) -> Any:
+        return self._c.group_metadata()
+
+    def close(self) -> None:
+        self._c.close(autocommit=False)
+
+
+def _unpark_resumed(consumer: KafkaConsumer) -> None:
+    fetcher = getattr(consumer, "_fetcher", None)
+    current = getattr(fetcher, "_next_partition_records", None)
+    if current is not None and not current:  # spent: nothing left to return from it
+        fetcher._next_partition_records = None
+
+
+class _Listener(AsyncConsumerRebalanceListener):
+    """Runs the seam's listener on kafka-python's IO thread while the loop waits in poll()."""
+
+    def __init__(self, owner: _GroupConsumer, listener: RebalanceListener) -> None:
+        self.owner, self.listener = owner, listener
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        self.owner._revoking = []
+        try:
+            self.listener.on_revoked({tp.partition for tp in revoked})
+        finally:
+            pending, self.owner._revoking = self.owner._revoking, None
+        for offsets in pending:
+            # The blocking commit() may not run on the IO thread; this is the coroutine under it.
+            await self.owner._c._coordinator._commit_offsets_sync_async(offsets)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.listener.on_assigned({tp.partition for tp in assigned})
+
+    async def on_partitions_lost(self, lost: Any) -> None:
+        self.listener.on_lost({tp.partition for tp in lost})
+
+
+class RejoinWatchdog:
+    """Call `check(now)` once per poll; it resubscribes after `after_s` without partitions (a dropped
+    join)."""
+
+    def __init__(self, consumer: Any, topic: str, after_s: float, listener: Any = None) -> None:
+        self.consumer, self.topic, self.after_s, self.listener = consumer, topic, after_s, listener
+        self.unassigned_since: float | None = None
+
+    def check(self, now: float, assigned: bool = False) -> float | None:
+        """Seconds without partitions when it rejoined just now, else None (`assigned`: the caller knows)."""
+        if assigned or self.consumer.assignment():
+            self.unassigned_since = None
+            return None
+        if self.unassigned_since is None:
+            self.unassigned_since = now
+            return None
+        waited = now - self.unassigned_since
+        if waited < self.after_s:
+            return None
+        self.consumer.unsubscribe()
+        self.consumer.subscribe([self.topic], listener=self.listener)
+        self.unassigned_since = now
+        return waited
+
+
+class _GroupConsumer(_Consumer):
+    def __init__(self, consumer: KafkaConsumer, rejoin_after_s: float = REJOIN_AFTER_S) -> None:
+        super().__init__(consumer)
+        self.rejoin_after_s = rejoin_after_s
+        self._revoking: list[dict[KTP, OffsetAndMetadata]] | None = None
+        self._watchdog: RejoinWatchdog | None = None
+
+    def subscribe(self, topic: str, listener: RebalanceListener) -> None:
+        adapter = _Listener(self, listener)
+        self._c.subscribe([topic], listener=adapter)
+        self._watchdog = RejoinWatchdog(self._c, topic, self.rejoin_after_s, adapter)
+
+    def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
+        polled = super().poll(timeout_s, max_records)
+        if self._watchdog is not None and (waited := self._watchdog.check(time.monotonic())) is not None:
+            log_event(log, "partitions.none_assigned", logging.WARNING, seconds=f"{waited:.0f}",
+                      action="rejoined the consumer group")
+        return polled
+
+    def commit(self, offsets: Offsets) -> None:
+        if self._revoking is not None:  # inside on_revoked, on the IO thread: _Listener commits them
+            self._revoking.append(_offsets(offsets))
+            return
+        super().commit(offsets)
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(*tp) for tp in self._c.assignment()}
+
+    def connection_count(self) -> int | None:
+        try:
+            return int(self._c.metrics()["consumer-metrics"]["connection-count"])
+        except (KeyError, TypeError, ValueError):
+            return None  # metrics disabled or renamed: say nothing rather than something wrong
+
+
+class _AssignedConsumer(_Consumer):
+    def assign(self, tps: Sequence[TopicPartition]) -> None:
+        self._c.assign([_ktp(tp) for tp in tps])
+
+    def seek_to_beginning(self, tps: Sequence[TopicPartition]) -> None:
+        self._c.seek_to_beginning(*[_ktp(tp) for tp in tps])
+
+    def seek_to_end(self, tps: Sequence[TopicPartition]) -> None:
+        self._c.seek_to_end(*[_ktp(tp) for tp in tps])
