@@ -1,7 +1,7 @@
 """The Kafka seam (`seam`), its errors (`errors`) and the one factory that picks an implementation.
 
 Everything in rollout-stream that talks to Kafka does it through these types; a client library is
-imported only inside its implementation module (`stream.kafka.kafka_python`).
+imported only inside its implementation package (`stream.kafka.confluent`, `stream.kafka.kafka_python`).
 """
 
 from __future__ import annotations
