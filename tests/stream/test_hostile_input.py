@@ -288,9 +288,6 @@ def _canaries(ns: str) -> list[tuple[bytes, bytes]]:
 
 
 @pytest.mark.kafka(timeout=240)
-# The module's worker runs in a thread while hypothesis draws: its Kafka client's reconnect jitter moves the
-# global `random` state, which hypothesis takes for a strategy using `random`. The strategies here do not.
-@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 @settings(max_examples=6, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate),
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
