@@ -84,7 +84,7 @@ def plainly_valid(
     every size in range, its record keyed by its group), else None: then `validate_sample` says why, or
     that it is valid after all (an int or keyed reward). One pass of attribute loads instead of
     `validate_sample`'s calls; every check here is one of `validate_sample`'s, so a sample this accepts
-    that one accepts too (tests/core/test_validate_fast.py checks it on random samples).
+    that one accepts too (tests/core/test_fast_paths.py checks it on random samples).
     """
     reward = sample.reward
     group_index = sample.group_index

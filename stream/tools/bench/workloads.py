@@ -208,12 +208,8 @@ def preload(
                 raise PreloadFailed(f"preloading {topic} failed: {error or 'not acknowledged'}")
     finally:
         producer.close(timeout=30)
-    consumer = client.assigned_consumer(client_id=conn.client_id, max_record_bytes=MAX_RECORD_BYTES)
-    try:  # the topic is the run's own: its end offsets are where this preload ends
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        ends = {tp.partition: end for tp, end in consumer.end_offsets(tps).items() if end}
-    finally:
-        consumer.close()
+    # the topic is the run's own: its end offsets are where this preload ends
+    ends = {p: end for p, end in end_offsets(conn, topic).items() if end}
     return Preloaded(n, nbytes, ends, time.monotonic() - started)
 
 
@@ -250,4 +246,3 @@ def append_span(conn: Connection, topic: str, start: dict[int, int], end: dict[i
     finally:
         consumer.close()
     return count, ((last - first) / 1000 if first is not None and last is not None else 0.0)
-
