@@ -53,8 +53,22 @@ class _Line:
         return " ".join([self.event, *_pairs(self.fields)])
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to `sys.stderr` as it is at each record, not as it was when logging was configured: a command
+    run in-process (a CLI test runner, a notebook) swaps stderr and closes its copy, and a handler bound to
+    that copy made every later log line of the process fail ("I/O operation on closed file")."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        pass
+
+
 def configure_logging(fmt: str = "text", level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(_Formatter(fmt))
     root = logging.getLogger("rollout_stream")
     root.handlers[:] = [handler]
