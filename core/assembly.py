@@ -7,7 +7,7 @@ Pure: decoded `codec.TrainSample`s and plain values in, decisions out; no Kafka,
   (by lineage) are held. Copies of a held record are dropped, and so is a complete copy of a group
   still remembered.
 * `GroupMerger`: the global order, completed groups of all partitions merged by (completion
-  timestamp, partition), each partition in its own order.
+  timestamp, rollouts lineage, partition), each partition in its own order.
 * `group_verdict`, `batch_length`, `plan_batch`: which groups train (neither stale nor invalid), where
   a batch ends, and this rank's share of it.
 * `ReadMarks`, `Mark`, `commit_metadata`: per partition, what may be committed, and the metadata
@@ -85,6 +85,19 @@ class AssembledGroup:
     @property
     def first_offset(self) -> int:
         return self.offsets[0]
+
+    @property
+    def merge_key(self) -> tuple[int, str, int, int, int]:
+        """Where it goes in the global order: completion timestamp, then the rollouts record that completed
+        it, then the partition.
+
+        The stage sends a poll's groups within one millisecond, in the order their last rollouts arrived,
+        to train-data partitions chosen by key. Ties broken by lineage keep that order across train-data
+        partitions (paced producers count a group consumed once a later one of its rollouts partition is).
+        """
+        last = max(self.samples, key=lambda s: s.source_offset)
+        return (self.timestamp_ms, last.source_topic, last.source_partition, last.source_offset,
+                self.partition)
 
 
 def assembled_group(key: str, partition: int, samples: Sequence[TrainSample], offsets: Iterable[int],
@@ -208,7 +221,7 @@ class SampleAssembler:
 
 # ---- the global order --------------------------------------------------------------------------
 class GroupMerger:
-    """The global order: completed groups of all partitions merged by (completion timestamp, partition)."""
+    """The global order: completed groups of all partitions merged by `AssembledGroup.merge_key`."""
 
     def __init__(self, partitions: Sequence[int], idle_ms: int | None) -> None:
         self.queues: dict[int, deque[AssembledGroup]] = {p: deque() for p in partitions}
@@ -222,10 +235,10 @@ class GroupMerger:
 
     def pop(self, now_ms: int, caught_up: Callable[[int], bool]) -> AssembledGroup | None:
         """The next group of the global sequence, or None while another partition may still precede it."""
-        heads = [(q[0].timestamp_ms, p) for p, q in self.queues.items() if q]
+        heads = [(q[0].merge_key, p) for p, q in self.queues.items() if q]
         if not heads:
             return None
-        ts, partition = min(heads)
+        (ts, *_), partition = min(heads)
         for p, q in self.queues.items():
             if q:
                 continue

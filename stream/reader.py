@@ -8,10 +8,11 @@ The decisions are pure and live in `core.assembly`; this module polls, decodes, 
   records (by source topic/partition/offset) are held; copies of a record from an at-least-once
   republication are dropped, and a complete copy of a group already assembled is dropped whole.
 * **Global order.** Completed groups are merged across partitions by (timestamp of the record that
-  completed the group, partition), each partition in its own offset order. The merge only picks a group
-  when every other partition has a completed group waiting, or has been read to its end and the group
-  is older than `partition_idle_ms` (Kafka Streams' `max.task.idle.ms` trade-off: an idle partition
-  must not stall the stream forever). The sequence is a function of the records, not of fetch timing.
+  completed the group, its rollouts lineage, partition), each partition in its own offset order. The
+  merge only picks a group when every other partition has a completed group waiting, or has been read
+  to its end and the group is older than `partition_idle_ms` (Kafka Streams' `max.task.idle.ms`
+  trade-off: an idle partition must not stall the stream forever). The sequence is a function of the
+  records, not of fetch timing.
 * **Batches.** The next `groups_per_batch` groups that are neither stale nor invalid, judged when the
   batch is completed against the weight version set at that moment. Every rank shards the same batch
   with `core.collate.shard_groups` and keeps its part.

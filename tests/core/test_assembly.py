@@ -182,8 +182,35 @@ def test_the_merge_is_sorted_by_timestamp_then_partition_whatever_the_delivery_c
             out.append(g)
         if not live:
             break
-    expected = sorted((g for gs in per.values() for g in gs), key=lambda g: (g.timestamp_ms, g.partition))
-    assert out == expected  # a stable sort: each partition keeps its own order
+    assert out == merged_at_once(per)  # whatever the push/pop interleaving
+
+
+def merged_at_once(per: dict[int, list[AssembledGroup]]) -> list[AssembledGroup]:
+    """The k-way merge of whole partitions: repeatedly the head with the smallest merge key."""
+    queues, out = {p: list(gs) for p, gs in per.items()}, []
+    while any(queues.values()):
+        p = min((q[0].merge_key, p) for p, q in queues.items() if q)[1]
+        out.append(queues[p].pop(0))
+    return out
+
+
+def test_groups_completed_in_one_millisecond_keep_their_rollouts_order_across_partitions():
+    # One poll's groups, sent by the stage within a millisecond in the order their last rollouts arrived:
+    # group 3 (rollouts partition 0) completed before group 6 (also partition 0), but went to train-data
+    # partition 1 and group 6 to partition 0. The merge keeps the rollouts order, not the partition order.
+    early = as_group(make_group(3, [1]), 1, timestamp_ms=7000)
+    late = as_group(make_group(6, [1]), 0, timestamp_ms=7000)
+    assert early.samples[0].source_partition == late.samples[0].source_partition == 0
+    assert early.samples[0].source_offset < late.samples[0].source_offset
+    merger = GroupMerger([0, 1], idle_ms=0)  # partitions read to their end pass at once
+    merger.push(late)
+    merger.push(early)
+    assert [merger.pop(8000, lambda p: True), merger.pop(8000, lambda p: True)] == [early, late]
+    # An earlier timestamp still decides first, whatever the lineage.
+    first = as_group(make_group(9, [1]), 0, timestamp_ms=6999)
+    merger.push(first)
+    merger.push(as_group(make_group(0, [1]), 1, timestamp_ms=7000))
+    assert merger.pop(8000, lambda p: True) is first
 
 
 def test_the_merge_waits_for_an_empty_partition_unless_it_is_read_and_the_group_is_old():
