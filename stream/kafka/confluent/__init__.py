@@ -57,7 +57,9 @@ class ConfluentClient:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             "isolation.level": isolation,
-            "enable.partition.eof": False,
+            # The end-of-partition events say where the fetcher reached the end: past transaction markers,
+            # which the position alone does not pass after a pause and resume (the reader's merge stalled).
+            "enable.partition.eof": True,
             "max.partition.fetch.bytes": min(max_record_bytes, FETCH_PARTITION_BYTES),
             "fetch.max.bytes": FETCH_MAX_BYTES,
             "receive.message.max.bytes": max(max_record_bytes, FETCH_MAX_BYTES) + 1024 * 1024,

@@ -19,9 +19,7 @@ class _AssignedConsumer(_Consumer):
         self._start: dict[tuple[str, int], int] = {}  # where a logical seek resolved to
 
     def assign(self, tps: Sequence[TopicPartition]) -> None:
-        self._paused.clear()
-        self._next.clear()
-        self._sought.clear()
+        self._forget_all()
         self._start.clear()
         # Without a group of its own there is nothing committed to start from: asking would need the right to
         # describe the placeholder group (a least-privilege reader has none), so start at the beginning.
@@ -55,8 +53,7 @@ class _AssignedConsumer(_Consumer):
         resolved = (self.beginning_offsets if logical == OFFSET_BEGINNING else self.end_offsets)(list(tps))
         for tp in tps:
             current[(tp.topic, tp.partition)] = _rd(tp, logical)
-            self._next.pop((tp.topic, tp.partition), None)
-            self._sought.discard((tp.topic, tp.partition))
+            self._forget([(tp.topic, tp.partition)], paused=False)
             self._start[(tp.topic, tp.partition)] = resolved[tp]
         with _translated:
             self._c.assign(list(current.values()))

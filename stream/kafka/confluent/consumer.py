@@ -36,6 +36,10 @@ class _Consumer:
         ] = {}  # per partition: the offset after the last record handed out
         self.redelivered = 0  # records librdkafka fetched again below that offset, dropped
         self._sought: set[tuple[str, int]] = set()  # sought, and no record handed out since
+        # Per partition: where librdkafka said the fetcher reached its end (enable.partition.eof). Past the
+        # last record handed out by the transaction markers after it, which no record brings the position
+        # past once a seek (a resume) has left librdkafka's own position behind.
+        self._end: dict[tuple[str, int], int] = {}
         self.connections: int | None = None
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
@@ -56,7 +60,10 @@ class _Consumer:
         for m in messages:
             error = m.error()
             if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF or self._irrelevant(error):
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self._end[(m.topic(), m.partition())] = m.offset()
+                    continue
+                if self._irrelevant(error):
                     continue
                 if self._recovered(error):
                     return {}
@@ -109,7 +116,23 @@ class _Consumer:
                         self.seek(tp, self._next[(tp.topic, tp.partition)])
             self._paused -= {(tp.topic, tp.partition) for tp in tps}
 
+    def _forget(self, keys: Iterable[tuple[str, int]], *, paused: bool = True) -> None:
+        """What the seam knew of these partitions' positions (unassigned, or sought elsewhere)."""
+        for key in keys:
+            if paused:
+                self._paused.discard(key)
+            self._next.pop(key, None)
+            self._sought.discard(key)
+            self._end.pop(key, None)
+
+    def _forget_all(self) -> None:
+        self._paused.clear()
+        self._next.clear()
+        self._sought.clear()
+        self._end.clear()
+
     def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._end.pop((tp.topic, tp.partition), None)
         self._next[(tp.topic, tp.partition)] = offset
         self._sought.add((tp.topic, tp.partition))
         deadline = time.monotonic() + 10
@@ -137,7 +160,7 @@ class _Consumer:
         # librdkafka's position is invalid after a seek until a record comes (e.g. a seek to the end): the
         # seam's own mark of what it handed out counts too.
         key = (tp.topic, tp.partition)
-        handed_out = self._next.get(key, -1)
+        handed_out = max(self._next.get(key, -1), self._end.get(key, -1))
         if key in self._sought:  # librdkafka applies a seek asynchronously: its position may be the old one
             return handed_out
         try:

@@ -62,7 +62,7 @@ class _GroupConsumer(_Consumer):
             listener.on_revoked({tp.partition for tp in tps})
             self._kept.update({(tp.topic, tp.partition): self._next[(tp.topic, tp.partition)]
                                for tp in tps if (tp.topic, tp.partition) in self._next})
-            self._forget(tps)
+            self._forget((tp.topic, tp.partition) for tp in tps)
 
         def lost(_c: Any, tps: list[RdTP]) -> None:
             if mine != self._consumers:
@@ -71,7 +71,7 @@ class _GroupConsumer(_Consumer):
             self._lost_at = time.monotonic()
             for tp in tps:
                 self._kept.pop((tp.topic, tp.partition), None)  # its state is gone: restored if it comes back
-            self._forget(tps)
+            self._forget((tp.topic, tp.partition) for tp in tps)
 
         with _translated:
             self._c.subscribe([topic], on_assign=assigned, on_revoke=revoked, on_lost=lost)
@@ -104,19 +104,11 @@ class _GroupConsumer(_Consumer):
             pass
         with _translated:
             self._c = Consumer(self._settings)
-        self._paused.clear()
-        self._next.clear()
-        self._sought.clear()
+        self._forget_all()
         self._kept.clear()
         topic, listener = self._subscription
         self.subscribe(topic, listener)
         return True
-
-    def _forget(self, tps: list[RdTP]) -> None:
-        for tp in tps:
-            self._paused.discard((tp.topic, tp.partition))
-            self._next.pop((tp.topic, tp.partition), None)
-            self._sought.discard((tp.topic, tp.partition))
 
     def assignment(self) -> set[TopicPartition]:
         return {TopicPartition(tp.topic, tp.partition) for tp in self._c.assignment()}
