@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -122,7 +123,8 @@ class RolloutProducer:
         return self._producer.send(self.topic, value, key, timestamp_ms=timestamp_ms)
 
     def send_group(self, samples: Iterable[Sample]) -> list[SendFuture]:
-        return [self.send(s) for s in samples]
+        with self.gate.sending() if self.gate is not None else nullcontext():
+            return [self.send(s) for s in samples]
 
     def send_many(self, samples: Iterable[Any], *, group_size: int | None = None,
                   run_id: str | None = None) -> list[SendFuture]:
@@ -133,8 +135,7 @@ class RolloutProducer:
         `rollout_id`, else `index`), and each rollout's `sibling_count` and `sibling_index` in the order
         given.
         """
-        group = numbered_group(samples, group_size=group_size, run_id=run_id)
-        return [self.send(s) for s in group]
+        return self.send_group(numbered_group(samples, group_size=group_size, run_id=run_id))
 
     def flush(self, timeout: float | None = None) -> None:
         self._producer.flush(timeout=timeout)

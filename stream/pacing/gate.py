@@ -49,7 +49,8 @@ class _Group:
 
     futures: list[SendFuture] = field(default_factory=list)
     partition: int | None = None
-    last_offset: int | None = None
+    high: int = -1  # the highest offset written so far
+    last_offset: int | None = None  # `high`, once every record sent so far is written
 
 
 class AdmissionGate:
@@ -75,6 +76,11 @@ class AdmissionGate:
         self._board.wait_caught_up(10.0)  # a fresh producer knows where the trainer is before its first admit
 
     # ---- what send() tells the gate -------------------------------------------------------------
+    def sending(self) -> threading.RLock:
+        """Held while a whole group is sent: a count taken between two of its records judged the group by
+        the first one's offset and let it count as consumed a batch early (docs/pacing.md)."""
+        return self._lock
+
     def sent(self, key: bytes, future: SendFuture) -> None:
         with self._lock:
             group = self._groups.get(key)
@@ -82,6 +88,7 @@ class AdmissionGate:
                 group = self._groups[key] = _Group()
                 self._started += 1
             group.futures.append(future)
+            group.last_offset = None  # where its last record lands is known again once this one is written
 
     # ---- the count -------------------------------------------------------------------------------
     def _trainer(self) -> TrainerProgress | None:
@@ -110,11 +117,13 @@ class AdmissionGate:
                     if not all(f.done() for f in group.futures):
                         continue
                     written = [f.get(0) for f in group.futures if f.exception() is None]
-                    if not written:  # every send failed: flush() raises it; nothing will be consumed
-                        del self._groups[key]
+                    if not written and group.high < 0:  # every send failed: flush() raises it; nothing
+                        del self._groups[key]  # will be consumed
                         continue
-                    group.partition = written[0].partition
-                    group.last_offset = max(w.offset for w in written)
+                    if written:
+                        group.partition = written[0].partition
+                        group.high = max(group.high, max(w.offset for w in written))
+                    group.last_offset = group.high
                     group.futures = []
                 if is_consumed(group.partition, group.last_offset, self._through):
                     del self._groups[key]

@@ -296,3 +296,42 @@ def test_groups_the_reader_will_skip_stop_counting_before_their_batch_completes(
     finally:
         board.close()
         reader.close()
+
+
+def test_a_group_counts_until_its_last_record_is_consumed_when_counted_half_sent(kafka_bootstrap,
+                                                                               kafka_client):
+    """A count taken between two of a group's records (another thread's admit) must not fix the group's end
+    at the first record: the trainer's watermark passing that one made the group count as consumed a batch
+    early, and the simulation above trained one stale group in a few runs."""
+    from codec.progress import TrainerProgress
+    from stream.pacing.progress import ProgressWriter, now_ms
+
+    topics = new_topics(kafka_bootstrap, partitions=1, prefix="half")
+    trainer_group = f"trainer-{topics.input}"
+    conn = Connection(kafka_bootstrap)
+    writer = ProgressWriter(conn, progress_topic(topics.output), heartbeat_s=60)
+    with RolloutProducer(kafka_bootstrap, topics.input, trainer_group_id=trainer_group,
+                         train_data_topic=topics.output, max_unconsumed_groups=4) as producer:
+        gate = producer.gate
+        assert gate is not None
+        producer.admit(0, timeout=10)
+        group = [Sample(group_index=0, rollout_id=r, reward=float(r), tokens=[1, 2], response_length=1,
+                        weight_versions=["0"], group_size=3, sibling_count=1, sibling_index=0, run_id="half")
+                 for r in range(3)]
+        first = producer.send(group[0])
+        producer.flush()
+        assert gate.own_outstanding() == 1  # counted half-sent: its end so far is the first record
+        for s in group[1:]:
+            producer.send(s)
+        producer.flush()
+        # The trainer consumed through the first record (another group's, say): this one is still ahead.
+        writer.publish(TrainerProgress(
+            group_id=trainer_group, weight_version=0, groups_per_batch=1, max_weight_staleness=1, batch=0,
+            batch_version=0, consumed_groups=1, skipped_stale_groups=0,
+            consumed_through={topics.input: {0: first.get(10).offset}}, updated_ms=now_ms()))
+        deadline = time.monotonic() + 15
+        while gate._board.trainer(trainer_group) is None:
+            assert time.monotonic() < deadline, "the trainer's record never arrived"
+            gate._board.wait_for_change(gate._board.updates, 0.5)
+        assert gate.own_outstanding() == 1
+    writer.close()
