@@ -101,6 +101,8 @@ def measure_latency(
     seed: int = 7,
 ) -> LatencyResult:
     """Offer `rate` samples/s of workload `w` for `seconds`, then report p50/p99 of group latency."""
+    if not rate > 0:
+        raise ValueError(f"the latency phase needs a positive offered rate, got {rate}")
     spg = w.samples_per_group
     groups = max(4, int(rate * seconds / spg))
     rng = np.random.default_rng(seed)

@@ -65,6 +65,9 @@ class RunSpec:
         return cls(**raw)
 
 
+MONITOR_S = 0.02  # how often the monitor thread looks at the stage or passthrough
+
+
 class _Target:
     """The stage or the passthrough, behind the few counters the runner reads."""
 
@@ -187,7 +190,7 @@ class _Watch(threading.Thread):
                         "commits": target.commits(),
                     }
                 )
-            time.sleep(0.02)
+            time.sleep(MONITOR_S)
 
     def _phase_done(self, now: float, n: int) -> None:
         assert self.first is not None
@@ -198,7 +201,9 @@ class _Watch(threading.Thread):
                 "mode": self.spec.mode,
                 "delivery": self.spec.delivery,
                 "records": n,
-                "seconds": now - self.first,
+                # The monitor looks every MONITOR_S: a drain seen whole at one look (a --quick drain on
+                # librdkafka) took up to that long, not zero (its rate paced the latency phase: 1/0).
+                "seconds": max(now - self.first, MONITOR_S),
                 "final_commit_s": (now - self.drained_at) if self.drained_at is not None else None,
                 "cpu_s": cpu_seconds() - self.cpu0,
                 # CPU seconds of each thread during the phase: the loop vs kafka-python's IO/sender threads.
