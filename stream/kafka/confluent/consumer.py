@@ -36,9 +36,9 @@ class _Consumer:
         ] = {}  # per partition: the offset after the last record handed out
         self.redelivered = 0  # records librdkafka fetched again below that offset, dropped
         self._sought: set[tuple[str, int]] = set()  # sought, and no record handed out since
-        # Per partition: where librdkafka said the fetcher reached its end (enable.partition.eof). Past the
-        # last record handed out by the transaction markers after it, which no record brings the position
-        # past once a seek (a resume) has left librdkafka's own position behind.
+        # Per partition: where librdkafka said its fetcher reached the end (enable.partition.eof). A
+        # transactional partition ends with a marker one offset past its last record; after a seek (a
+        # resume) no record moves librdkafka's position past it, so only this says the end was reached.
         self._end: dict[tuple[str, int], int] = {}
         self.connections: int | None = None
 
