@@ -76,8 +76,14 @@ class AssembledGroup:
     partition: int
     samples: tuple[TrainSample, ...]
     offsets: tuple[int, ...]  # the records that form it, ascending
-    timestamp_ms: int  # of the record that completed it: the merge key
+    timestamp_ms: int  # of the record that completed it: first in the merge key
     nbytes: int
+    # Its place in the global order: completion timestamp, then the rollouts record that completed it
+    # (source topic, partition, offset), then the partition. The stage sends a poll's groups within one
+    # millisecond, in the order their last rollouts arrived, to train-data partitions chosen by key: ties
+    # broken by lineage keep that order across train-data partitions (paced producers count a group consumed
+    # once a later one of its rollouts partition is).
+    merge_key: tuple[int, str, int, int, int]
     problem: str | None = None  # why it cannot be collated (skipped whole, counted)
     oldest_version: int | None = None  # oldest weight version of its samples
     version_problem: str | None = None  # a weight version that is not an integer
@@ -85,19 +91,6 @@ class AssembledGroup:
     @property
     def first_offset(self) -> int:
         return self.offsets[0]
-
-    @property
-    def merge_key(self) -> tuple[int, str, int, int, int]:
-        """Where it goes in the global order: completion timestamp, then the rollouts record that completed
-        it, then the partition.
-
-        The stage sends a poll's groups within one millisecond, in the order their last rollouts arrived,
-        to train-data partitions chosen by key. Ties broken by lineage keep that order across train-data
-        partitions (paced producers count a group consumed once a later one of its rollouts partition is).
-        """
-        last = max(self.samples, key=lambda s: s.source_offset)
-        return (self.timestamp_ms, last.source_topic, last.source_partition, last.source_offset,
-                self.partition)
 
 
 def assembled_group(key: str, partition: int, samples: Sequence[TrainSample], offsets: Iterable[int],
@@ -109,8 +102,10 @@ def assembled_group(key: str, partition: int, samples: Sequence[TrainSample], of
         oldest = oldest_weight_version(samples)
     except ValueError as exc:
         version_problem = str(exc)
+    last = max(samples, key=lambda s: s.source_offset)
+    merge_key = (timestamp_ms, last.source_topic, last.source_partition, last.source_offset, partition)
     return AssembledGroup(key, partition, tuple(samples), tuple(sorted(offsets)), timestamp_ms, nbytes,
-                          problem, oldest, version_problem)
+                          merge_key, problem, oldest, version_problem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +216,7 @@ class SampleAssembler:
 
 # ---- the global order --------------------------------------------------------------------------
 class GroupMerger:
-    """The global order: completed groups of all partitions merged by `AssembledGroup.merge_key`."""
+    """The global order: completed groups of all partitions merged by their `merge_key`."""
 
     def __init__(self, partitions: Sequence[int], idle_ms: int | None) -> None:
         self.queues: dict[int, deque[AssembledGroup]] = {p: deque() for p in partitions}

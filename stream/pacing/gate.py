@@ -47,10 +47,14 @@ class PacingStats:
 class _Group:
     """One of this producer's groups: its records' futures, then where the last one landed."""
 
-    futures: list[SendFuture] = field(default_factory=list)
+    futures: list[SendFuture] = field(default_factory=list)  # sent, not yet looked at
     partition: int | None = None
     high: int = -1  # the highest offset written so far
-    last_offset: int | None = None  # `high`, once every record sent so far is written
+
+    @property
+    def last_offset(self) -> int | None:
+        """Where its last record landed, once every record sent so far is written."""
+        return None if self.futures or self.high < 0 else self.high
 
 
 class AdmissionGate:
@@ -87,8 +91,7 @@ class AdmissionGate:
             if group is None:
                 group = self._groups[key] = _Group()
                 self._started += 1
-            group.futures.append(future)
-            group.last_offset = None  # where its last record lands is known again once this one is written
+            group.futures.append(future)  # its end is unknown again until this one is written
 
     # ---- the count -------------------------------------------------------------------------------
     def _trainer(self) -> TrainerProgress | None:
@@ -106,7 +109,7 @@ class AdmissionGate:
             self._trainer()
             poked = False
             for key, group in list(self._groups.items()):
-                if group.last_offset is None:
+                if group.futures:
                     pending = [f for f in group.futures if not f.done()]
                     if pending and not poked:
                         poked = True  # one short wait serves every delivery report (librdkafka needs a poll)
@@ -123,7 +126,6 @@ class AdmissionGate:
                     if written:
                         group.partition = written[0].partition
                         group.high = max(group.high, max(w.offset for w in written))
-                    group.last_offset = group.high
                     group.futures = []
                 if is_consumed(group.partition, group.last_offset, self._through):
                     del self._groups[key]

@@ -111,9 +111,7 @@ class LocalCluster:
             taken = {self.node_port(n) for n in self.node_ids}
             controllers: list[int] = []
             while len(controllers) < self.nodes:
-                candidate = free_port()
-                if candidate not in taken and candidate not in controllers:
-                    controllers.append(candidate)
+                controllers.append(free_port(avoid=taken | set(controllers)))
             layout = {"nodes": self.nodes, "cluster_id": new_cluster_id(),
                       "ports": [self.node_port(n) for n in self.node_ids], "controller_ports": controllers}
             write_json(path, layout)

@@ -293,9 +293,8 @@ class LocalBroker:
         cluster = read_json(self._cluster_path)
         stored = cluster.get("controller_port")
         keep = isinstance(stored, int) and stored != self.port and port_is_free(stored)
-        controller_port = stored if keep and isinstance(stored, int) else free_port()
-        while controller_port == self.port:  # a port chosen free but not bound yet can come back (CI: Kafka
-            controller_port = free_port()  # refused the listener and the controller on one port)
+        # not the listener's, which may be chosen but not bound yet (Kafka refuses one port for both)
+        controller_port = stored if keep and isinstance(stored, int) else free_port(avoid={self.port})
         if self.cluster is not None:  # the quorum's voters are fixed: every node lists every voter's port
             controller_port = self.cluster.controller_port
         formatted = (self._log_dirs / "meta.properties").exists()

@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -160,11 +160,15 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS considers free right now (another process may still take it before we do)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """A port the OS considers free right now (another process may still take it before we do), other than
+    those in `avoid`: ports chosen but not bound yet, which the OS may hand out again."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def port_accepts(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
