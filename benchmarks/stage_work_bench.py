@@ -8,14 +8,15 @@ ledger — with a stub delivery that drops the outputs, and prints µs per sampl
 
 It also prints µs per sample of each step (best of as many), each timed in isolation over the same records:
 
-* decode: `codec.decode_sample` of every record value;
-* validation: what the window store runs first on every decoded sample: `core.validate.plainly_valid`,
-  and `validate_sample` where that declines (before plainly_valid existed: `validate_sample` alone);
+* decode: what the window store runs first on every record value: `codec.head.decode_head`, and
+  `decode_sample` where that declines (before decode_head existed: `decode_sample` alone);
+* validation: what it runs next on every decoded head: `core.validate.plainly_valid`, and `validate_sample`
+  of the whole sample where that declines (before plainly_valid existed: `validate_sample` alone);
 * normalization: `core.rewards.normalize_group` of every published group's held samples;
 * encode: `stream.worker.outputs.train_records` of every published group;
 * ledger: `OffsetLedger.hold` of every record (its `resolve` is delivery's, after an ack: not in the pass);
-* windows: `WindowStore.accept` of every (InputRecord, decoded sample) pair, minus validation and
-  normalization (which it runs inside);
+* windows: `WindowStore.take` of every InputRecord, minus decode, validation and normalization (which it
+  runs inside);
 * worker glue (by subtraction): the whole `Worker` pass minus the steps above — building the
   `InputRecord`, routing, counters (and the noise of a busy machine: best-of minima do not add up exactly).
 
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from codec import decode_sample
+from codec.head import decode_head, item_count
 from core.offsets import OffsetLedger
 from core.records import InputRecord, Published
 from core.rewards import normalize_group
@@ -129,28 +131,30 @@ def steps(recs: list[ConsumerRecord]) -> dict[str, float]:
     now = int(time.time() * 1000)
     values = [r.value for r in recs]
     samples = [decode_sample(v) for v in values]
+    heads = [decode_head(v) for v in values]
     inputs = [InputRecord(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value, ())
               for r in recs]
     published: list[Published] = []
     store = WindowStore(wcfg)
-    for record, sample in zip(inputs, samples, strict=True):
-        published += [o for o in store.accept(record, sample, now) if isinstance(o, Published)]
+    for record in inputs:
+        published += [o for o in store.take(record, now) if isinstance(o, Published)]
     held = [[m.sample for m in g.members] for g in published]
     reward = wcfg.reward
 
     def decode() -> None:
         for v in values:
-            decode_sample(v)
+            if decode_head(v) is None:
+                decode_sample(v)
 
     def validation() -> None:
-        for r, s in zip(recs, samples, strict=True):
-            if plainly_valid(s, r.key, reward.reward_key, wcfg.limits) is None:
+        for r, h, s in zip(recs, heads, samples, strict=True):
+            if h is None or plainly_valid(h, r.key, reward.reward_key, wcfg.limits, item_count) is None:
                 validate_sample(s, key=r.key, reward_key=reward.reward_key, limits=wcfg.limits)
 
     def windows() -> None:
         store = WindowStore(wcfg)
-        for record, sample in zip(inputs, samples, strict=True):
-            store.accept(record, sample, now)
+        for record in inputs:
+            store.take(record, now)
 
     def normalization() -> None:
         for h in held:
@@ -168,7 +172,7 @@ def steps(recs: list[ConsumerRecord]) -> dict[str, float]:
     out = {name: _best(fn) for name, fn in [("decode", decode), ("validation", validation),
                                             ("windows", windows), ("normalization", normalization),
                                             ("encode", encode), ("ledger", ledger)]}
-    out["windows"] -= out["validation"] + out["normalization"]
+    out["windows"] -= out["decode"] + out["validation"] + out["normalization"]
     return out
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from codec import Sample, group_key_of
+from codec.head import RolloutFields
 from core.rewards import RewardSelectionError, select_reward
 
 __all__ = ["MAX_GROUP_SIZE", "MAX_SIBLING_COUNT", "SampleLimits", "validate_sample", "effective_group_size",
@@ -78,13 +81,15 @@ def validate_sample(
 
 
 def plainly_valid(
-    sample: Sample, key: bytes | None, reward_key: str | None, limits: SampleLimits
+    sample: RolloutFields, key: bytes | None, reward_key: str | None, limits: SampleLimits,
+    count: Callable[[Any], int] = len,
 ) -> str | None:
     """The sample's group key when it is valid the common way (a finite float reward without a reward key,
     every size in range, its record keyed by its group), else None: then `validate_sample` says why, or
     that it is valid after all (an int or keyed reward). One pass of attribute loads instead of
     `validate_sample`'s calls; every check here is one of `validate_sample`'s, so a sample this accepts
-    that one accepts too (tests/core/test_fast_paths.py checks it on random samples).
+    that one accepts too (tests/core/test_fast_paths.py checks it on random samples). `count` is how many
+    items an array holds: `len` for a `Sample`, `codec.head.item_count` for a `SampleHead`.
     """
     reward = sample.reward
     group_index = sample.group_index
@@ -95,14 +100,14 @@ def plainly_valid(
         group_size = limits.default_group_size
         if group_size is None:
             return None
-    count = sample.sibling_count
+    siblings = sample.sibling_count
     length = sample.response_length
-    if not (0 < group_size <= limits.max_group_size and 0 < count <= limits.max_sibling_count
-            and 0 <= sample.sibling_index < count and length >= 0):
+    if not (0 < group_size <= limits.max_group_size and 0 < siblings <= limits.max_sibling_count
+            and 0 <= sample.sibling_index < siblings and length >= 0):
         return None
     mask, tokens, log_probs = sample.loss_mask, sample.tokens, sample.rollout_log_probs
-    if (mask is not None and len(mask) != length) or (tokens is not None and length > len(tokens)) \
-            or (log_probs is not None and len(log_probs) != length):
+    if (mask is not None and count(mask) != length) or (tokens is not None and length > count(tokens)) \
+            or (log_probs is not None and count(log_probs) != length):
         return None
     run_id = sample.run_id
     gkey = f"{run_id}/{group_index}" if run_id else str(group_index)  # codec.group_key_of, inlined

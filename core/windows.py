@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from codec import DeadLetterReason, DecodeError, Sample, group_key_of
+from codec import DeadLetterReason, DecodeError, Sample, decode_sample, group_key_of
+from codec.head import RolloutFields, decode_head, item_count
 from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
 from core.digest import DIGEST_ALGORITHM, digest_with, record_digest
@@ -130,7 +131,7 @@ class HeldSample(msgspec.Struct, frozen=True, gc=False):
     sibling_index: int
 
 
-def _held(sample: Sample) -> HeldSample:
+def _held(sample: RolloutFields) -> HeldSample:
     # index only matters without a rollout_id (docs/spec.md §2.4); not keeping it saves an int per sample
     index = sample.index if sample.rollout_id is None else None
     return HeldSample(sample.reward, sample.rollout_id, index, sample.sibling_index)
@@ -153,6 +154,24 @@ class WindowStore:
         return len(self.open)
 
     # ---- transitions ---------------------------------------------------------------------------
+    def take(self, record: InputRecord, now_ms: int) -> list[Outcome]:
+        """`accept` of a consumed record, decoded here: as a head when it is plainly valid (the common case:
+        no array is built), else whole, which says what is wrong with it."""
+        value = record.value
+        if value is None:
+            return self.accept(record, DecodeError("record has no value (tombstone)"), now_ms)
+        head = decode_head(value)
+        if head is not None:
+            cfg = self.config
+            gkey = plainly_valid(head, record.key, cfg.reward.reward_key, cfg.limits, item_count)
+            if gkey is not None:
+                return self._place(record, head, gkey, now_ms)
+        try:
+            decoded: Sample | DecodeError = decode_sample(value)
+        except DecodeError as exc:
+            decoded = exc
+        return self.accept(record, decoded, now_ms)
+
     def accept(self, record: InputRecord, decoded: Sample | DecodeError, now_ms: int) -> list[Outcome]:
         """Take one consumed record; return what became of it (and of any group it completed or broke)."""
         if isinstance(decoded, DecodeError):
@@ -167,7 +186,12 @@ class WindowStore:
             gkey = group_key_of(sample.run_id, sample.group_index) if sample.group_index is not None else None
             if problem is not None:
                 return self._reject_record(record, gkey, problem, now_ms)
-        assert gkey is not None and sample.group_index is not None
+        assert gkey is not None
+        return self._place(record, sample, gkey, now_ms)
+
+    def _place(self, record: InputRecord, sample: RolloutFields, gkey: str, now_ms: int) -> list[Outcome]:
+        """A valid sample into its group's window (or against the group's closed memory)."""
+        cfg = self.config
         wkey = (record.partition, gkey, replay_id(record) if record.headers else "")
         closed = self.closed.get(wkey)
         if closed is not None:
@@ -224,7 +248,7 @@ class WindowStore:
         wkey: WindowKey,
         window: GroupWindow,
         record: InputRecord,
-        sample: Sample,
+        sample: RolloutFields,
         group_size: int,
         now_ms: int,
     ) -> list[Outcome]:
@@ -241,7 +265,7 @@ class WindowStore:
         return self._add_member(wkey, window, record, sample, rkey, rollout, group_size, now_ms)
 
     def _add_member(
-        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: Sample,
+        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: RolloutFields,
         rkey: int | str | tuple[str, int, int], rollout: Rollout | None, group_size: int, now_ms: int,
     ) -> list[Outcome]:
         """`_add` of any member, the whole rule (`_add_rollout` is its first-sample case, checked against it
@@ -305,7 +329,7 @@ class WindowStore:
         return []
 
     def _add_rollout(
-        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: Sample,
+        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: RolloutFields,
         rkey: int | str | tuple[str, int, int], group_size: int, now_ms: int,
     ) -> list[Outcome]:
         """`_add` of a rollout's first sample (the common case): `_add`'s checks that can fail without

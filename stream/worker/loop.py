@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from codec import DecodeError, decode_sample
 from core.offsets import OffsetLedger
 from core.records import InputRecord, Outcome
 from core.rewards import torch_free_normalization
@@ -228,16 +227,10 @@ class Worker:
         self._publish_snapshot()
 
     def _decide(self, rec: Record, now_ms: int) -> list[Outcome]:
-        """The window store's decision for one input record (decoded here, judged in core)."""
+        """The window store's decision for one input record (decoded and judged in core)."""
         record = InputRecord(rec.topic, rec.partition, rec.offset, rec.timestamp, rec.key, rec.value,
                              tuple(rec.headers) if rec.headers else ())
-        if rec.value is None:
-            return self.store.accept(record, DecodeError("record has no value (tombstone)"), now_ms)
-        try:
-            decoded = decode_sample(rec.value)
-        except DecodeError as exc:
-            return self.store.accept(record, exc, now_ms)
-        return self.store.accept(record, decoded, now_ms)
+        return self.store.take(record, now_ms)
 
     def _accept_batch(self, records: Sequence[Record], now_ms: int) -> None:
         """Hold, decide and route each record of one partition's poll batch, in order, until the dead-letter

@@ -3,13 +3,15 @@
 * `plainly_valid` may only accept what `validate_sample` accepts, with the same group key, and must accept
   the common case (a finite float reward without a reward key), or it saves nothing.
 * A `WindowStore` with its fast paths (`plainly_valid`, `_add_rollout`) decides exactly what one without
-  them decides: same outcomes (reasons, messages, records, reward bits), same closed-group memory.
+  them decides: same outcomes (reasons, messages, records, reward bits), same closed-group memory; and so
+  does one fed the records' bytes through `take` (a head decode where it is enough, the whole one else).
 """
 
 from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -120,6 +122,11 @@ def streams(draw: st.DrawFn) -> list[tuple[bytes | None, bytes, int]]:
                 key = draw(st.sampled_from([group_key_of(sample.run_id, g).encode()] * 4 + [b"x"]))
                 ts = draw(st.sampled_from([0, 0, 0, 5_000]))
                 value = encode_sample(sample)
+                if draw(st.integers(0, 7)) == 0:  # arrays as plain lists: no head, decoded whole
+                    fields = {**msgspec.structs.asdict(sample), "tokens": [1, 2], "loss_mask": [1]}
+                    value = msgspec.msgpack.encode({**fields, "type": "rollout_sample"})
+                elif draw(st.integers(0, 15)) == 0:
+                    value = value[:-1]  # cut short: a decode error
                 records.append((key, value, ts))
                 if draw(st.integers(0, 5)) == 0:
                     records.append((key, value, ts))
@@ -127,11 +134,15 @@ def streams(draw: st.DrawFn) -> list[tuple[bytes | None, bytes, int]]:
     return [records[i] for i in order]
 
 
-def _run(store: WindowStore, records: list[tuple[bytes | None, bytes, int]], headers: bool) -> list[str]:
+def _run(store: WindowStore, records: list[tuple[bytes | None, bytes, int]], headers: bool,
+         take: bool = False) -> list[str]:
     out = []
     for offset, (key, value, ts) in enumerate(records):
         hdrs = (((REPLAY_ID_HEADER, b"r1"),) if headers and offset % 2 else ())
         rec = InputRecord("in", offset % 2, offset, ts, key, value, hdrs)
+        if take:
+            out += [repr(o) for o in store.take(rec, now_ms=1)]
+            continue
         try:
             decoded: Sample | DecodeError = decode_sample(value)
         except DecodeError as exc:
@@ -157,3 +168,6 @@ def test_a_window_store_decides_the_same_with_and_without_its_fast_paths(
     assert _run(fast, records, headers) == expected
     assert repr(fast.closed) == repr(slow.closed) and fast.open_bytes == slow.open_bytes == 0
     assert repr(fast.drain_changes()) == repr(slow.drain_changes())
+    taken = WindowStore(config)
+    assert _run(taken, records, headers, take=True) == expected
+    assert repr(taken.closed) == repr(slow.closed) and taken.open_bytes == 0
