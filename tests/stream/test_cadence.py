@@ -44,8 +44,19 @@ def test_poll_waits_only_until_the_next_commit_would_be_due():
     assert c.poll_timeout_ms(5.2) == 0
 
 
+def test_behind_its_input_a_poll_waits_for_the_interval_not_for_the_early_commit():
+    c = CommitCadence(interval_s=0.1, max_records=1000)
+    c.committed(5.0)
+    c.uncommitted = c.outputs = 8
+    assert not c.due(5.03, caught_up=False)  # a full poll, or a poll's worth left
+    assert c.poll_timeout_ms(5.03) == 70  # not 0: an empty poll would not make the early commit due
+    assert c.due(5.05, caught_up=True)  # a short poll with little left: caught up, the early commit is due
+    assert c.poll_timeout_ms(5.05) == 0
+
+
 @given(st.floats(0.001, 10), st.floats(0, 20), st.integers(0, 10), st.integers(0, 10))
 def test_a_poll_never_outlasts_the_commit_an_empty_poll_makes_due(interval, since, read, written):
+    """Caught up: an empty poll (returned 0, little left) makes the early commit due."""
     c = CommitCadence(interval_s=interval, max_records=1 << 30, last=100.0, uncommitted=read, outputs=written)
     now = 100.0 + since
     timeout = c.poll_timeout_ms(now)
