@@ -21,7 +21,7 @@ from core.rewards import torch_free_normalization
 from core.windows import WindowStore
 from stream.clients import Connection
 from stream.config import WorkerConfig
-from stream.kafka import Client, GroupConsumer, Record, TopicPartition, client_for
+from stream.kafka import Client, GroupConsumer, KafkaFailure, Record, TopicPartition, client_for
 from stream.logs import log_event
 from stream.names import changelog_topic_name, transactional_id
 from stream.topics import ensure_changelog
@@ -40,6 +40,9 @@ from stream.worker.stats import LoopObserver, OutcomeCounts, Snapshot, WorkerSta
 __all__ = ["Worker"]
 
 log = logging.getLogger("rollout_stream.worker")
+
+RESTORE_RETRY_S = 0.5
+"""After a retriable failure, how long a partition's restore waits before it is tried again."""
 
 
 class Worker:
@@ -64,6 +67,7 @@ class Worker:
         self.metrics: LoopObserver | None = None
         self.snapshot = Snapshot(self.stats)
         self.last_tick = 0.0  # monotonic time of the loop's last iteration (liveness)
+        self._restore_after = 0.0  # monotonic time before which no restore is tried (after a failed one)
         self._stop = threading.Event()
         self._consumer: GroupConsumer | None = None
         self._delivery: Delivery | None = None
@@ -193,8 +197,8 @@ class Worker:
         batch = self._consumer.poll(self.cadence.poll_timeout_ms(time.monotonic()) / 1000, POLL_RECORDS)
         self.last_tick = started = time.monotonic()
         skip = set(self.partitions.to_restore)  # fetched before the restore: they are read again after it
-        for p in sorted(skip):
-            self._restore(p)
+        if skip and started >= self._restore_after:
+            self._restore_each(sorted(skip), started)
         now_ms = int(self.clock() * 1000)
         active = self.partitions.active
         for tp, records in batch.items():
@@ -351,6 +355,19 @@ class Worker:
         for p in self.partitions.assigned:
             self._drop(p)
         self.partitions.restore_all()
+
+    def _restore_each(self, partitions: list[int], now: float) -> None:
+        """Restore each partition; one that meets a retriable broker failure (a leader or coordinator still
+        moving after a broker restart) stays to restore and is tried again a moment later."""
+        for p in partitions:
+            try:
+                self._restore(p)
+            except KafkaFailure as exc:
+                if not exc.retriable:
+                    raise
+                self._restore_after = now + RESTORE_RETRY_S
+                log_event(log, "partition.restore_failed", logging.WARNING, partition=p, error=str(exc),
+                          action=f"restoring it again in {RESTORE_RETRY_S:g} s; its records wait until then")
 
     def _restore(self, p: int) -> None:
         done = self.restorer.restore(p)

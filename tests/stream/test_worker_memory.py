@@ -13,7 +13,7 @@ import pytest
 from codec import Sample, decode_train_sample, encode_sample, group_key
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
-from stream.kafka import BrokerUnavailable, ProducerFenced
+from stream.kafka import BrokerUnavailable, KafkaFailure, ProducerFenced
 from stream.kafka.memory import MemoryCluster
 from stream.worker import Worker
 from stream.worker.instance import InstanceClaim
@@ -136,6 +136,49 @@ def test_restore_rebuilds_open_windows_from_the_changelog_with_outputs_suppresse
     commit(w2)
     assert published(cluster) == expected([0]) + expected([1], size=4)
     assert w2.stats.groups_published == 1  # only group 1: group 0 stays published by w1
+
+
+def test_a_restore_that_meets_a_retriable_failure_is_tried_again(cluster, monkeypatch):
+    # After a broker restart a new leader answers offset queries with OFFSET_NOT_AVAILABLE for a while: the
+    # worker waits and restores again (in the 3-node chaos test it exited instead).
+    monkeypatch.setattr("stream.worker.loop.RESTORE_RETRY_S", 0.05)
+    produce(cluster, group(0) + group(1, size=4)[:2])
+    w1 = worker(cluster, "w1")
+    steps(w1)
+    commit(w1)
+    w1.close()
+    w2 = worker(cluster, "w2")
+    real, failures = w2.restorer.restore, [2]
+
+    def restore(p):
+        if failures[0]:
+            failures[0] -= 1
+            raise KafkaFailure("Broker: Leader high watermark is not caught up", kind="OFFSET_NOT_AVAILABLE",
+                               retriable=True)
+        return real(p)
+
+    monkeypatch.setattr(w2.restorer, "restore", restore)
+    steps(w2, n=2)  # assigned; both partitions' restores fail: they wait, nothing of theirs is processed
+    assert w2.partitions.to_restore == {0, 1} and w2.stats.restores == 0 and w2.store.open_count() == 0
+    time.sleep(0.06)
+    steps(w2)
+    assert not w2.partitions.to_restore and w2.stats.restores == 2 and w2.store.open_count() == 1
+    produce(cluster, group(1, size=4)[2:])
+    steps(w2)
+    commit(w2)
+    assert published(cluster) == expected([0]) + expected([1], size=4)
+
+
+def test_a_restore_that_meets_a_failure_that_is_not_retriable_stops_the_worker(cluster, monkeypatch):
+    produce(cluster, group(0))
+    w = worker(cluster)
+
+    def restore(p):
+        raise KafkaFailure("Broker: Topic authorization failed", kind="TOPIC_AUTHORIZATION_FAILED")
+
+    monkeypatch.setattr(w.restorer, "restore", restore)
+    with pytest.raises(KafkaFailure, match="authorization"):
+        steps(w)
 
 
 def test_an_aborted_commit_restores_and_publishes_everything_exactly_once(cluster):
