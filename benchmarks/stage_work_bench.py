@@ -24,6 +24,7 @@ On a busy machine (another process on the 2 cores) `--cpu --passes 7` times the 
 
     .venv/bin/python benchmarks/stage_work_bench.py                 # 256 tokens, groups of 8
     .venv/bin/python benchmarks/stage_work_bench.py --tokens 32768 --groups 80
+    ROLLOUT_STREAM_COMPILED=0 .venv/bin/python benchmarks/stage_work_bench.py   # the Python sources
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from codec import decode_sample
+from codec import compiled, decode_sample
 from codec.head import decode_head, item_count
 from core.offsets import OffsetLedger
 from core.records import InputRecord, Published
@@ -201,7 +202,7 @@ def main() -> None:
     batches = polls(recs)
     best = min(worker_pass(batches, len(recs)) for _ in range(PASSES))
     print(f"{w.label()[2:]}: {best / len(recs) * 1e6:.1f} µs per sample of the stage's own work "
-          f"({len(recs)} samples, best of {PASSES})")
+          f"({len(recs)} samples, best of {PASSES}; hot path {compiled.status().describe()})")
     parts = steps(recs)
     parts["worker glue"] = best - sum(parts.values())
     for name, seconds in parts.items():

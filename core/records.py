@@ -38,7 +38,7 @@ class Member(msgspec.Struct, frozen=True, gc=False):
 
     record: InputRecord
     sample: Any
-    rollout: object
+    rollout: Any  # not `object`: msgspec cannot resolve that name in a mypyc-compiled module
 
 
 @dataclass(frozen=True, slots=True)

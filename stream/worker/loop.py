@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from codec import compiled
 from core.offsets import OffsetLedger
 from core.records import InputRecord, Outcome
 from core.rewards import torch_free_normalization
@@ -165,7 +166,8 @@ class Worker:
                   dead_letter_topic=cfg.topics.dead_letter,
                   security=str(self.conn.security),  # masked: no password or key material
                   changelog_topic=self.changelog_topic if self.eos else "-",
-                  torch_free_normalization=self.torch_free_normalization)
+                  torch_free_normalization=self.torch_free_normalization,
+                  hot_path=compiled.status().describe())
         now = time.monotonic()
         self.cadence.committed(now)
         self.periodic = {"expire": Every(0.2), "broker": Every(1.0, start=now),

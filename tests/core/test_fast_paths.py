@@ -5,6 +5,7 @@
 * A `WindowStore` with its fast paths (`plainly_valid`, `_add_rollout`) decides exactly what one without
   them decides: same outcomes (reasons, messages, records, reward bits), same closed-group memory; and so
   does one fed the records' bytes through `take` (a head decode where it is enough, the whole one else).
+  The one without is core/windows.py's source, patched; the others may be compiled (codec/compiled.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from core import RewardConfig
 from core.records import InputRecord
 from core.validate import SampleLimits, plainly_valid, validate_sample
 from core.windows import REPLAY_ID_HEADER, WindowConfig, WindowStore
+from tests.core.pure_modules import pure
 
 _rewards = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.0, -0.0, 0.25, 1.0, -2.5, 1e300]),
@@ -94,10 +96,14 @@ def test_plainly_valid_agrees_at_every_single_field_edge(limits):
                 assert (fast is not None) == (problem is None and type(sample.reward) is float), (name, value)
 
 
-def _without_fast_paths(store: WindowStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("core.windows.plainly_valid", lambda *args: None)
+def _without_fast_paths(config: WindowConfig, monkeypatch: pytest.MonkeyPatch) -> WindowStore:
+    """A store of core/windows.py's source (patches do not reach a compiled module's own calls)."""
+    windows = pure("core.windows")
+    store: WindowStore = windows.WindowStore(config)
+    monkeypatch.setattr(windows, "plainly_valid", lambda *args: None)
     monkeypatch.setattr(store, "_add_rollout", lambda wkey, window, record, sample, rkey, group_size, now_ms:
                         store._add_member(wkey, window, record, sample, rkey, None, group_size, now_ms))
+    return store
 
 
 @st.composite
@@ -161,9 +167,8 @@ def test_a_window_store_decides_the_same_with_and_without_its_fast_paths(
     config = WindowConfig(reward=RewardConfig(advantage_estimator=estimator), group_timeout_ms=1_000,
                           limits=SampleLimits(default_group_size=default_size), max_group_bytes=max_bytes)
     fast = WindowStore(config)
-    slow = WindowStore(config)
     with pytest.MonkeyPatch.context() as monkeypatch:
-        _without_fast_paths(slow, monkeypatch)
+        slow = _without_fast_paths(config, monkeypatch)
         expected = _run(slow, records, headers)
     assert _run(fast, records, headers) == expected
     assert repr(fast.closed) == repr(slow.closed) and fast.open_bytes == slow.open_bytes == 0

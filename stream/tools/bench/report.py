@@ -321,7 +321,8 @@ def render(report: BenchReport, console: Console | None = None) -> None:
         Flow(
             Text.from_markup(
                 f"[bold]rollout-stream bench[/] — {m['cpus']} CPUs ({m['cpu_model']}), Python {m['python']}, "
-                f"kafka-python {m['kafka_python']}; load average {m['load_average_start'][0]} → "
+                f"kafka-python {m['kafka_python']}, hot path {m.get('hot_path', '?')}; "
+                f"load average {m['load_average_start'][0]} → "
                 f"{m.get('load_average_end', ['?'])[0]}; {report.seconds:.0f} s"
             ),
             indent=4,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
+from codec import compiled
 from stream.clients import default_client
 from stream.tools.bench.latency import LatencyResult
 from stream.tools.bench.workloads import Workload, standard_workloads
@@ -292,6 +293,7 @@ def machine_info() -> dict[str, Any]:
         "kafka_python": version("kafka-python"),
         "confluent_kafka": version("confluent-kafka"),
         "client": default_client(),
+        "hot_path": compiled.status().describe(),
         "platform": platform.platform(),
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
     }
