@@ -184,6 +184,11 @@ class Producer(Protocol):
              headers: Sequence[Header] | None = None, timestamp_ms: int | None = None) -> SendFuture:
         """Queue a record. Raises the KafkaFailure at once when the client already knows the send failed."""
         ...
+    def send_in_transaction(self, topic: str, value: bytes | None, key: bytes | None = None, *,
+                            partition: int | None = None, headers: Sequence[Header] | None = None) -> None:
+        """Queue a record of the open transaction, with no report of its own: its fate is the transaction's
+        (`commit_transaction` raises when any of its records failed). Raises at once what `send` would."""
+        ...
     def partitions_for(self, topic: str) -> list[int] | None: ...
     def partition_for(self, topic: str, key: bytes) -> int | None:
         """The partition the client's default partitioner gives `key` (Java's murmur2 rule), or None when

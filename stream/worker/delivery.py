@@ -186,7 +186,8 @@ class ExactlyOnce:
         """A send refused for lack of an ACL aborts the transaction, and every later commit (the worker's
         shutdown commit included) is refused: an ACL does not come back by retrying."""
         try:
-            self.producer.send(topic, value, key, partition=partition, headers=headers)  # type: ignore[arg-type]
+            self.producer.send_in_transaction(topic, value, key, partition=partition,
+                                              headers=headers)  # type: ignore[arg-type]
         except KafkaFailure as exc:
             denied = authorization_cause(exc)
             if denied is not None:

@@ -100,6 +100,10 @@ class _Producer:
             raise translate(future.exception)
         return _Future(future)
 
+    def send_in_transaction(self, topic: str, value: bytes | None, key: bytes | None = None, *,
+                            partition: int | None = None, headers: Sequence[Header] | None = None) -> None:
+        self.send(topic, value, key, partition=partition, headers=headers)  # kafka-python makes one anyway
+
     def partitions_for(self, topic: str) -> list[int] | None:
         try:
             found = self._p.partitions_for(topic)

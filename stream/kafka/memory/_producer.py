@@ -123,6 +123,10 @@ class MemoryProducer:
                              kind="MessageSizeTooLargeError")
         return SendFailure(error, 1, at_once=False)
 
+    def send_in_transaction(self, topic: str, value: bytes | None, key: bytes | None = None, *,
+                            partition: int | None = None, headers: Sequence[Header] | None = None) -> None:
+        self.send(topic, value, key, partition=partition, headers=headers)
+
     def partitions_for(self, topic: str) -> list[int] | None:
         with self._cluster.lock:
             return list(range(self._cluster._log.count(topic))) or None

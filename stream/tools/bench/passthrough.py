@@ -97,7 +97,10 @@ class Passthrough:
                             in_txn = True
                         if self.extra_work_s:
                             _busy(self.extra_work_s)
-                        producer.send(self.output_topic, rec.value, rec.key)
+                        if self.eos:  # as the stage's ExactlyOnce sends: no report per record
+                            producer.send_in_transaction(self.output_topic, rec.value, rec.key)
+                        else:
+                            producer.send(self.output_topic, rec.value, rec.key)
                         positions[tp.partition] = rec.offset + 1
                         self.records_in += 1
                         self.bytes_in += len(rec.value or b"") + len(rec.key or b"")
