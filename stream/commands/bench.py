@@ -84,7 +84,7 @@ def bench(
     on the real broker: samples/s and MB/s, end-to-end latency p50/p99 at half the measured maximum rate,
     peak RSS against open-window bytes, exactly-once vs at-least-once, and a commit cadence sweep.
 
-    Creates and deletes its own topics. The full run takes about twelve minutes on 2 cores.
+    Creates and deletes its own topics. The full run takes about ten minutes on 2 cores.
     """
     from stream.tools.bench.results import BenchSettings
     from stream.tools.bench.suite import run_bench
