@@ -72,7 +72,13 @@ def build(*, quiet: bool = False) -> int:
             print(f"compiled hot path: the mypyc build failed (exit {done.returncode}); the stage runs its "
                   "pure-Python modules", file=sys.stderr)
             return 1
-        out.rename(target)  # whole or not at all: a build is only looked for under its final name
+        try:
+            out.rename(target)  # whole or not at all: a build is only looked for under its final name
+        except OSError:
+            if not any(target.glob(compiled.SHARED_LIB_GLOB)):
+                raise
+            print(f"compiled hot path: another build finished first ({target})")  # same sources, same build
+            return 0
     print(f"compiled hot path: built in {time.monotonic() - started:.0f} s into {target}")
     return 0
 

@@ -198,6 +198,10 @@ def stopped(worker: subprocess.Popen, timeout: float = 60.0) -> int | None:
         return None
 
 
+def latest_log(logs: list[Path], instance: str) -> Path:
+    return [path for path in logs if path.name.startswith(f"{instance}-")][-1]
+
+
 def wait_working(log_file: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -205,6 +209,38 @@ def wait_working(log_file: Path, timeout: float = 60.0) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"worker never got to work: {log_file.read_text()[-2000:]}")
+
+
+class ExitWatch:
+    """Says when a worker exits unbidden, at that moment: the others take over its partitions, so otherwise
+    only the exit codes at the end tell (a worker that died a minute before the end, 2026-12-01)."""
+
+    def __init__(self, workers: dict[str, subprocess.Popen], faults: list[tuple[str, float]]) -> None:
+        self.workers, self.faults = workers, faults
+        self.exits: list[str] = []
+        self.bidden: set[int] = set()  # pids the test kills or stops itself
+        self._done: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        started = time.monotonic()
+        while not self._stop.wait(0.5):
+            for name, worker in list(self.workers.items()):
+                code = worker.poll()
+                if code is None or worker.pid in self._done or worker.pid in self.bidden:
+                    continue
+                self._done.add(worker.pid)
+                last = self.faults[-1][0] if self.faults else "none"
+                line = (f"{time.monotonic() - started:.0f} s in: worker {name} (pid {worker.pid}) exited "
+                        f"with {code}; last fault before it: {last}")
+                self.exits.append(line)
+                print(f"cluster chaos: {line}", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 @pytest.mark.kafka(timeout=480)
@@ -258,13 +294,14 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
     changelog = changelog_topic_name(group_id, topics.input)
     watcher = threading.Thread(target=watch_progress, args=(bootstrap, topics.input, changelog, stop_watch,
                                                             progress), daemon=True)
+    faults: list[tuple[str, float]] = []
     workers = {name: start(name) for name in ("w1", "w2", "w3")}
+    exits = ExitWatch(workers, faults)
     for log_file in list(logs):
         wait_working(log_file)
     producer = threading.Thread(target=produce)
     producer.start()
     watcher.start()
-    faults: list[tuple[str, float]] = []
     try:
         time.sleep(6)
         leaders = input_leaders(bootstrap, topics.input)
@@ -277,6 +314,7 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
         cluster.restart(victim, timeout=120)
         time.sleep(4)
         faults.append(("SIGKILL worker w2", time.monotonic()))
+        exits.bidden.add(workers["w2"].pid)
         workers["w2"].send_signal(signal.SIGKILL)
         workers["w2"].wait(10)
         time.sleep(3)
@@ -301,6 +339,7 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
         faults.append(("end", time.monotonic()))
     finally:
         stop_watch.set()
+        exits.stop()
         for w in workers.values():
             w.send_signal(signal.SIGTERM)
         codes = {name: stopped(w) for name, w in workers.items()}
@@ -316,7 +355,10 @@ def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster,
     print("\n".join(["cluster chaos, time without progress per fault:", *report]), file=sys.stderr)
     (tmp_path / "stalls.txt").write_text("\n".join(report) + "\n")
 
-    assert codes == {"w1": 0, "w2": 0, "w3": 0}, codes
+    unclean = {name: code for name, code in codes.items() if code != 0}
+    assert not unclean, "\n".join([f"workers that did not stop cleanly: {unclean}", *exits.exits, *(
+        f"--- the end of {name}'s log:\n" + "\n".join(latest_log(logs, name).read_text().splitlines()[-12:])
+        for name in unclean)])
     missing = published_keys - {t.group_key for t in train}
     assert not missing, {k: [(r.headers["x-dlq-reason"], r.partition, r.offset) for r in dlq
                              if r.key is not None and r.key.decode() == k] for k in sorted(missing)[:5]}
