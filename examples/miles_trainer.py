@@ -31,12 +31,20 @@ from stream.topics import TopicSettings, ensure_topics
 from stream.worker import Worker
 
 
-def rank_loop(reader: TrainDataReader, batches: int, out: list) -> None:
+def rank_loop(reader: TrainDataReader, batches: int, out: list, step: threading.Barrier) -> None:
     for _ in range(batches):
         batch = reader.next_batch(timeout=60)
         if batch is None:
+            step.abort()  # the other rank stops waiting too
             break
         out.append(batch)
+        # The training step's all-reduce: no rank commits batch k before every rank has it. Without it, a
+        # rank whose reader starts after another rank's first commit resumes from that commit and skips
+        # batch 0 (a rank with no commit yet does not hold the others back: docs/reader.md).
+        try:
+            step.wait(timeout=60)
+        except threading.BrokenBarrierError:
+            break
         reader.commit()
 
 
@@ -76,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         readers = [TrainDataReader(bootstrap, topics.output, f"miles-{tag}-trainer",
                                    groups_per_batch=args.groups_per_batch, rank=r, world_size=2,
                                    layout="miles", balance_data=args.balance_data) for r in range(2)]
-        threads = [threading.Thread(target=rank_loop, args=(readers[r], args.batches, results[r]))
+        step = threading.Barrier(2)
+        threads = [threading.Thread(target=rank_loop, args=(readers[r], args.batches, results[r], step))
                    for r in range(2)]
         for t in threads:
             t.start()
@@ -91,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             shards = [results[r][b] for r in range(2)]
             ids = [s.sample.index for shard in shards for s in shard.samples]
             whole = shards[0].global_samples
-            ok = len(ids) == len(set(ids)) == whole
+            ok = shards[0].index == shards[1].index == b and len(ids) == len(set(ids)) == whole
             status |= 0 if ok else 1
             for r, shard in enumerate(shards):
                 data = shard.rollout_data
