@@ -122,6 +122,20 @@ class _Producer:
             kwargs["headers"] = list(headers)
         if timestamp_ms is not None:
             kwargs["timestamp"] = timestamp_ms
+        self._produce(topic, value, key, kwargs)
+        return future
+
+    def send_in_transaction(self, topic: str, value: bytes | None, key: bytes | None = None, *,
+                            partition: int | None = None, headers: Sequence[Header] | None = None) -> None:
+        # No on_delivery: librdkafka then serves the record's report in C. A report per record cost the
+        # loop 0.6 µs of CPU (a Python call with a Message object made for it); a failed record fails the
+        # transaction, which commit_transaction raises.
+        kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
+        if headers:
+            kwargs["headers"] = list(headers)
+        self._produce(topic, value, key, kwargs)
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes | None, kwargs: dict[str, Any]) -> None:
         while True:
             try:
                 self._p.produce(topic, value, key, **kwargs)
@@ -133,27 +147,6 @@ class _Producer:
         self._sends += 1
         if self._sends % 1000 == 0:
             self._p.poll(0)  # delivery reports, without waiting
-        return future
-
-    def send_in_transaction(self, topic: str, value: bytes | None, key: bytes | None = None, *,
-                            partition: int | None = None, headers: Sequence[Header] | None = None) -> None:
-        # No on_delivery: librdkafka then serves the record's report in C. A report per record cost the
-        # loop 0.6 µs of CPU (a Python call with a Message object made for it); a failed record fails the
-        # transaction, which commit_transaction raises.
-        kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
-        if headers:
-            kwargs["headers"] = list(headers)
-        while True:
-            try:
-                self._p.produce(topic, value, key, **kwargs)
-                break
-            except BufferError:
-                self._p.poll(0.05)
-            except KafkaException as exc:
-                raise translate(exc) from exc
-        self._sends += 1
-        if self._sends % 1000 == 0:
-            self._p.poll(0)
 
     def partitions_for(self, topic: str) -> list[int] | None:
         # A metadata request per call cost the stage half its time (one per group): known partitions are kept
