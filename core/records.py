@@ -3,42 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import msgspec
 
 from codec import DeadLetterReason
 from core.rewards import GroupRewards
+from core.structs import InputRecord, Member
 
 __all__ = ["InputRecord", "Member", "Published", "DeadLettered", "DuplicateDropped", "Outcome"]
-
-
-class InputRecord(msgspec.Struct, frozen=True, gc=False):
-    """One consumed Kafka record, bytes untouched.
-
-    A struct without GC tracking: one is built per consumed record and windows hold many of them.
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-    @property
-    def size(self) -> int:
-        return len(self.value or b"") + len(self.key or b"")
-
-
-class Member(msgspec.Struct, frozen=True, gc=False):
-    """A valid sample held in a window: its record and what normalization reads of it (`sample` has
-    `reward`, `rollout_id`, `index`, `sibling_index`, like `codec.Sample`)."""
-
-    record: InputRecord
-    sample: Any
-    rollout: Any  # not `object`: msgspec cannot resolve that name in a mypyc-compiled module
 
 
 @dataclass(frozen=True, slots=True)

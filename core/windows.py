@@ -6,17 +6,17 @@ This module is the one place that decides a dead-letter reason.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-import msgspec
 
 from codec import DeadLetterReason, DecodeError, Sample, decode_sample, group_key_of
 from codec.head import RolloutFields, decode_head, item_count
 from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
-from core.digest import DIGEST_ALGORITHM, digest_with, record_digest
+from core.digest import record_digest
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
 from core.rewards import SharedRewardViolation, normalize_group
+from core.structs import ClosedGroup, HeldSample
 from core.validate import SampleLimits, plainly_valid, validate_sample
 
 __all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
@@ -91,44 +91,14 @@ class GroupWindow:
     def records(self) -> list[InputRecord]:
         return [m.record for m in self.members()]
 
-    def digests(self) -> frozenset[bytes]:
+    def digests(self) -> tuple[bytes, ...]:
         """Computed when the group closes: while it is open, a copy is told by comparing bytes."""
-        return frozenset(record_digest(m.record.value) for m in self.members())
+        return distinct(record_digest(m.record.value) for m in self.members())
 
 
-@dataclass(frozen=True, slots=True)
-class ClosedGroup:
-    """What the worker remembers of a resolved group, to recognise late members and copies."""
-
-    reason: DeadLetterReason | None  # None: published
-    message: str
-    deadline_ms: int
-    closed_at_ms: int
-    digests: frozenset[bytes]
-    digest_algorithm: str = DIGEST_ALGORITHM  # entries restored from an older changelog may differ
-
-    def digest_of(self, record: InputRecord) -> bytes:
-        """`record`'s digest, comparable with this group's."""
-        if self.digest_algorithm == DIGEST_ALGORITHM:
-            return record_digest(record.value)
-        try:
-            return digest_with(self.digest_algorithm, record.value)
-        except KeyError:  # written by a newer stage: a copy cannot be recognised, so it is never dropped
-            return b""
-
-
-class HeldSample(msgspec.Struct, frozen=True, gc=False):
-    """What a window keeps of a validated member: the fields `normalize_group` reads.
-
-    Everything else stays in the record's bytes, which outputs embed verbatim; a full decoded `Sample`
-    (arrays, prompt, metadata, ~2 KB of Python objects for a 256-token sample) would double a window's
-    memory, and even an emptied one costs ~300 B more per sample than this.
-    """
-
-    reward: float | dict[str, float] | None
-    rollout_id: int | str | None
-    index: int | None
-    sibling_index: int
+def distinct(digests: Iterable[bytes]) -> tuple[bytes, ...]:
+    """Each digest once, in first-seen order."""
+    return tuple(dict.fromkeys(digests))
 
 
 def _held(sample: RolloutFields) -> HeldSample:
@@ -371,7 +341,7 @@ class WindowStore:
     def _finish(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         members = window.members()
         result = normalize_group([m.sample for m in members], self.config.reward)
-        digests = frozenset([record_digest(m.record.value) for m in members])  # window.digests(), once
+        digests = distinct([record_digest(m.record.value) for m in members])  # window.digests(), once
         if isinstance(result, SharedRewardViolation):
             records = tuple(m.record for m in members)
             self._close(wkey, window, R.SHARED_REWARD_VIOLATION, result.message, now_ms, digests=digests)
@@ -408,7 +378,7 @@ class WindowStore:
         # reason.
         deadline = record.timestamp_ms + self.config.group_timeout_ms
         self._remember(wkey, ClosedGroup(
-            R.INVALID_SAMPLE, problem, deadline, now_ms, frozenset({record_digest(record.value)})
+            R.INVALID_SAMPLE, problem, deadline, now_ms, (record_digest(record.value),)
         ))
         return [DeadLettered(R.INVALID_SAMPLE, problem, gkey, (record,), now_ms)]
 
@@ -440,14 +410,14 @@ class WindowStore:
 
     def _close(
         self, wkey: WindowKey, window: GroupWindow, reason: DeadLetterReason | None, message: str,
-        now_ms: int, extra_digest: bytes | None = None, digests: frozenset[bytes] | None = None,
+        now_ms: int, extra_digest: bytes | None = None, digests: tuple[bytes, ...] | None = None,
     ) -> None:
         del self.open[wkey]
         self.open_bytes -= window.nbytes
         if digests is None:
             digests = window.digests()
         if extra_digest is not None:
-            digests |= {extra_digest}
+            digests = distinct((*digests, extra_digest))
         self._remember(wkey, ClosedGroup(reason, message, window.deadline_ms, now_ms, digests))
 
     def _remember(self, wkey: WindowKey, closed: ClosedGroup) -> None:

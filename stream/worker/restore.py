@@ -12,7 +12,7 @@ from codec import DeadLetterReason, decode_changelog, parse_changelog_key
 from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
 from core.offsets import OffsetLedger
 from core.records import Outcome
-from core.windows import ClosedGroup, WindowKey, WindowStore
+from core.windows import ClosedGroup, WindowKey, WindowStore, distinct
 from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Client, GroupConsumer, Record, TopicPartition
 
@@ -81,7 +81,7 @@ def read_changelog(consumer: AssignedConsumer, topic: str, partition: int, *, st
         closed.pop(wkey, None)  # keep closing order
         closed[wkey] = ClosedGroup(
             DeadLetterReason(entry.reason) if entry.reason is not None else None,
-            entry.message, entry.deadline_ms, entry.closed_at_ms, frozenset(entry.digests),
+            entry.message, entry.deadline_ms, entry.closed_at_ms, distinct(entry.digests),
             entry.digest_algorithm)
     return closed, position, count
 

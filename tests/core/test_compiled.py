@@ -49,6 +49,26 @@ def test_the_python_sources_are_what_the_comparisons_compare_with() -> None:
     assert pure("core.windows").WindowStore is not WindowStore or not compiled.status().active
 
 
+def test_every_msgspec_struct_keeps_its_options_when_compiled() -> None:
+    """mypyc drops the keyword arguments of a `class` statement: a struct compiled with
+    `frozen=True, gc=False` came out mutable and tracked by the garbage collector. The hot path's structs
+    live in `core/structs.py`; a struct made by `msgspec.defstruct` (a call) keeps them."""
+    for name, module in pure_modules().items():
+        running = importlib.import_module(name)
+        for attr, source in vars(module).items():
+            if isinstance(source, type) and issubclass(source, msgspec.Struct) and source.__module__ == name:
+                assert _options(getattr(running, attr)) == _options(source), f"{name}.{attr}"
+    from core.structs import ClosedGroup, HeldSample, InputRecord, Member
+
+    for struct in (InputRecord, Member, HeldSample, ClosedGroup):
+        assert (struct.__struct_config__.frozen, struct.__struct_config__.gc) == (True, False), struct
+
+
+def _options(struct: type[msgspec.Struct]) -> dict[str, object]:
+    config = struct.__struct_config__
+    return {k: getattr(config, k) for k in dir(config) if not k.startswith("_")}
+
+
 @settings(max_examples=300, deadline=None)
 @given(streams(), st.sampled_from(["grpo", "reinforce_plus_plus_baseline"]), st.sampled_from([None, 2]),
        st.sampled_from([1 << 30, 300]), st.booleans())

@@ -42,8 +42,8 @@ print(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_a_freed_batch_larger_than_glibcs_trim_is_reused_without_page_faults() -> None:
     def faults(mode: str) -> int:
-        out = subprocess.run([sys.executable, "-c", _ROUNDS, mode], capture_output=True, text=True, check=True)
-        return int(out.stdout)
+        args = [sys.executable, "-c", _ROUNDS, mode]
+        return int(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
 
     pages = 1_500 * 213_000 // 4096
     # glibc's defaults give every page back and fault it in again; the settings keep the heap for reuse.

@@ -1,0 +1,85 @@
+"""The msgspec structs the hot path keeps by the hundred thousand: frozen, and untracked by the collector.
+
+They live outside the compiled modules (`codec/compiled.py`): mypyc drops a class's keyword arguments, and a
+`msgspec.Struct` compiled with `frozen=True, gc=False` came out mutable and tracked. Tracked, the held
+samples of every open window and the closed-group memory (up to 200,000 groups for an hour) were walked by
+every full collection: 121 ms per pass at 200,000 closed groups (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from codec import DeadLetterReason
+from core.digest import DIGEST_ALGORITHM, digest_with, record_digest
+
+__all__ = ["InputRecord", "Member", "HeldSample", "ClosedGroup"]
+
+
+class InputRecord(msgspec.Struct, frozen=True, gc=False):
+    """One consumed Kafka record, bytes untouched.
+
+    A struct without GC tracking: one is built per consumed record and windows hold many of them.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.value or b"") + len(self.key or b"")
+
+
+class Member(msgspec.Struct, frozen=True, gc=False):
+    """A valid sample held in a window: its record and what normalization reads of it (`sample` has
+    `reward`, `rollout_id`, `index`, `sibling_index`, like `codec.Sample`)."""
+
+    record: InputRecord
+    sample: Any
+    rollout: object  # the member itself, or a tuple of members (a rollout of several samples)
+
+
+class HeldSample(msgspec.Struct, frozen=True, gc=False):
+    """What a window keeps of a validated member: the fields `normalize_group` reads.
+
+    Everything else stays in the record's bytes, which outputs embed verbatim; a full decoded `Sample`
+    (arrays, prompt, metadata, ~2 KB of Python objects for a 256-token sample) would double a window's
+    memory, and even an emptied one costs ~300 B more per sample than this.
+    """
+
+    reward: float | dict[str, float] | None
+    rollout_id: int | str | None
+    index: int | None
+    sibling_index: int
+
+
+class ClosedGroup(msgspec.Struct, frozen=True, gc=False):
+    """What the worker remembers of a resolved group, to recognise late members and copies.
+
+    Up to `max_closed_groups` (200,000) of these live for an hour: as a tracked dataclass holding a frozenset
+    each, every full collection of the cyclic garbage collector walked all of them, 121 ms per pass at
+    200,000 (14 ms as this untracked struct with a tuple; docs/benchmarks.md). Nothing here can form a cycle.
+    """
+
+    reason: DeadLetterReason | None  # None: published
+    message: str
+    deadline_ms: int
+    closed_at_ms: int
+    digests: tuple[bytes, ...]  # a group's few digests: `in` on a tuple, which the collector stops tracking
+    digest_algorithm: str = DIGEST_ALGORITHM  # entries restored from an older changelog may differ
+
+    def digest_of(self, record: InputRecord) -> bytes:
+        """`record`'s digest, comparable with this group's."""
+        if self.digest_algorithm == DIGEST_ALGORITHM:
+            return record_digest(record.value)
+        try:
+            return digest_with(self.digest_algorithm, record.value)
+        except KeyError:  # written by a newer stage: a copy cannot be recognised, so it is never dropped
+            return b""
