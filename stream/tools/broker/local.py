@@ -103,9 +103,11 @@ class LocalBroker:
     data_dir: Path = DEFAULT_DATA_DIR
     cache_dir: Path | None = None
     overrides: Mapping[str, str] = field(default_factory=dict)
-    # Kafka's own start script gives 1 GiB. At 512 MiB, a bench's 40,000 records/s kept G1's old generation
-    # full: collections every ~1.5 s, 25-130 ms each, and every client's p99 at that load was these pauses.
-    jvm_options: tuple[str, ...] = ("-Xms1g", "-Xmx1g")
+    # Room to grow under load: at 512 MiB, a bench's 40,000 records/s kept G1's old generation full, with
+    # collections every ~1.5 s of 25-130 ms each, and every client's p99 at that load was these pauses. At
+    # 1 GiB a young collection still took 144 ms in a 6 s latency phase. G1 starts small and grows the heap
+    # when collections take too much of the time.
+    jvm_options: tuple[str, ...] = ("-Xms512m", "-Xmx2g")
     progress: Progress | None = field(default=None, repr=False)
     secure: bool = False
     cluster: ClusterNode | None = None
