@@ -269,6 +269,7 @@ class Worker:
         self.cadence.committed(started)
         try:
             committed = self._delivery.commit(self.partitions.active, timeout)
+            self.cadence.finished(time.monotonic())
         except CommitAborted as exc:
             self.stats.aborts += 1
             self.outcomes.clear()  # routed again after the restore, and counted then

@@ -33,6 +33,17 @@ def test_caught_up_with_outputs_waiting_commits_after_a_quarter_interval():
     assert not c.due(5.03, caught_up=False)  # a full poll: more input waits, commits stay an interval apart
 
 
+def test_the_next_commit_counts_from_the_end_of_the_last_one():
+    c = CommitCadence(interval_s=0.1, max_records=1000)
+    c.committed(5.0)
+    c.finished(5.06)  # a slow commit: 60 ms
+    c.uncommitted = c.outputs = 4
+    assert c.poll_timeout_ms(5.07) == 15
+    assert not c.due(5.08, caught_up=True)  # 25 ms after its start would have been 5.025
+    assert c.due(5.085, caught_up=True)
+    assert not c.due(5.15, caught_up=False) and c.due(5.16, caught_up=False)
+
+
 def test_poll_waits_only_until_the_next_commit_would_be_due():
     c = CommitCadence(interval_s=0.1, max_records=1000)
     c.committed(5.0)

@@ -112,6 +112,7 @@ class Passthrough:
                     self.cadence.committed(now)
                     due = {p: o for p, o in positions.items() if o > self.committed.get(p, -1)}
                     in_txn = self._commit(producer, consumer, due, in_txn)
+                    self.cadence.finished(time.monotonic())
         finally:
             try:
                 if in_txn:
