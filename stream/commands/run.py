@@ -77,8 +77,9 @@ def run(
     = str(_DEFAULTS.zero_variance),
     commit_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_COMMIT_INTERVAL",
                                                    help="Longest time between commits (transactions) under a "
-                                                   "backlog; caught up with its input, the worker commits a "
-                                                   "quarter of it after publishing.")]
+                                                   "backlog, counted from the end of the last one; caught up "
+                                                   "with its input, the worker commits a quarter of it after "
+                                                   "the last commit, once it has published.")]
     = _DEFAULTS.commit_interval_s,
     progress_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_PROGRESS_INTERVAL",
                                                      help="Seconds between progress log lines.")]
