@@ -32,10 +32,6 @@ class InputRecord(msgspec.Struct, frozen=True, gc=False):
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
 
-    @property
-    def size(self) -> int:
-        return len(self.value or b"") + len(self.key or b"")
-
 
 class Member(msgspec.Struct, frozen=True, gc=False):
     """A valid sample held in a window: its record and what normalization reads of it (`sample` has

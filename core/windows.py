@@ -96,6 +96,12 @@ class GroupWindow:
         return distinct(record_digest(m.record.value) for m in self.members())
 
 
+def record_bytes(record: InputRecord) -> int:
+    """What a record adds to its window's size. A function here, not a property of the struct: this module
+    is compiled and the struct's module is not, and a property would be a Python call per record."""
+    return len(record.value or b"") + len(record.key or b"")
+
+
 def distinct(digests: Iterable[bytes]) -> tuple[bytes, ...]:
     """Each digest once, in first-seen order."""
     return tuple(dict.fromkeys(digests))
@@ -268,10 +274,11 @@ class WindowStore:
                 f"(offsets {held.offset} and {record.offset})",
                 now_ms,
             )
-        if window.nbytes + record.size > self.config.max_group_bytes:
+        size = record_bytes(record)
+        if window.nbytes + size > self.config.max_group_bytes:
             return self._reject_group(
                 wkey, window, record, R.GROUP_TOO_LARGE,
-                f"group would hold {window.nbytes + record.size} bytes, more than the worker's cap of "
+                f"group would hold {window.nbytes + size} bytes, more than the worker's cap of "
                 f"{self.config.max_group_bytes} bytes for one group", now_ms,
             )
         if siblings is None:
@@ -289,7 +296,6 @@ class WindowStore:
             if rollout is None:
                 rollout = window.rollouts[rkey] = [None] * sample.sibling_count
             rollout[sample.sibling_index] = member  # type: ignore[index]
-        size = record.size
         window.nbytes += size
         self.open_bytes += size
         if _complete(rollout):
@@ -309,7 +315,7 @@ class WindowStore:
                 wkey, window, record, R.INVALID_SAMPLE,
                 f"members disagree on group_size: {window.group_size} and {group_size}", now_ms,
             )
-        size = record.size
+        size = record_bytes(record)
         if window.nbytes + size > self.config.max_group_bytes:
             return self._reject_group(
                 wkey, window, record, R.GROUP_TOO_LARGE,

@@ -110,11 +110,6 @@ def measure_latency(
     # Encoded before the clock starts, so the pacing loop only sends.
     planned = [group_records(w, run_id, start_index + i, rng) for i in range(groups)]
     interval = spg / rate
-    # The plan is ~30,000 lists that the collector would otherwise walk in full passes of 10-80 ms, every
-    # ~0.8 s while the clock runs: a pause of this process counted as the tested one's (groups sent over
-    # 10 ms late in a 6 s phase at 41,000 samples/s: 780 before, 62 after).
-    gc.collect()
-    gc.freeze()
     # Created first and asked for metadata: the first groups waited for its connection, metadata and
     # producer id (p99 over 500 ms from the first tenth of a run on both clients, 30-40 ms after).
     producer = client_for(conn).producer(client_id="bench-load", max_record_bytes=MAX_RECORD_BYTES)
@@ -124,6 +119,11 @@ def measure_latency(
     # Otherwise the first groups also wait for the observer's own connection and first fetch.
     observer.ready.wait(timeout=15)
     sent: dict[bytes, float] = {}
+    # The plan is ~30,000 lists that the collector would otherwise walk in full passes of 10-80 ms, every
+    # ~0.8 s while the clock runs: a pause of this process counted as the tested one's (groups sent over
+    # 10 ms late in a 6 s phase at 41,000 samples/s: 780 before, 62 after).
+    gc.collect()
+    gc.freeze()  # undone in the finally below
     started = time.monotonic()
     try:
         for i, records in enumerate(planned):
