@@ -67,7 +67,7 @@ class _Delivery:
 
     producer = _Producer()
 
-    def send(self, out: Any) -> None:
+    def send(self, outs: Any) -> None:
         pass
 
 

@@ -31,6 +31,7 @@ from stream.kafka.seam import (
     GroupConsumer,
     Header,
     Offsets,
+    Outgoing,
     Polled,
     Producer,
     RebalanceListener,
@@ -44,7 +45,8 @@ from stream.kafka.seam import (
 
 __all__ = [
     "AclSpec", "Admin", "AssignedConsumer", "AuthorizationFailed", "BrokerUnavailable", "Client",
-    "CommitFailed", "Committed", "GroupConsumer", "Header", "KafkaFailure", "Offsets", "Polled", "Producer",
+    "CommitFailed", "Committed", "GroupConsumer", "Header", "KafkaFailure", "Offsets", "Outgoing", "Polled",
+    "Producer",
     "ProducerFenced", "RebalanceListener", "Record", "SendFuture", "TopicExists", "TopicInfo",
     "TopicPartition", "TopicSpec", "UnknownTopic", "Written", "authorization_cause", "client_for",
     "AuthenticationRefused", "ConnectionCheckFailed", "ListenerMismatch", "TlsRefused", "check_connection",

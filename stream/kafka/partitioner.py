@@ -4,7 +4,7 @@ partition (docs/spec.md §4.1), whichever client produced them."""
 
 from __future__ import annotations
 
-__all__ = ["murmur2", "partition_for_key"]
+__all__ = ["murmur2"]
 
 def murmur2(data: bytes) -> int:
     """The Java client's murmur2 hash of `data`, as an unsigned 32-bit int (partition: `& 0x7FFFFFFF`)."""
@@ -26,6 +26,3 @@ def murmur2(data: bytes) -> int:
     h = (h * m) & mask
     return h ^ (h >> 15)
 
-
-def partition_for_key(key: bytes, partitions: int) -> int:
-    return (murmur2(key) & 0x7FFFFFFF) % partitions

@@ -31,6 +31,7 @@ __all__ = [
     "GroupConsumer",
     "Header",
     "Offsets",
+    "Outgoing",
     "Polled",
     "Producer",
     "RebalanceListener",
@@ -90,6 +91,21 @@ class Record(Protocol):
 
 
 Polled = Mapping[TopicPartition, Sequence[Record]]
+
+
+class Outgoing(Protocol):
+    """A record to send (the stage's `OutputRecord` is one)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[Header]: ...
+    @property
+    def partition(self) -> int | None: ...  # None: the producer's partitioner picks it from the key
 
 
 class Written(NamedTuple):
@@ -189,10 +205,16 @@ class Producer(Protocol):
         """Queue a record of the open transaction, with no report of its own: its fate is the transaction's
         (`commit_transaction` raises when any of its records failed). Raises at once what `send` would."""
         ...
+    def send_all_in_transaction(self, records: Sequence[Outgoing]) -> None:
+        """`send_in_transaction` of each record, in order, in one call (a prompt group's outputs). When it
+        raises, the records before the refused one are queued in the transaction."""
+        ...
     def partitions_for(self, topic: str) -> list[int] | None: ...
     def partition_for(self, topic: str, key: bytes) -> int | None:
-        """The partition the client's default partitioner gives `key` (Java's murmur2 rule), or None when
-        the topic's partitions are unknown (the send then fails as a send to an unknown topic does)."""
+        """The partition to name in the sends of `key`'s records: the one Java's murmur2 rule gives it. None
+        leaves it to the producer's own partitioner, which follows the same rule: a client that hashes in C
+        says None (naming it would cost a Python hash), as does any client when the topic's partitions are
+        unknown (the send then fails as a send to an unknown topic does)."""
         ...
     def flush(self, timeout: float | None = None) -> None: ...
     def close(self, timeout: float | None = None) -> None: ...

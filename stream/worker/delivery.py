@@ -54,7 +54,9 @@ class Delivery(Protocol):
         """Outputs sent and not yet committed."""
         ...
 
-    def send(self, out: OutputRecord) -> None: ...
+    def send(self, outs: list[OutputRecord]) -> None:
+        """Queue one group's outputs (or its dead letters), in order."""
+        ...
     def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
         """Commit what is resolved in the `active` partitions; the positions committed. CommitAborted when the
         worker must restore its state from the last commit."""
@@ -105,9 +107,10 @@ class AtLeastOnce:
     def open(self) -> bool:
         return bool(self.in_flight)
 
-    def send(self, out: OutputRecord) -> None:
-        self.in_flight.append((self.producer.send(out.topic, out.value, out.key, partition=out.partition,
-                                                  headers=out.headers), out))
+    def send(self, outs: list[OutputRecord]) -> None:
+        for out in outs:
+            self.in_flight.append((self.producer.send(out.topic, out.value, out.key, partition=out.partition,
+                                                      headers=out.headers), out))
 
     def _flush(self, timeout: float | None = None) -> None:
         if not self.in_flight:
@@ -176,25 +179,35 @@ class ExactlyOnce:
             self.producer.begin_transaction()
             self._open = True
 
-    def send(self, out: OutputRecord) -> None:
+    def send(self, outs: list[OutputRecord]) -> None:
         self._begin()
-        self._checked(out.topic, out.value, out.key, out.partition, out.headers)
-        self.pending.append(out)
-
-    def _checked(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
-                 headers: object = None) -> None:
-        """A send refused for lack of an ACL aborts the transaction, and every later commit (the worker's
-        shutdown commit included) is refused: an ACL does not come back by retrying."""
         try:
-            self.producer.send_in_transaction(topic, value, key, partition=partition,
-                                              headers=headers)  # type: ignore[arg-type]
+            self.producer.send_all_in_transaction(outs)
+        except ProducerFenced:
+            raise
+        except KafkaFailure as exc:
+            # Some of the group's outputs may be queued and others not, and the ledger knows of none: the
+            # transaction must not commit (nor the worker's shutdown commit after it). A restart re-reads
+            # from the last commit.
+            self._refused(authorization_cause(exc) or exc)
+            raise
+        self.pending.extend(outs)
+
+    def _checked(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None) -> None:
+        """A changelog write refused for lack of an ACL aborts the transaction, and every later commit (the
+        worker's shutdown commit included) is refused: an ACL does not come back by retrying."""
+        try:
+            self.producer.send_in_transaction(topic, value, key, partition=partition)
         except KafkaFailure as exc:
             denied = authorization_cause(exc)
             if denied is not None:
-                if self.fatal is None:
-                    self.abort(denied)
-                    self.fatal = denied
+                self._refused(denied)
             raise
+
+    def _refused(self, fatal: BaseException) -> None:
+        if self.fatal is None:
+            self.abort(fatal)
+            self.fatal = fatal
 
     def changelog_writes(self, active: set[int]) -> list[ChangelogWrite]:
         """Closed-group memory changed since the last commit, and each partition's read position."""

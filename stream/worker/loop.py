@@ -257,10 +257,10 @@ class Worker:
             self.stats.records_in += accepted
             self.cadence.uncommitted += accepted
 
-    def _send(self, out: OutputRecord) -> None:
+    def _send(self, outs: list[OutputRecord]) -> None:
         assert self._delivery is not None
-        self._delivery.send(out)
-        self.cadence.outputs += 1
+        self._delivery.send(outs)
+        self.cadence.outputs += len(outs)
 
     # ---- commit --------------------------------------------------------------------------------
     def _commit(self, timeout: float | None = None) -> None:

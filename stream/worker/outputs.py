@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 import msgspec
@@ -30,7 +31,7 @@ class OutputRecord(msgspec.Struct, frozen=True, gc=False):
     topic: str
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes]]
+    headers: Sequence[tuple[str, bytes]]
     source: InputRecord
     partition: int | None = None  # None: the producer's partitioner picks it from the key
 
@@ -72,7 +73,7 @@ def train_records(
         sample = member.sample if src.value is None else msgspec.Raw(src.value)
         train = _copy(shared, sample=sample, raw_reward=raw, reward=value, source_topic=src.topic,
                       source_partition=src.partition, source_offset=src.offset)
-        out.append(OutputRecord(topic, key, encode_train_sample(train), [], src, partition))
+        out.append(OutputRecord(topic, key, encode_train_sample(train), (), src, partition))
     return out
 
 

@@ -40,7 +40,7 @@ class Router:
         reward: RewardConfig,
         stats: OutcomeCounts,
         ledger: OffsetLedger,
-        send: Callable[[OutputRecord], None],
+        send: Callable[[list[OutputRecord]], None],
         partition_for: Callable[[str, bytes], int | None],
     ) -> None:
         self.config, self.reward, self.stats, self.ledger = config, reward, stats, ledger
@@ -81,8 +81,7 @@ class Router:
                 assert policy.topic is not None
                 topic = policy.topic
         partition = self.partition_for(topic, group.group_key.encode())
-        for out in train_records(group, self.reward, topic, partition):
-            self.send(out)
+        self.send(train_records(group, self.reward, topic, partition))
         self.stats.groups_published += 1
         self.stats.samples_published += len(group.members)
         if self.track_published:
@@ -100,8 +99,7 @@ class Router:
             log_event(log, "dead_letter", logging.WARNING, reason=reason, group=failure.group_key,
                       records=len(failure.records), partition=first.partition, offset=first.offset,
                       message=failure.message[:500])
-        for out in dead_letter_records(failure, self.config.topics.dead_letter):
-            self.send(out)
+        self.send(dead_letter_records(failure, self.config.topics.dead_letter))
 
     def _judge(self, verdict: LimitExceeded | None) -> None:
         """Past the dead-letter limit: stop taking records; the shutdown commits what was resolved."""

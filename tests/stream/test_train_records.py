@@ -34,7 +34,7 @@ def _plain(group: Published, reward: RewardConfig, topic: str, partition: int | 
             stage_version=STAGE_VERSION,
         )
         value = encode_train_sample(train, raw_sample=src.value)
-        out.append(OutputRecord(topic, key, value, [], src, partition))
+        out.append(OutputRecord(topic, key, value, (), src, partition))
     return out
 
 

@@ -195,6 +195,33 @@ def test_an_aborted_commit_restores_and_publishes_everything_exactly_once(cluste
     assert w.stats.groups_published == 5  # each group counted once, though routed twice
 
 
+def test_a_send_refused_within_a_group_aborts_its_transaction_and_a_restart_publishes_once(cluster,
+                                                                                         monkeypatch):
+    produce(cluster, [s for gi in range(4) for s in group(gi, size=3)])
+    w = worker(cluster)
+    producer = w._delivery.producer
+    real, sends = producer.send, []
+
+    def refusing_the_fifth(*args, **kwargs):  # the second output of the second group published
+        sends.append(args)
+        if len(sends) == 5:
+            raise BrokerUnavailable("broker went away", kind="KafkaConnectionError")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(producer, "send", refusing_the_fifth)
+    with pytest.raises(BrokerUnavailable):
+        steps(w)
+    # The first group's outputs and part of the second's were queued: the transaction was aborted, and the
+    # shutdown commits nothing after it (it says why).
+    with pytest.raises(BrokerUnavailable):
+        w.close()
+    assert published(cluster) == Counter() and cluster.committed("g") == {}
+    w2 = worker(cluster, "w2")
+    steps(w2)
+    commit(w2)
+    assert published(cluster) == expected(range(4), size=3)
+
+
 def test_back_pressure_pauses_at_the_cap_then_reads_on_past_it_when_nothing_closes(cluster):
     # Three groups open at once (their first members first), the cap is two; their second members arrive
     # while the worker is paused, so no window can close until it reads on past the cap.

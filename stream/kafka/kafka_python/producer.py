@@ -16,7 +16,7 @@ from stream.kafka.bounded import Hung, call_within
 from stream.kafka.errors import BrokerUnavailable, KafkaFailure
 from stream.kafka.kafka_python.convert import _offsets
 from stream.kafka.kafka_python.errors import _translated, translate
-from stream.kafka.seam import Header, Offsets, Written
+from stream.kafka.seam import Header, Offsets, Outgoing, Written
 from stream.logs import log_event
 
 log = logging.getLogger("rollout_stream.kafka")
@@ -103,6 +103,10 @@ class _Producer:
     def send_in_transaction(self, topic: str, value: bytes | None, key: bytes | None = None, *,
                             partition: int | None = None, headers: Sequence[Header] | None = None) -> None:
         self.send(topic, value, key, partition=partition, headers=headers)  # kafka-python makes one anyway
+
+    def send_all_in_transaction(self, records: Sequence[Outgoing]) -> None:
+        for r in records:
+            self.send(r.topic, r.value, r.key, partition=r.partition, headers=r.headers)
 
     def partitions_for(self, topic: str) -> list[int] | None:
         try:

@@ -12,7 +12,7 @@ from stream.kafka.memory._consumers import committed_offsets, illegal
 from stream.kafka.memory._groups import GroupMetadata
 from stream.kafka.memory._log import BROKER_DEFAULTS, MemoryRecord, Transaction, unknown_topic
 from stream.kafka.partitioner import murmur2
-from stream.kafka.seam import Header, Offsets, TopicPartition, Written
+from stream.kafka.seam import Header, Offsets, Outgoing, TopicPartition, Written
 
 if TYPE_CHECKING:
     from stream.kafka.memory._cluster import MemoryCluster
@@ -126,6 +126,10 @@ class MemoryProducer:
     def send_in_transaction(self, topic: str, value: bytes | None, key: bytes | None = None, *,
                             partition: int | None = None, headers: Sequence[Header] | None = None) -> None:
         self.send(topic, value, key, partition=partition, headers=headers)
+
+    def send_all_in_transaction(self, records: Sequence[Outgoing]) -> None:
+        for r in records:
+            self.send(r.topic, r.value, r.key, partition=r.partition, headers=r.headers)
 
     def partitions_for(self, topic: str) -> list[int] | None:
         with self._cluster.lock:
