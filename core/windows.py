@@ -6,14 +6,16 @@ This module is the one place that decides a dead-letter reason.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from codec import DeadLetterReason, DecodeError, Sample, decode_sample, group_key_of
 from codec.head import RolloutFields, decode_head, item_count
 from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
 from core.digest import record_digest
+from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
 from core.rewards import SharedRewardViolation, normalize_group
 from core.structs import ClosedGroup, HeldSample
@@ -147,6 +149,27 @@ class WindowStore:
         except DecodeError as exc:
             decoded = exc
         return self.accept(record, decoded, now_ms)
+
+    def take_batch(self, records: Sequence[Any], start: int, now_ms: int,
+                   ledger: OffsetLedger) -> tuple[int, list[Outcome]]:
+        """`take` of consumed records (the Kafka seam's, of one partition) from `start` on, each held in
+        `ledger` first, until one decides something: the index after it and its outcomes, or the end and
+        none. Here and not in the worker's loop, because this module is compiled: most records only join
+        their window, and the caller's Python runs once per decision, not once per record."""
+        i, end = start, len(records)
+        while i < end:
+            rec = records[i]
+            i += 1
+            partition: int = rec.partition
+            offset: int = rec.offset
+            ledger.hold(partition, offset)
+            headers = rec.headers
+            record = InputRecord(rec.topic, partition, offset, rec.timestamp, rec.key, rec.value,
+                                 tuple(headers) if headers else ())
+            outcomes = self.take(record, now_ms)
+            if outcomes:
+                return i, outcomes
+        return i, []
 
     def accept(self, record: InputRecord, decoded: Sample | DecodeError, now_ms: int) -> list[Outcome]:
         """Take one consumed record; return what became of it (and of any group it completed or broke)."""

@@ -241,18 +241,16 @@ class Worker:
     def _accept_batch(self, records: Sequence[Record], now_ms: int) -> None:
         """Hold, decide and route each record of one partition's poll batch, in order, until the dead-letter
         limit stops the worker; the lookups and counters are per batch, not per record."""
-        router, hold, decide = self.router, self.ledger.hold, self._decide
-        accepted = 0
+        router, take, ledger = self.router, self.store.take_batch, self.ledger
+        accepted, count = 0, len(records)
         try:
-            for rec in records:
+            # The store takes records (compiled) until one decides something; most only join their window.
+            while accepted < count:
                 if router.limit_exceeded is not None:  # the rest stays uncommitted, for after the fix
                     self._stop.set()
                     break
-                accepted += 1
-                hold(rec.partition, rec.offset)
-                outcomes = decide(rec, now_ms)
-                if outcomes:  # most records only join their window
-                    router.route(outcomes)
+                accepted, outcomes = take(records, accepted, now_ms, ledger)
+                router.route(outcomes)
         finally:
             self.stats.records_in += accepted
             self.cadence.uncommitted += accepted

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import pytest
 
 from codec import DeadLetterReason as R
 from codec import DecodeError, Sample, encode_sample, group_key
 from core import RewardConfig, post_process_rewards
+from core.offsets import OffsetLedger
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Published
 from core.validate import SampleLimits
 from core.windows import WindowConfig, WindowStore
@@ -338,3 +340,36 @@ def test_closed_group_memory_is_left_out_of_the_garbage_collectors_passes():
     assert not gc.is_tracked(closed)
     assert not gc.is_tracked(closed.digests)
     assert len(closed.digests) == 2
+
+
+class _Consumed(NamedTuple):
+    """A record as the Kafka seam hands it out."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None
+
+
+def test_a_poll_batch_is_taken_until_each_decision_as_one_take_per_record_would():
+    samples = [s(gi=g, rid=r, reward=float(r)) for g in range(4) for r in range(2)]
+    samples.insert(3, s(gi=9, rid=0, reward=math.nan))  # dead-lettered on its own
+    consumed = [_Consumed("rollouts", 1, 40 + i, 1_000, group_key(x), encode_sample(x), None)
+                for i, x in enumerate(samples)]
+    consumed.append(_Consumed("rollouts", 1, 60, 1_000, b"k", None, [("h", b"v")]))  # a tombstone
+    one_by_one = store()
+    expected = [o for c in consumed for o in one_by_one.take(InputRecord(
+        c.topic, c.partition, c.offset, c.timestamp, c.key, c.value, tuple(c.headers or ())), 2_000)]
+    batched, ledger = store(), OffsetLedger()
+    runs, outcomes, at = [], [], 0
+    while at < len(consumed):
+        at, decided = batched.take_batch(consumed, at, 2_000, ledger)
+        runs.append((at, [type(o).__name__ for o in decided]))
+        outcomes += decided
+    assert runs == [(2, ["Published"]), (4, ["DeadLettered"]), (5, ["Published"]), (7, ["Published"]),
+                    (9, ["Published"]), (10, ["DeadLettered"])]
+    assert outcomes == expected
+    assert ledger.next_offset(1) == 61 and ledger.due() == {1: 40}  # each held, none resolved yet
