@@ -135,3 +135,26 @@ def test_bench_measures_the_worker_default_commit_cadence():
     assert BenchSettings(bootstrap="x:1").commit_interval_s == worker.commit_interval_s
     assert RunSpec("stage", "x:1", "i", "o", "d", "g").commit_interval_s == worker.commit_interval_s
     assert BenchSettings(bootstrap="x:1").commit_max_records == worker.commit_max_records
+
+
+@pytest.mark.kafka(timeout=90)
+def test_the_warm_up_drains_each_way_unmeasured_and_deletes_its_topics(kafka_bootstrap):
+    from kafka.admin import KafkaAdminClient
+
+    from stream.tools.bench.results import BenchSettings
+    from stream.tools.bench.suite import _Bench
+    from stream.tools.bench.workloads import Workload
+    from tests.stream.helpers import wait_until
+
+    def warm_up_topics() -> set[str]:  # its own, and the stage's windows changelog of its input
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        try:
+            return {t for t in admin.list_topics() if "bench-warm-up-" in t}
+        finally:
+            admin.close()
+
+    said: list[str] = []
+    _Bench(BenchSettings(bootstrap=kafka_bootstrap), said.append).warm_up(
+        Workload("a", 256, 8, 1, 24), "exactly-once")
+    assert said[-1] == "warm-up: a 256t g8 drained each way, not measured"
+    wait_until(lambda: not warm_up_topics(), 30, "the warm-up's topics deleted")
