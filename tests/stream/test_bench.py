@@ -138,23 +138,23 @@ def test_bench_measures_the_worker_default_commit_cadence():
 
 
 @pytest.mark.kafka(timeout=90)
-def test_the_warm_up_drains_each_way_unmeasured_and_deletes_its_topics(kafka_bootstrap):
-    from kafka.admin import KafkaAdminClient
+def test_bench_topics_go_with_the_windows_changelog_of_their_input(kafka_bootstrap):
+    from kafka.admin import KafkaAdminClient, NewTopic
 
-    from stream.tools.bench.results import BenchSettings
-    from stream.tools.bench.suite import _Bench
-    from stream.tools.bench.workloads import Workload
+    from stream.clients import Connection
+    from stream.names import changelog_topic_name
+    from stream.tools.bench.workloads import create_topics, delete_topics
     from tests.stream.helpers import wait_until
 
-    def warm_up_topics() -> set[str]:  # its own, and the stage's windows changelog of its input
-        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-        try:
-            return {t for t in admin.list_topics() if "bench-warm-up-" in t}
-        finally:
-            admin.close()
-
-    said: list[str] = []
-    _Bench(BenchSettings(bootstrap=kafka_bootstrap), said.append).warm_up(
-        Workload("a", 256, 8, 1, 24), "exactly-once")
-    assert said[-1] == "warm-up: a 256t g8 drained each way, not measured"
-    wait_until(lambda: not warm_up_topics(), 30, "the warm-up's topics deleted")
+    conn = Connection(kafka_bootstrap)
+    topics = create_topics(conn, 1, tag="bench-cleanup")
+    changelog = changelog_topic_name("bench-stage-group", topics.names.input)  # as a stage drain makes it
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(changelog, 1, 1)])
+        mine = {*topics.all(), changelog}
+        assert mine <= set(admin.list_topics())
+        delete_topics(conn, topics.all())
+        wait_until(lambda: not mine & set(admin.list_topics()), 30, "bench topics and changelog deleted")
+    finally:
+        admin.close()

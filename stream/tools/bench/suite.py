@@ -208,19 +208,6 @@ class _Bench:
         )
         return r
 
-    def warm_up(self, w: Workload, delivery: str) -> None:
-        """A drain each way on throwaway topics, measured by nobody. A freshly started broker's JVM compiles
-        its hot paths under the first load: without this the suite's first workload, stage first, ran on a
-        colder broker than every other (in two runs the slowest (a) g8 drains of the stage)."""
-        topics = create_topics(self.conn, self.s.partitions, tag="bench-warm-up")
-        try:
-            pre = preload(self.conn, topics.names.input, w)
-            for mode in ("stage", "passthrough"):
-                self.drain(mode, topics, delivery, pre, tag="warm-up")
-        finally:
-            delete_topics(self.conn, topics.all())
-        self.progress(f"warm-up: {w.label()} drained each way, not measured")
-
     def memory(self, w: Workload, open_groups: int) -> MemoryResult:
         """Idle RSS after a warm-up drain, then RSS while `open_groups` groups miss their last member."""
         topics = create_topics(self.conn, self.s.partitions)
@@ -280,9 +267,6 @@ def run_bench(
     bench = _Bench(settings, progress, security)
     report = BenchReport(settings, machine_info())
     suite = settings.suite()
-    if not settings.quick:
-        first = suite[0]
-        bench.warm_up(replace(first, groups=max(1, first.groups // 2)), settings.deliveries[0])
     for delivery in settings.deliveries:
         for w in suite:
             report.results.append(bench.workload(w, delivery))
