@@ -23,7 +23,7 @@ from core.validate import SampleLimits, plainly_valid, validate_sample
 
 __all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
            "replay_id", "REPLAY_ID_HEADER", "DEFAULT_GROUP_TIMEOUT_MS", "DEFAULT_CLOSED_RETENTION_MS",
-           "DEFAULT_MAX_CLOSED_GROUPS", "DEFAULT_MAX_GROUP_BYTES"]
+           "DEFAULT_MAX_CLOSED_GROUPS", "DEFAULT_MAX_GROUP_BYTES", "input_record"]
 
 R = DeadLetterReason
 
@@ -104,6 +104,13 @@ def record_bytes(record: InputRecord) -> int:
     return len(record.value or b"") + len(record.key or b"")
 
 
+def input_record(rec: Any) -> InputRecord:
+    """A consumed record (the Kafka seam's `Record`) as the window store takes it."""
+    headers = rec.headers
+    return InputRecord(rec.topic, rec.partition, rec.offset, rec.timestamp, rec.key, rec.value,
+                       tuple(headers) if headers else ())
+
+
 def distinct(digests: Iterable[bytes]) -> tuple[bytes, ...]:
     """Each digest once, in first-seen order."""
     return tuple(dict.fromkeys(digests))
@@ -158,14 +165,9 @@ class WindowStore:
         their window, and the caller's Python runs once per decision, not once per record."""
         i, end = start, len(records)
         while i < end:
-            rec = records[i]
+            record = input_record(records[i])
             i += 1
-            partition: int = rec.partition
-            offset: int = rec.offset
-            ledger.hold(partition, offset)
-            headers = rec.headers
-            record = InputRecord(rec.topic, partition, offset, rec.timestamp, rec.key, rec.value,
-                                 tuple(headers) if headers else ())
+            ledger.hold(record.partition, record.offset)
             outcomes = self.take(record, now_ms)
             if outcomes:
                 return i, outcomes

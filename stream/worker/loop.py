@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 
 from codec import compiled
 from core.offsets import OffsetLedger
-from core.records import InputRecord, Outcome
+from core.records import Outcome
 from core.rewards import torch_free_normalization
-from core.windows import WindowStore
+from core.windows import WindowStore, input_record
 from stream.clients import Connection
 from stream.config import WorkerConfig
 from stream.kafka import Client, GroupConsumer, KafkaFailure, Record, TopicPartition, client_for
@@ -234,9 +234,7 @@ class Worker:
 
     def _decide(self, rec: Record, now_ms: int) -> list[Outcome]:
         """The window store's decision for one input record (decoded and judged in core)."""
-        record = InputRecord(rec.topic, rec.partition, rec.offset, rec.timestamp, rec.key, rec.value,
-                             tuple(rec.headers) if rec.headers else ())
-        return self.store.take(record, now_ms)
+        return self.store.take(input_record(rec), now_ms)
 
     def _accept_batch(self, records: Sequence[Record], now_ms: int) -> None:
         """Hold, decide and route each record of one partition's poll batch, in order, until the dead-letter
