@@ -235,7 +235,7 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
                 (name, ops)
                 for name, ops in needs.items()
                 if re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", str(exc))
-            ]
+            ] or _missing_on_topics_now(conn, config)
             if named:
                 what = ", ".join(f"{'/'.join(ops)} on topic {name!r}" for name, ops in named)
     elif kind == "the consumer group":
@@ -254,6 +254,21 @@ def explain_denial(exc: BaseException, conn: Connection, config: WorkerConfig | 
     if config is not None:
         line += "; " + acls_print_hint(conn.security.principal, config)
     return line
+
+
+def _missing_on_topics_now(conn: Connection, config: WorkerConfig) -> list[tuple[str, list[str]]]:
+    """The worker's topic permissions the broker says are missing now, by topic; [] when it cannot tell.
+    librdkafka's transaction errors name no topic (TOPIC_AUTHORIZATION_FAILED at commit): the same question
+    as the start-up check names it, as kafka-python's error does."""
+    wanted = [p for p in worker_permissions_of(config) if p.resource == "topic"]
+    try:
+        missing = missing_permissions(conn, wanted)
+    except RuntimeFailure:  # the broker could not answer: the line still says what kind of ACL is missing
+        return []
+    by_topic: dict[str, list[str]] = {}
+    for p in missing:
+        by_topic.setdefault(p.name, []).append(p.op_name)
+    return list(by_topic.items())
 
 
 @contextmanager
