@@ -126,6 +126,9 @@ def test_start_use_status_stop(data_dir):
     assert f"bootstrap={bootstrap}" in status.stdout
     pid = int(status.stdout.split("pid=")[1].split()[0])
     assert "kafka.Kafka" in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    # The collector's log, as Kafka's scripts keep it: where a client's slowest groups are explained
+    gc_log = (data_dir / "logs" / "kafkaServer-gc.log").read_text()
+    assert "Using G1" in gc_log, gc_log[-2000:]
 
     again = cli("broker", "start", "--port", str(port), "--data-dir", str(data_dir))
     assert (again.returncode, again.stdout.strip()) == (0, bootstrap)

@@ -5,6 +5,7 @@ Data dir layout (default ``./.kafka-data``):
     server.properties, log4j2.properties   rewritten at every start
     kafka-logs/                           the broker's log dir (formatted once)
     logs/broker.log                       JVM output + WARN-and-above log4j lines (previous run: .1)
+    logs/kafkaServer-gc.log               the JVM's garbage collections, as Kafka's own scripts keep it
     cluster.json                          cluster id and controller port, kept across restarts
     broker.json                           pid/port/bootstrap of the running broker (removed on stop)
     secure/                               `secure=True` only: CA, certificates, SCRAM passwords, client
@@ -69,6 +70,10 @@ _TAIL_LINES = 20
 _MAIN_CLASS = "kafka.Kafka"
 
 
+# kafka-run-class.sh's file name and decorations, rotated in less space (a development broker)
+GC_LOG_NAME = "kafkaServer-gc.log"
+_GC_LOG_OUTPUT = ":time,tags:filecount=5,filesize=20M"
+
 @dataclass(frozen=True)
 class BrokerStatus:
     """What `LocalBroker.status()` found in a data dir."""
@@ -122,6 +127,12 @@ class LocalBroker:
     @property
     def log_path(self) -> Path:
         return self.data_dir / "logs" / "broker.log"
+
+    @property
+    def gc_log_path(self) -> Path:
+        """Its collections with their pauses: a client's slowest groups were those sent during one (a young
+        pause of 100-195 ms on 2 shared vCPUs, docs/benchmarks.md)."""
+        return self.data_dir / "logs" / GC_LOG_NAME
 
     @property
     def _properties_path(self) -> Path:
@@ -371,6 +382,7 @@ class LocalBroker:
         command = [
             str(java.executable), *self.jvm_options,
             "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
+            f"-Xlog:gc*:file={self.gc_log_path}{_GC_LOG_OUTPUT}",
             f"-Dkafka.logs.dir={self.log_path.parent}",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-cp", jars.classpath, _MAIN_CLASS, str(self._properties_path),
