@@ -95,6 +95,8 @@ class WorkerConfig:
     max_open_groups: int = 100_000
     max_open_bytes: int = DEFAULT_MAX_GROUP_BYTES  # also the largest group (group_too_large above it)
     session_timeout_s: float = 45.0
+    # Stopped, leave the group at once, not after the session timeout (a scale-down; stream/worker/leave.py)
+    leave_group_on_stop: bool = False
     metrics_port: int | None = None  # Prometheus /metrics, /healthz, /readyz on this port
     # Stop (exit 3) once more than this share of the last `dead_letter_window` resolved records were
     # dead-lettered: a bad producer deploy or a wrong --group-size, never one bad record (README).

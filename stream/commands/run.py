@@ -105,6 +105,12 @@ def run(
         help="exactly-once (outputs, dead-letters, window changelog and input "
         "offsets in one transaction; consumers read with read_committed) or "
         "at-least-once (duplicates possible after a crash).")] = _DEFAULTS.delivery,
+    leave_group_on_stop: Annotated[bool, typer.Option(
+        "--leave-group-on-stop", envvar="ROLLOUT_STREAM_LEAVE_GROUP_ON_STOP",
+        help="On SIGTERM, after the shutdown commit, leave the consumer group at once, so the other workers "
+        "take the partitions now instead of after --session-timeout. For a worker that does not come back (a "
+        "scale-down); off, a worker restarted with its --instance-id gets its partitions back without a "
+        "rebalance.")] = False,
     instance_id: Annotated[str | None, typer.Option(
         envvar="ROLLOUT_STREAM_INSTANCE_ID",
         help="Stable name of this worker instance; its transactional "
@@ -170,6 +176,7 @@ def run(
         progress_interval_s=progress_interval,
         closed_group_retention_s=closed_group_retention,
         session_timeout_s=session_timeout,
+        leave_group_on_stop=leave_group_on_stop,
         heartbeat_file=heartbeat_file,
         delivery=delivery,  # type: ignore[arg-type]
         instance_id=instance_id,

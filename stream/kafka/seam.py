@@ -294,6 +294,11 @@ class Admin(Protocol):
         or an unused id count as allowed: the producer reports a refusal itself); None when this client
         cannot ask."""
         ...
+    def remove_static_member(self, group: str, instance_id: str) -> bool | None:
+        """Take the static member `instance_id` out of `group` now, as its session timeout would later
+        (KIP-345 RemoveMembersFromConsumerGroup): the others rebalance at once. False when the group has no
+        such member; None when this client cannot ask."""
+        ...
     def close(self) -> None: ...
 
 

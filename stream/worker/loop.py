@@ -31,6 +31,7 @@ from stream.worker.broker_watch import BrokerWatch
 from stream.worker.cadence import POLL_RECORDS, CommitCadence, caught_up
 from stream.worker.delivery import AtLeastOnce, CommitAborted, Delivery, ExactlyOnce
 from stream.worker.instance import InstanceClaim, claim_instance
+from stream.worker.leave import leave_group
 from stream.worker.outputs import OutputRecord
 from stream.worker.partitions import Partitions
 from stream.worker.periodic import Every
@@ -294,6 +295,8 @@ class Worker:
         finally:
             if self._consumer is not None:
                 self._consumer.close()
+                if self.config.leave_group_on_stop and self.instance_id:
+                    leave_group(self.client, self.conn, self.config.group_id, self.instance_id)
             if self._delivery is not None:
                 self._delivery.close(timeout=self.config.shutdown_timeout_s)
             log_event(log, "worker.stopped", open_windows_left_uncommitted=self.store.open_count(),

@@ -77,3 +77,46 @@ def test_a_killed_worker_restarted_with_its_instance_id_is_back_within_seconds(k
     finally:
         if first.poll() is None:
             first.kill()
+
+
+# Against the 45 s session timeout: without --leave-group-on-stop the other took over 43.2 s after the stop
+LEFT_WITHIN_S = 10.0
+
+
+@pytest.mark.kafka(timeout=180)
+def test_a_worker_stopped_for_good_leaves_the_group_and_the_other_takes_its_partitions_within_seconds(
+    kafka_bootstrap, kafka_client, tmp_path
+):
+    topics = new_topics(kafka_bootstrap, partitions=3, prefix="leave")
+    group = f"leave-{topics.input}"
+    common = ("--session-timeout", "45", "--commit-interval", "0.1")
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    a = spawn_worker(kafka_bootstrap, topics, group, "--instance-id", "w-a", *common, log_path=log_a)
+    b = None
+    try:
+        wait_for(log_a, r"event=partitions\.assigned .*partitions=0,1,2", 60)
+        b = spawn_worker(kafka_bootstrap, topics, group, "--instance-id", "w-b", "--leave-group-on-stop",
+                         *common, log_path=log_b)
+        wait_for(log_b, r"event=partitions\.assigned .*partitions=\d", 60)  # the group is split between them
+        sent = send_groups(kafka_bootstrap, topics.input, 0, 30)
+        assert len(read_topic(kafka_bootstrap, topics.output, min_count=sent, timeout=60)) == sent
+
+        after = len(log_a.read_text())
+        b.send_signal(signal.SIGTERM)
+        assert b.wait(timeout=60) == 0
+        stopped = time.monotonic()
+        left = wait_for(log_b, r"event=group\.left .*removed=(\w+)", 5)
+        assert left.group(1) == "True", log_b.read_text()[-2000:]
+        wait_for(log_a, r"event=partitions\.assigned .*partitions=0,1,2", 40, after=after)
+        took = time.monotonic() - stopped
+        print(f"{kafka_client}: all partitions back on the other worker {took:.1f}s after the stop")
+        assert took < LEFT_WITHIN_S, f"{kafka_client}: the other worker took over after {took:.1f}s"
+
+        more = send_groups(kafka_bootstrap, topics.input, 30, 10)  # the one left publishes everything, once
+        out = read_topic(kafka_bootstrap, topics.output, min_count=sent + more, timeout=60)
+        assert len(out) == sent + more
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)

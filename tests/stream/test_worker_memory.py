@@ -260,3 +260,24 @@ def test_a_zombie_cannot_commit_after_its_partitions_moved(cluster):
     steps(successor)
     commit(successor)
     assert published(cluster) == expected(range(10))
+
+
+def test_a_worker_told_to_leave_on_stop_leaves_after_its_shutdown_commit_and_a_failed_leave_is_only_logged(
+        cluster, monkeypatch, caplog):
+    produce(cluster, [s for gi in range(3) for s in group(gi)])
+    asked: list[tuple[str, str, int]] = []
+    admin_class = type(cluster.client().admin(client_id="probe"))
+
+    def remove(self, group_id: str, instance_id: str) -> bool:
+        # committed before the leave: the partitions move only once their outputs are visible
+        asked.append((group_id, instance_id, len(published(cluster))))
+        raise BrokerUnavailable("coordinator went away", kind="KafkaConnectionError")
+
+    monkeypatch.setattr(admin_class, "remove_static_member", remove)
+    w = worker(cluster, leave_group_on_stop=True)
+    steps(w)
+    with caplog.at_level("WARNING", logger="rollout_stream.worker"):
+        w.close()  # the shutdown commit, then the leave, which fails: logged, the stop goes on
+    assert asked == [("g", "w1", 6)]
+    assert published(cluster) == expected(range(3))
+    assert any("group.leave_failed" in r.getMessage() for r in caplog.records)

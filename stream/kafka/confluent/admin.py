@@ -190,5 +190,8 @@ class _Admin:
     def may_describe_transaction(self, transactional_id: str, budget_s: float = 10.0) -> bool | None:
         return None  # confluent-kafka's admin has no DescribeTransactions
 
+    def remove_static_member(self, group: str, instance_id: str) -> bool | None:
+        return None  # nor RemoveMembersFromConsumerGroup
+
     def close(self) -> None:
         """The admin client has no connection to close explicitly."""

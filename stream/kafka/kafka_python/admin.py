@@ -14,6 +14,7 @@ from kafka.admin import (
     ACLOperation,
     ACLPermissionType,
     ACLResourcePatternType,
+    MemberToRemove,
     ResourcePattern,
     ResourceType,
 )
@@ -156,6 +157,18 @@ class _Admin:
                 if time.monotonic() >= deadline:  # a fresh cluster creates __transaction_state on first use
                     return True
                 time.sleep(0.25)
+
+    def remove_static_member(self, group: str, instance_id: str) -> bool:
+        with _translated:
+            result = self._a.remove_group_members(
+                group, [MemberToRemove(group_instance_id=instance_id, reason="stopped for good")]
+            )
+        error = next(iter(result.values()), ke.NoError)
+        if error is ke.UnknownMemberIdError:
+            return False
+        if error is not ke.NoError:
+            raise translate(error(f"removing member {instance_id!r} from group {group!r}"))
+        return True
 
     def close(self) -> None:
         self._a.close()

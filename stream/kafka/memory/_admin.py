@@ -101,5 +101,8 @@ class MemoryAdmin:
     def may_describe_transaction(self, transactional_id: str, budget_s: float = 10.0) -> bool:
         return True
 
+    def remove_static_member(self, group: str, instance_id: str) -> bool:
+        return False  # its members are all dynamic: a closed consumer has left already
+
     def close(self) -> None:
         pass
