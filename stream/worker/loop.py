@@ -116,11 +116,15 @@ class Worker:
             )
         try:
             if self.open():
+                stopped = False
                 try:
                     while not self._stop.is_set():
                         self.step()
+                    stopped = True
                 finally:
-                    self.close()
+                    # Not after an error: fenced, a newer worker holds this instance id, and leaving would
+                    # remove it; crashed, a supervisor restarts this one.
+                    self.close(leave=stopped)
         finally:
             self.claim.release()
         if self.router.limit_exceeded is not None:  # raised after the shutdown committed what came before
@@ -285,8 +289,9 @@ class Worker:
             log_event(log, "commit", logging.DEBUG, ms=f"{(time.monotonic() - started) * 1000:.1f}",
                       offsets=",".join(f"{p}:{o}" for p, o in sorted(committed.items())))
 
-    def close(self) -> None:
-        """Commit what is resolved, leave the group, close the clients."""
+    def close(self, *, leave: bool = True) -> None:
+        """Commit what is resolved, close the clients; with --leave-group-on-stop and `leave`, then leave the
+        group at once (stream/worker/leave.py)."""
         log_event(log, "worker.stopping", open_windows=self.store.open_count())
         self._publish_snapshot()
         try:
@@ -295,7 +300,7 @@ class Worker:
         finally:
             if self._consumer is not None:
                 self._consumer.close()
-                if self.config.leave_group_on_stop and self.instance_id:
+                if leave and self.config.leave_group_on_stop and self.instance_id:
                     leave_group(self.client, self.conn, self.config.group_id, self.instance_id)
             if self._delivery is not None:
                 self._delivery.close(timeout=self.config.shutdown_timeout_s)

@@ -281,3 +281,35 @@ def test_a_worker_told_to_leave_on_stop_leaves_after_its_shutdown_commit_and_a_f
     assert asked == [("g", "w1", 6)]
     assert published(cluster) == expected(range(3))
     assert any("group.leave_failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_stopped_by_an_error_does_not_leave_its_group(cluster, monkeypatch):
+    """Fenced, a newer worker holds its instance id: leaving would remove that one from the group."""
+    asked: list[str] = []
+    admin_class = type(cluster.client().admin(client_id="probe"))
+    monkeypatch.setattr(admin_class, "remove_static_member",
+                        lambda self, group_id, instance_id: asked.append(instance_id) or True)
+    cfg = WorkerConfig(topics=TOPICS, group_id="g", group_timeout_s=60.0, commit_interval_s=3600.0,
+                       leave_group_on_stop=True)
+    w = Worker(cfg, Connection("memory:9092", client_id="w1"), client=cluster.client(), clock=lambda: 1_000.0,
+               claim=InstanceClaim("w1", Path("/nonexistent"), None))
+
+    def taken_over() -> None:
+        raise ProducerFenced("a newer producer with this transactional id", kind="ProducerFencedError")
+
+    monkeypatch.setattr(w, "step", taken_over)
+    with pytest.raises(ProducerFenced):
+        w.run()
+    assert asked == []
+
+    w2 = Worker(cfg, Connection("memory:9092", client_id="w2"), client=cluster.client(),
+                clock=lambda: 1_000.0, claim=InstanceClaim("w2", Path("/nonexistent"), None))
+    step = w2.step
+
+    def one_step_then_sigterm() -> None:
+        step()
+        w2.request_stop()
+
+    monkeypatch.setattr(w2, "step", one_step_then_sigterm)
+    w2.run()  # a clean stop does leave
+    assert asked == ["w2"]
