@@ -294,13 +294,15 @@ class Worker:
         group at once (stream/worker/leave.py)."""
         log_event(log, "worker.stopping", open_windows=self.store.open_count())
         self._publish_snapshot()
+        committed = False
         try:
             if self._delivery is not None:
                 self._commit(timeout=self.config.shutdown_timeout_s)
+            committed = True  # or aborted, to be re-read from the last commit; not fenced nor refused
         finally:
             if self._consumer is not None:
                 self._consumer.close()
-                if leave and self.config.leave_group_on_stop and self.instance_id:
+                if leave and committed and self.config.leave_group_on_stop and self.instance_id:
                     leave_group(self.client, self.conn, self.config.group_id, self.instance_id)
             if self._delivery is not None:
                 self._delivery.close(timeout=self.config.shutdown_timeout_s)

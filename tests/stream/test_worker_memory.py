@@ -313,3 +313,12 @@ def test_a_worker_stopped_by_an_error_does_not_leave_its_group(cluster, monkeypa
     monkeypatch.setattr(w2, "step", one_step_then_sigterm)
     w2.run()  # a clean stop does leave
     assert asked == ["w2"]
+
+    w3 = Worker(cfg, Connection("memory:9092", client_id="w3"), client=cluster.client(),
+                clock=lambda: 1_000.0, claim=InstanceClaim("w3", Path("/nonexistent"), None))
+    assert w3.open()
+    w3.request_stop()
+    monkeypatch.setattr(w3, "_commit", lambda timeout=None: taken_over())
+    with pytest.raises(ProducerFenced):  # stopped cleanly, but fenced at its shutdown commit
+        w3.close()
+    assert asked == ["w2"]

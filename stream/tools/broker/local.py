@@ -74,6 +74,7 @@ _MAIN_CLASS = "kafka.Kafka"
 GC_LOG_NAME = "kafkaServer-gc.log"
 _GC_LOG_OUTPUT = ":time,tags:filecount=5,filesize=20M"
 
+
 @dataclass(frozen=True)
 class BrokerStatus:
     """What `LocalBroker.status()` found in a data dir."""
