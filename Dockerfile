@@ -28,12 +28,13 @@ COPY stream ./stream
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu . \
     && rollout-stream --help > /dev/null
 
-# The compiled hot path (`make compiled` on a checkout): mypyc builds the installed package's per-record
-# modules with a C compiler that stays in this stage. mypy is pinned as in pyproject.toml's test extras.
+# The compiled hot path (`make compiled` on a checkout): mypyc builds the per-record modules with a C compiler
+# that stays in this stage (mypy pinned as in pyproject.toml's test extras; setuptools drives the build). A
+# build is keyed by the modules' sources, the same files here in /app and in site-packages.
 FROM base AS compiled
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && pip install "mypy>=2.4,<2.5" \
+    && pip install "mypy>=2.4,<2.5" "setuptools>=68" \
     && python -m stream.tools.compile --quiet \
     && python -m stream.tools.compile --status | grep "compiled (mypyc)"
 
