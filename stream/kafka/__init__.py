@@ -6,7 +6,9 @@ imported only inside its implementation package (`stream.kafka.confluent`, `stre
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from stream.kafka.errors import (
     AuthenticationRefused,
@@ -49,6 +51,7 @@ __all__ = [
     "Producer",
     "ProducerFenced", "RebalanceListener", "Record", "SendFuture", "TopicExists", "TopicInfo",
     "TopicPartition", "TopicSpec", "UnknownTopic", "Written", "authorization_cause", "client_for",
+    "ask_admin",
     "AuthenticationRefused", "ConnectionCheckFailed", "ListenerMismatch", "TlsRefused", "check_connection",
 ]
 
@@ -72,3 +75,19 @@ def client_for(conn: Any) -> Client:
     from stream.kafka.confluent import ConfluentClient
 
     return ConfluentClient(conn)
+
+
+T = TypeVar("T")
+
+
+def ask_admin(admin: Admin, conn: Any, question: Callable[[Admin], T | None]) -> T | None:
+    """`question` asked of `admin`; where its client cannot ask (None: librdkafka's admin has no
+    DescribeTransactions nor RemoveMembersFromConsumerGroup), of kafka-python's, on the same connection."""
+    answer = question(admin)
+    if answer is not None or conn.client == "kafka-python":
+        return answer
+    other = client_for(replace(conn, client="kafka-python")).admin(client_id=conn.client_id)
+    try:
+        return question(other)
+    finally:
+        other.close()

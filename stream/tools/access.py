@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 
 from stream.clients import Connection
 from stream.config import WorkerConfig
@@ -23,6 +22,7 @@ from stream.kafka import (
     AuthorizationFailed,
     KafkaFailure,
     UnknownTopic,
+    ask_admin,
     authorization_cause,
     client_for,
 )
@@ -106,15 +106,7 @@ def missing_permissions(
 
 
 def _may_describe_transaction(conn: Connection, admin: Admin, tid: str) -> bool:
-    allowed = admin.may_describe_transaction(tid)
-    if allowed is not None:
-        return allowed
-    # This client cannot ask (librdkafka has no DescribeTransactions): kafka-python's admin can.
-    other = client_for(replace(conn, client="kafka-python")).admin(client_id=conn.client_id)
-    try:
-        return other.may_describe_transaction(tid) is not False
-    finally:
-        other.close()
+    return ask_admin(admin, conn, lambda a: a.may_describe_transaction(tid)) is not False
 
 
 def _missing_on_topics(admin: Admin, topics: list[str], permissions: list[Permission]) -> list[Permission]:

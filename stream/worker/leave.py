@@ -10,11 +10,10 @@ shutdown commit and once its consumer is closed.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 from stream.clients import Connection
 from stream.errors import RolloutStreamError
-from stream.kafka import Client, client_for
+from stream.kafka import Client, ask_admin
 from stream.logs import log_event
 
 __all__ = ["leave_group"]
@@ -26,9 +25,11 @@ def leave_group(client: Client, conn: Connection, group_id: str, instance_id: st
     """Remove this worker's static member from its group; whether the coordinator removed it. A failure is
     logged, not raised: the session timeout removes the member anyway, later."""
     try:
-        removed = _remove(client, conn, group_id, instance_id)
-        if removed is None:  # librdkafka's admin cannot: kafka-python's can (the same connection settings)
-            removed = _remove(client_for(replace(conn, client="kafka-python")), conn, group_id, instance_id)
+        admin = client.admin(client_id=conn.client_id)
+        try:
+            removed = ask_admin(admin, conn, lambda a: a.remove_static_member(group_id, instance_id))
+        finally:
+            admin.close()
     except RolloutStreamError as exc:
         log_event(log, "group.leave_failed", logging.WARNING, group_id=group_id, instance_id=instance_id,
                   error=str(exc), action="its partitions move after the session timeout instead")
@@ -37,10 +38,3 @@ def leave_group(client: Client, conn: Connection, group_id: str, instance_id: st
               removed=removed, note="" if removed else "no such member (already gone)")
     return bool(removed)
 
-
-def _remove(client: Client, conn: Connection, group_id: str, instance_id: str) -> bool | None:
-    admin = client.admin(client_id=conn.client_id)
-    try:
-        return admin.remove_static_member(group_id, instance_id)
-    finally:
-        admin.close()
