@@ -6,7 +6,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -89,8 +89,11 @@ class Read:
 
 
 def read_topic(bootstrap: str, topic: str, *, min_count: int = 0, timeout: float = 30.0,
-               settle: float = 1.0) -> list[Read]:
-    """Every committed record of `topic` (read_committed), waiting until at least `min_count` arrived."""
+               settle: float = 1.0, abort: Callable[[], str | None] | None = None) -> list[Read]:
+    """Every committed record of `topic` (read_committed), waiting until at least `min_count` arrived.
+
+    `abort` is asked while waiting: a text from it (say, the writer died) fails the wait at once.
+    """
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
                              enable_auto_commit=False, max_partition_fetch_bytes=64 << 20,
                              fetch_max_bytes=64 << 20)
@@ -103,6 +106,9 @@ def read_topic(bootstrap: str, topic: str, *, min_count: int = 0, timeout: float
         deadline = time.monotonic() + timeout
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
+            problem = abort() if abort is not None else None
+            if problem is not None:
+                raise AssertionError(f"stopped waiting for {topic} ({len(out)}/{min_count} read): {problem}")
             batch = consumer.poll(timeout_ms=200)
             got = [r for recs in batch.values() for r in recs]
             for r in got:
