@@ -217,6 +217,8 @@ def status(data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
               f"log={result.log_path}" + (" security=SASL_SSL" if result.secure else ""))  # fmt: skip
         return
     print(f"stopped data_dir={result.data_dir}")
+    if (reason := LocalBroker(data_dir=data_dir).why_stopped()) is not None:
+        _stderr(f"it stopped because {reason}")
     raise typer.Exit(EXIT_NOT_RUNNING)
 
 

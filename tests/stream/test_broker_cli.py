@@ -204,6 +204,60 @@ def test_broker_dying_during_start_reports_the_cause_and_the_log(data_dir):
     assert cli("broker", "status", "--data-dir", str(data_dir)).returncode == 3
 
 
+def test_too_little_free_space_is_refused_before_anything_is_written(data_dir):
+    old_topics = data_dir / "kafka-logs" / "t-0"
+    old_topics.mkdir(parents=True)
+    (old_topics / "00000000000000000000.log").write_bytes(b"x" * (3 << 20))
+    more_than_any_disk = str(1 << 40)  # MiB
+    result = cli("broker", "start", "--port", str(free_port()), "--data-dir", str(data_dir),
+                 env=base_env(ROLLOUT_STREAM_BROKER_MIN_FREE_MIB=more_than_any_disk))  # fmt: skip
+    assert result.returncode == 2
+    line = one_error_line(result)
+    assert f"free on the filesystem of {data_dir.resolve()}" in line
+    assert "itself holds 3.0 MiB" in line and f"broker stop --data-dir {data_dir.resolve()}" in line
+    assert not (data_dir / "broker.json").exists() and not (data_dir / "logs").exists()
+
+    result = cli("broker", "start", "--data-dir", str(data_dir),
+                 env=base_env(ROLLOUT_STREAM_BROKER_MIN_FREE_MIB="1G"))
+    assert result.returncode == 2
+    assert "ROLLOUT_STREAM_BROKER_MIN_FREE_MIB='1G' is not a number of MiB" in one_error_line(result)
+
+
+# What Kafka 4.1 logs when its only log directory fills up (a development broker here, 2026-12-02).
+_DISK_FULL_LOG = "\n".join([
+    "[2026-12-02 01:21:23,101] ERROR Error while appending records to t-0 in dir {logs} "
+    "(kafka.server.LogDirFailureChannel)",
+    "java.io.IOException: No space left on device",
+    "\tat org.apache.kafka.storage.internals.log.LocalLog.maybeHandleIOException(LocalLog.java:816) "
+    "~[kafka-storage-4.1.1.jar:?]",
+    "[2026-12-02 01:21:23,238] WARN [ReplicaManager broker=1] Stopping serving replicas in dir {logs} "
+    "with uuid Some(BmcFDA20RfWzKbutCcGpSQ) because the log directory has failed. "
+    "(kafka.server.ReplicaManager)",
+    "[2026-12-02 01:21:23,249] ERROR Shutdown broker because all log dirs in {logs} have failed "
+    "(kafka.log.LogManager)",
+    "",
+])
+
+
+def test_status_says_when_a_broker_stopped_because_its_disk_filled_up(data_dir):
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True)
+    (logs / "broker.log").write_text(_DISK_FULL_LOG.format(logs=data_dir / "kafka-logs"))
+    result = cli("broker", "status", "--data-dir", str(data_dir))
+    assert result.returncode == 3 and result.stdout.startswith("stopped")
+    assert "it stopped because its log directory failed: No space left on device" in result.stderr
+    assert f"free on the filesystem of {data_dir.resolve()} now" in result.stderr
+
+    # A start that died before it wrote a line leaves an empty log; the one before it says why.
+    (logs / "broker.log").rename(logs / "broker.log.1")
+    (logs / "broker.log").write_text("")
+    assert "No space left on device" in cli("broker", "status", "--data-dir", str(data_dir)).stderr
+
+    (logs / "broker.log").write_text("[2026-12-02 01:30:00,000] INFO [KafkaRaftServer nodeId=1] shut down\n")
+    quiet = cli("broker", "status", "--data-dir", str(data_dir))
+    assert quiet.returncode == 3 and quiet.stderr == ""
+
+
 def test_override_of_a_managed_key_is_refused(data_dir):
     result = cli("broker", "start", "--data-dir", str(data_dir), "--override", "listeners=PLAINTEXT://:1")
     assert result.returncode == 2

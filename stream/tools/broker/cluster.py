@@ -24,6 +24,7 @@ from typing import Any
 
 from stream.clients import Connection
 from stream.kafka import KafkaFailure, client_for
+from stream.tools.broker.disk import require_room
 from stream.tools.broker.errors import BrokerConfigError, BrokerStartFailed, PortInUse
 from stream.tools.broker.files import read_json, write_json
 from stream.tools.broker.jars import Progress
@@ -148,6 +149,8 @@ class LocalCluster:
             down = [n for n in self.node_ids if not self.node(n).status().running]
             for n in down:
                 self._require_free(n)
+            if down:
+                require_room(self.data_dir)
             launched: dict[int, tuple[str, float, int]] = {}
             deadline = time.monotonic() + timeout
             try:

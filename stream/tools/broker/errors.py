@@ -10,6 +10,7 @@ Every message is one line that says what to do next.
     │   ├── OpenSSLNotFound       (stream/tools/broker/pki.py) --secure needs openssl
     │   ├── PortInUse
     │   ├── BrokerAlreadyRunning  same data dir, other port
+    │   ├── DiskFull              too little free space where the data dir is (stream/tools/broker/disk.py)
     │   └── BadOverride           an --override that is not KEY=VALUE, or a key rollout-stream sets itself
     ├── JarResolutionFailed       mvn ran and failed (network, mirror): a RuntimeFailure (exit 1), as are
     ├── BrokerStartFailed         the JVM exited or never became ready; carries the log tail
@@ -36,6 +37,7 @@ __all__ = [
     "PortInUse",
     "BrokerAlreadyRunning",
     "BadOverride",
+    "DiskFull",
     "JarResolutionFailed",
     "BrokerStartFailed",
     "BrokerStopFailed",
@@ -76,6 +78,10 @@ class PortInUse(BrokerConfigError):
 
 class BrokerAlreadyRunning(BrokerConfigError):
     """A broker already runs from this data dir, on a different port than asked for."""
+
+
+class DiskFull(BrokerConfigError):
+    """The filesystem of the data dir has less free space than a broker needs to start and run."""
 
 
 class BadOverride(BrokerConfigError, ValueError):

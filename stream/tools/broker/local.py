@@ -24,6 +24,7 @@ from typing import Literal
 
 from stream.clients import Connection
 from stream.kafka import KafkaFailure, client_for
+from stream.tools.broker.disk import disk_cause, ran_out_of_space, require_room
 from stream.tools.broker.errors import (
     BrokerAlreadyRunning,
     BrokerConfigError,
@@ -67,6 +68,7 @@ __all__ = [
 DEFAULT_PORT = 9092
 DEFAULT_DATA_DIR = Path(".kafka-data")
 _TAIL_LINES = 20
+_LOG_SCAN = 1 << 20  # how much of a log's end `why_stopped` reads
 _MAIN_CLASS = "kafka.Kafka"
 
 
@@ -181,6 +183,14 @@ class LocalBroker:
             )  # fmt: skip
         return BrokerStatus("stopped", self.data_dir, self.log_path)
 
+    def why_stopped(self) -> str | None:
+        """Why a broker that is not running stopped, when its log says so (for now: it ran out of space)."""
+        log = self.log_path
+        if file_size(log) == 0:  # a start that died before writing: the run before it may say why
+            log = log.with_name(log.name + ".1")
+        lines = read_lines_from(log, max(0, file_size(log) - _LOG_SCAN))
+        return disk_cause(self.data_dir, lines) if ran_out_of_space(lines) else None
+
     def _is_our_broker(self, pid: int) -> bool:
         """Guards against pid reuse: only signal a process that is our broker."""
         cmd = command_line(pid)
@@ -236,6 +246,7 @@ class LocalBroker:
         if (running := self._running_address(any_port)) is not None:
             return running
         self._require_free_port()
+        require_room(self.data_dir)
         java = find_java()
         jars = resolve_jars(self.cache_dir, progress=self.progress)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -459,7 +470,8 @@ class LocalBroker:
         """One line: what happened, the most telling log line, where the log is."""
         lines = read_lines_from(self.log_path, log_offset)
         tail = lines[-_TAIL_LINES:]
-        cause = failure_cause(lines)
+        # A JVM on a full disk may exit before it writes a line: the free space is then the cause to name.
+        cause = disk_cause(self.data_dir, lines) or failure_cause(lines)
         message = f"{what}: {cause} (last {_TAIL_LINES} log lines: tail -n {_TAIL_LINES} {self.log_path})"
         return BrokerStartFailed(message, log_path=self.log_path, log_tail=tail)
 
