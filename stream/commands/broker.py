@@ -30,7 +30,7 @@ broker_app = typer.Typer(
         "local Java (>= 17). It runs in the background until `broker stop`, keeps its files in --data-dir "
         "and listens on 127.0.0.1 only.\n\n"
         "Exit codes: 0 ok, 1 runtime failure (jar download, broker died), 2 configuration "
-        "(no java/mvn, port taken, bad option), 3 `status`: not running."
+        "(no java/mvn, port taken, under 1 GiB free disk, bad option), 3 `status`: not running."
     ),
     no_args_is_help=True,
 )
@@ -208,16 +208,19 @@ def status(data_dir: DataDir = DEFAULT_DATA_DIR) -> None:
             b = n.broker
             print(f"node={n.node_id} running pid={b.pid} bootstrap={b.bootstrap} log={b.log_path}"
                   if b.running else f"node={n.node_id} stopped port={n.port} data_dir={b.data_dir}")
+            if not b.running and (reason := LocalBroker(data_dir=b.data_dir).why_stopped()) is not None:
+                _stderr(f"node {n.node_id} stopped because {reason}")
         if not up:
             raise typer.Exit(EXIT_NOT_RUNNING)
         return
-    result = LocalBroker(data_dir=data_dir).status()
+    broker = LocalBroker(data_dir=data_dir)
+    result = broker.status()
     if result.running:
         print(f"running pid={result.pid} bootstrap={result.bootstrap} data_dir={result.data_dir} "
               f"log={result.log_path}" + (" security=SASL_SSL" if result.secure else ""))  # fmt: skip
         return
     print(f"stopped data_dir={result.data_dir}")
-    if (reason := LocalBroker(data_dir=data_dir).why_stopped()) is not None:
+    if (reason := broker.why_stopped()) is not None:
         _stderr(f"it stopped because {reason}")
     raise typer.Exit(EXIT_NOT_RUNNING)
 

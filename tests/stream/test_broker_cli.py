@@ -207,7 +207,7 @@ def test_broker_dying_during_start_reports_the_cause_and_the_log(data_dir):
 def test_too_little_free_space_is_refused_before_anything_is_written(data_dir):
     old_topics = data_dir / "kafka-logs" / "t-0"
     old_topics.mkdir(parents=True)
-    (old_topics / "00000000000000000000.log").write_bytes(b"x" * (3 << 20))
+    (old_topics / "00000000000000000000.log").write_bytes(os.urandom(3 << 20))  # no filesystem shrinks it
     more_than_any_disk = str(1 << 40)  # MiB
     result = cli("broker", "start", "--port", str(free_port()), "--data-dir", str(data_dir),
                  env=base_env(ROLLOUT_STREAM_BROKER_MIN_FREE_MIB=more_than_any_disk))  # fmt: skip
@@ -217,10 +217,18 @@ def test_too_little_free_space_is_refused_before_anything_is_written(data_dir):
     assert "itself holds 3.0 MiB" in line and f"broker stop --data-dir {data_dir.resolve()}" in line
     assert not (data_dir / "broker.json").exists() and not (data_dir / "logs").exists()
 
-    result = cli("broker", "start", "--data-dir", str(data_dir),
+    result = cli("broker", "start", "--port", str(free_port()), "--data-dir", str(data_dir),
                  env=base_env(ROLLOUT_STREAM_BROKER_MIN_FREE_MIB="1G"))
     assert result.returncode == 2
     assert "ROLLOUT_STREAM_BROKER_MIN_FREE_MIB='1G' is not a number of MiB" in one_error_line(result)
+
+    cluster_dir = data_dir.parent / "cluster"
+    result = cli("broker", "start", "--nodes", "3", "--port", str(free_port()),
+                 "--data-dir", str(cluster_dir),
+                 env=base_env(ROLLOUT_STREAM_BROKER_MIN_FREE_MIB=more_than_any_disk))  # fmt: skip
+    assert result.returncode == 2
+    assert f"free on the filesystem of {cluster_dir.resolve()}" in one_error_line(result)
+    assert not cluster_dir.exists()  # no layout fixed by a start that was refused
 
 
 # What Kafka 4.1 logs when its only log directory fills up (a development broker here, 2026-12-02).
@@ -248,10 +256,14 @@ def test_status_says_when_a_broker_stopped_because_its_disk_filled_up(data_dir):
     assert "it stopped because its log directory failed: No space left on device" in result.stderr
     assert f"free on the filesystem of {data_dir.resolve()} now" in result.stderr
 
-    # A start that died before it wrote a line leaves an empty log; the one before it says why.
+    # A JVM on a full disk exits before its first line: an empty log and too little room say why.
     (logs / "broker.log").rename(logs / "broker.log.1")
     (logs / "broker.log").write_text("")
-    assert "No space left on device" in cli("broker", "status", "--data-dir", str(data_dir)).stderr
+    short = cli("broker", "status", "--data-dir", str(data_dir),
+                env=base_env(ROLLOUT_STREAM_BROKER_MIN_FREE_MIB=str(1 << 40)))  # fmt: skip
+    assert short.returncode == 3
+    assert "it stopped because only " in short.stderr and "a local broker needs at least" in short.stderr
+    assert cli("broker", "status", "--data-dir", str(data_dir)).stderr == ""  # room enough: no guess
 
     (logs / "broker.log").write_text("[2026-12-02 01:30:00,000] INFO [KafkaRaftServer nodeId=1] shut down\n")
     quiet = cli("broker", "status", "--data-dir", str(data_dir))

@@ -145,12 +145,12 @@ class LocalCluster:
     def start(self, timeout: float = 120.0) -> str:
         """Start every node that is not running, wait until all are ready and the internal topics have
         leaders; return the bootstrap list. `timeout` bounds the wait once the JVMs are launched."""
+        if not all(LocalBroker(data_dir=self.node_dir(n)).status().running for n in self.node_ids):
+            require_room(self.data_dir)  # before the lock and the layout: a refused start leaves nothing
         with exclusive(self.data_dir / ".cluster.lock"):
             down = [n for n in self.node_ids if not self.node(n).status().running]
             for n in down:
                 self._require_free(n)
-            if down:
-                require_room(self.data_dir)
             launched: dict[int, tuple[str, float, int]] = {}
             deadline = time.monotonic() + timeout
             try:
@@ -203,6 +203,7 @@ class LocalCluster:
             broker = self.node(node_id)
             broker.stop(stop_timeout)
             self._require_free(node_id)
+            require_room(self.data_dir)
             broker.wait_ready(broker.launch(), timeout)
             return f"127.0.0.1:{self.node_port(node_id)}"
 

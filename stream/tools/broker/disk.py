@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from stream.tools.broker.errors import DiskFull
+from stream.tools.broker.errors import BrokerConfigError, DiskFull
 
 __all__ = [
     "MIN_FREE_ENV", "DEFAULT_MIN_FREE_MIB", "Room", "disk_cause", "room_for", "require_room",
@@ -30,11 +30,10 @@ _DIR_FAILED = "log directory has failed"
 
 @dataclass(frozen=True, slots=True)
 class Room:
-    """Free bytes on the filesystem that holds `data_dir`, and what the data dir itself takes."""
+    """Free bytes on the filesystem that holds `data_dir`, against the minimum a broker needs."""
 
     data_dir: Path
     free: int
-    held: int  # bytes of the files under data_dir (0 before the first start)
     minimum: int
 
     @property
@@ -43,25 +42,26 @@ class Room:
 
     def describe(self) -> str:
         """One line for a refusal or a failure: what is free, what the data dir holds, what to do."""
-        held = f"; {self.data_dir} itself holds {_size(self.held)} of topics and logs" if self.held else ""
+        held_bytes = _held(self.data_dir)  # walked only here: a start with room never pays for it
+        held = f"; {self.data_dir} itself holds {_size(held_bytes)} of topics and logs" if held_bytes else ""
         if self.enough:
             return f"{_size(self.free)} free on the filesystem of {self.data_dir} now{held}"
         drop = (f" (`rollout-stream broker stop --data-dir {self.data_dir}`, then remove it: every topic "
-                "in it is dropped)") if self.held else ""
+                "in it is dropped)") if held_bytes else ""
         return (f"only {_size(self.free)} free on the filesystem of {self.data_dir}, a local broker needs at "
                 f"least {_size(self.minimum)}{held}: free some space{drop}, or use another --data-dir "
                 f"({MIN_FREE_ENV} sets the minimum)")
 
 
 def disk_cause(data_dir: Path, log_lines: list[str]) -> str | None:
-    """Why a broker failed, if it was the disk: too little room now, or a log that says it ran out."""
+    """Why a broker failed, if it was the disk: a log that says it ran out, or too little room now."""
     room = room_for(data_dir)
     if ran_out_of_space(log_lines):
         return f"its log directory failed: No space left on device; {room.describe()}"
     return None if room.enough else room.describe()
 
 
-def minimum_free_bytes() -> int:
+def _minimum_free_bytes() -> int:
     raw = os.environ.get(MIN_FREE_ENV, "").strip()
     if not raw:
         return DEFAULT_MIN_FREE_MIB << 20
@@ -70,16 +70,21 @@ def minimum_free_bytes() -> int:
     except ValueError:
         mib = -1
     if mib < 0:
-        raise DiskFull(f"{MIN_FREE_ENV}={raw!r} is not a number of MiB (0 turns the check off)")
+        raise BrokerConfigError(f"{MIN_FREE_ENV}={raw!r} is not a number of MiB (0 turns the check off)")
     return mib << 20
 
 
 def room_for(data_dir: Path) -> Room:
     """The room a broker in `data_dir` has (the data dir need not exist yet)."""
-    existing = data_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    return Room(data_dir, shutil.disk_usage(existing).free, _held(data_dir), minimum_free_bytes())
+    minimum = _minimum_free_bytes()
+    try:
+        existing = data_dir
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = shutil.disk_usage(existing).free
+    except OSError as exc:
+        raise BrokerConfigError(f"cannot tell the free space for --data-dir {data_dir}: {exc}") from None
+    return Room(data_dir, free, minimum)
 
 
 def require_room(data_dir: Path) -> None:

@@ -10,7 +10,7 @@ Every message is one line that says what to do next.
     │   ├── OpenSSLNotFound       (stream/tools/broker/pki.py) --secure needs openssl
     │   ├── PortInUse
     │   ├── BrokerAlreadyRunning  same data dir, other port
-    │   ├── DiskFull              too little free space where the data dir is (stream/tools/broker/disk.py)
+    │   ├── DiskFull              too little free space where the data dir is (checked by disk.py)
     │   └── BadOverride           an --override that is not KEY=VALUE, or a key rollout-stream sets itself
     ├── JarResolutionFailed       mvn ran and failed (network, mirror): a RuntimeFailure (exit 1), as are
     ├── BrokerStartFailed         the JVM exited or never became ready; carries the log tail
@@ -36,8 +36,8 @@ __all__ = [
     "MavenNotFound",
     "PortInUse",
     "BrokerAlreadyRunning",
-    "BadOverride",
     "DiskFull",
+    "BadOverride",
     "JarResolutionFailed",
     "BrokerStartFailed",
     "BrokerStopFailed",

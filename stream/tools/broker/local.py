@@ -184,12 +184,13 @@ class LocalBroker:
         return BrokerStatus("stopped", self.data_dir, self.log_path)
 
     def why_stopped(self) -> str | None:
-        """Why a broker that is not running stopped, when its log says so (for now: it ran out of space)."""
-        log = self.log_path
-        if file_size(log) == 0:  # a start that died before writing: the run before it may say why
-            log = log.with_name(log.name + ".1")
-        lines = read_lines_from(log, max(0, file_size(log) - _LOG_SCAN))
-        return disk_cause(self.data_dir, lines) if ran_out_of_space(lines) else None
+        """Why a broker that is not running stopped, when it was the disk: its log says it ran out of space,
+        or its last start wrote nothing (a JVM on a full disk exits before its first line) and room is
+        short."""
+        lines = read_lines_from(self.log_path, max(0, file_size(self.log_path) - _LOG_SCAN))
+        if ran_out_of_space(lines) or not any(line.strip() for line in lines):
+            return disk_cause(self.data_dir, lines)
+        return None
 
     def _is_our_broker(self, pid: int) -> bool:
         """Guards against pid reuse: only signal a process that is our broker."""
