@@ -3,6 +3,7 @@ group it offered, and is not fooled by other records arriving on the output topi
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections import deque
@@ -74,3 +75,5 @@ def test_latency_is_the_added_delay_for_every_offered_group(kafka_bootstrap, top
     assert result.groups == 75 and result.seen == result.groups, result
     assert result.p50_ms is not None and result.p99_ms is not None
     assert DELAY_S * 1000 <= result.p50_ms <= result.p99_ms < DELAY_S * 1000 + 700, result
+    # The phase stops this process's collector while the clock runs, and gives it back as it found it.
+    assert gc.isenabled() and gc.get_freeze_count() == 0
