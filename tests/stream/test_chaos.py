@@ -50,10 +50,12 @@ def test_exactly_once_through_kills_restarts_and_a_second_worker(kafka_bootstrap
     logs: list = []
 
     def start(instance: str):
+        """The worker process and its log file."""
         logs.append(tmp_path / f"{instance}-{len(logs)}.log")
-        return spawn_worker(
+        process = spawn_worker(
             kafka_bootstrap, topics, group_id, *args, "--instance-id", instance, log_path=logs[-1]
         )
+        return process, logs[-1]
 
     def exited(process, log_file) -> str | None:
         """Why a worker that should be running is not: its exit code and the end of its log."""
@@ -65,7 +67,7 @@ def test_exactly_once_through_kills_restarts_and_a_second_worker(kafka_bootstrap
         """A worker or the producer gone while the test waits for their output: fail now, not at a timeout."""
         if produce_failed:
             return f"the producer failed: {produce_failed[0]!r}"
-        return exited(worker, logs[worker_log])
+        return exited(worker, worker_log)
 
     def wait_working(process, log_file, timeout: float = 30.0) -> None:
         """Until this instance has restored its partitions and is processing."""
@@ -79,26 +81,24 @@ def test_exactly_once_through_kills_restarts_and_a_second_worker(kafka_bootstrap
         raise AssertionError(f"worker never got to work: {log_file.read_text()[-2000:]}")
 
     producer = threading.Thread(target=produce)
-    worker = start("w1")
-    worker_log = len(logs) - 1
+    worker, worker_log = start("w1")
     producer.start()
     kills = 0
     try:
         for _ in range(3):  # SIGKILL at random moments while it works; restart under the same instance id
-            wait_working(worker, logs[worker_log])
+            wait_working(worker, worker_log)
             time.sleep(rng.uniform(0.5, 2.5))
             assert (problem := trouble()) is None, problem  # it died by itself before the kill
             worker.send_signal(signal.SIGKILL)
             worker.wait(10)
             kills += 1
-            worker = start("w1")
-            worker_log = len(logs) - 1
-        wait_working(worker, logs[worker_log])
-        second = start("w2")  # a second worker joins mid-stream...
-        wait_working(second, logs[-1])
+            worker, worker_log = start("w1")
+        wait_working(worker, worker_log)
+        second, second_log = start("w2")  # a second worker joins mid-stream...
+        wait_working(second, second_log)
         time.sleep(rng.uniform(1, 3))
         second.send_signal(signal.SIGTERM)  # ...and leaves
-        assert second.wait(40) == 0, exited(second, logs[-1])
+        assert second.wait(40) == 0, exited(second, second_log)
         deadline = time.monotonic() + 60
         while producer.is_alive() and time.monotonic() < deadline:
             assert (problem := trouble()) is None, problem
