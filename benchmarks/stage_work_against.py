@@ -1,0 +1,86 @@
+"""The stage's own work per sample, this checkout against an earlier commit, on this machine, alternating.
+
+Issue 15 asks for the stage's own work cut "to a third of today's on the same machine". A figure from
+another session's machine does not answer that: the same code gave 12.7 µs per 256-token sample on one
+AMD EPYC and 26.9 on an Intel Xeon, and this checkout 5.0 on one EPYC and 7.2 on another. So this script
+runs `benchmarks/stage_work_bench.py` of both commits in fresh processes, one after the other, `--rounds`
+times (a slow spell of the machine then hits both sides), and prints each side's runs, the ratio of the
+medians and each round's ratio.
+
+The earlier commit is checked out in a temporary `git worktree` (removed afterwards) and runs its own
+sources on this checkout's virtual environment, with the compiled hot path off (it had none: its modules
+are not the ones a build here was made from). Both sides get only the arguments every version of the
+bench takes, so each times best of 3 passes on the wall clock.
+
+    .venv/bin/python benchmarks/stage_work_against.py                     # against the issue's start
+    .venv/bin/python benchmarks/stage_work_against.py --rev HEAD~3 --tokens 32768 --groups 80
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path("benchmarks") / "stage_work_bench.py"
+ISSUE_15_START = "3d21e53"
+"""The code when issue 15 was filed (12.7 µs per 256-token sample in docs/benchmarks.md then)."""
+
+_FIGURE = re.compile(r"([0-9.]+) µs per sample")
+
+
+def run_bench(checkout: Path, args: list[str], *, compiled: bool) -> float:
+    """µs per sample that `checkout`'s stage_work_bench.py prints for `args`."""
+    env = dict(os.environ, PYTHONPATH=str(checkout))
+    if not compiled:
+        env["ROLLOUT_STREAM_COMPILED"] = "0"
+    done = subprocess.run([sys.executable, str(checkout / BENCH), *args], cwd=checkout, env=env,
+                          capture_output=True, text=True, check=False)
+    found = _FIGURE.search(done.stdout)
+    if done.returncode or found is None:
+        raise SystemExit(f"{checkout / BENCH} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+    return float(found.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default=ISSUE_15_START, help=f"the earlier commit (default {ISSUE_15_START})")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--groups", type=int, default=3000)
+    args = ap.parse_args()
+    bench_args = ["--tokens", str(args.tokens), "--group-size", str(args.group_size),
+                  "--groups", str(args.groups)]
+    with tempfile.TemporaryDirectory(prefix="stage-work-") as tmp:
+        earlier = Path(tmp) / "earlier"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--quiet", "--detach", str(earlier),
+                        args.rev], check=True)
+        try:
+            before: list[float] = []
+            now: list[float] = []
+            for _ in range(args.rounds):
+                before.append(run_bench(earlier, bench_args, compiled=False))
+                now.append(run_bench(ROOT, bench_args, compiled=True))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(earlier)],
+                           check=False)
+    label = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.rev], capture_output=True,
+                           text=True, check=False).stdout.strip() or args.rev
+    ratio = statistics.median(now) / statistics.median(before)
+    print(f"{args.tokens} tokens, groups of {args.group_size}, {args.groups} groups, µs per sample "
+          f"(best of 3 passes each, {args.rounds} alternating rounds):")
+    print(f"  {label:<10} {', '.join(f'{x:.1f}' for x in before)}")
+    print(f"  {'this':<10} {', '.join(f'{x:.1f}' for x in now)}")
+    print(f"  ratio of the medians: {ratio:.2f} (rounds: "
+          f"{', '.join(f'{n / b:.2f}' for b, n in zip(before, now, strict=True))})")
+
+
+if __name__ == "__main__":
+    main()
