@@ -158,3 +158,37 @@ def test_bench_topics_go_with_the_windows_changelog_of_their_input(kafka_bootstr
         wait_until(lambda: not mine & set(admin.list_topics()), 30, "bench topics and changelog deleted")
     finally:
         admin.close()
+
+
+@pytest.mark.kafka(timeout=90)
+def test_a_drain_that_stops_short_says_where_each_partition_stands(kafka_bootstrap):
+    """Groups missing their last member never let the stage commit to the end: the failure names the open
+    groups, how far each partition was read and committed, and the input's end offsets."""
+    from stream.clients import Connection
+    from stream.tools.bench.proc import RunnerFailed, RunnerProcess
+    from stream.tools.bench.results import BenchSettings
+    from stream.tools.bench.suite import _Bench
+    from stream.tools.bench.workloads import Workload, create_topics, delete_topics, preload
+
+    bench = _Bench(BenchSettings(bootstrap=kafka_bootstrap), lambda _: None)
+    conn = Connection(kafka_bootstrap)
+    topics = create_topics(conn, 2, tag="bench-short")
+    try:
+        pre = preload(conn, topics.names.input, Workload("a", 16, 4, 1, 6), drop_last=True)
+        assert pre.records == 6 * 3
+        proc = RunnerProcess(bench.spec("stage", topics, "exactly-once", pre))
+        try:
+            with pytest.raises(RunnerFailed) as failed:
+                proc.wait_for("drained", timeout=15)
+        finally:
+            proc.kill()
+    finally:
+        delete_topics(conn, topics.all())
+    message = str(failed.value)
+    assert f"input end offsets {pre.end_offsets}" in message
+    status = proc.last_status
+    assert status["records_in"] == pre.records
+    # every record read, nothing committed past the open groups' first members
+    assert {int(p): n for p, n in status["read_to"].items()} == pre.end_offsets
+    assert all(status["committed"].get(str(p), 0) < end for p, end in pre.end_offsets.items())
+    assert len(status["open"]) == 5 and all(g.endswith(": 3/4") for g in status["open"]), status["open"]

@@ -116,6 +116,21 @@ class _Target:
     def commits(self) -> int:
         return self.obj.stats.commits if self.stage else self.obj.commits
 
+    def read_to(self) -> dict[int, int]:
+        """Per partition, the offset after the last record taken (the stage's; {} for the passthrough)."""
+        if not self.stage:
+            return {}
+        ledger = self.obj.ledger
+        return {p: n for p in list(ledger.partitions) if (n := ledger.next_offset(p)) is not None}
+
+    def open_groups(self, limit: int = 5) -> list[str]:
+        """The first few open windows as `key@partition: complete/size rollouts` (the stage's; [] otherwise).
+        Read from the monitor thread: counters only, no walk over a window the loop may be changing."""
+        if not self.stage:
+            return []
+        windows = list(self.obj.store.open.values())[:limit]
+        return [f"{w.key}@{w.partition}: {w.complete_rollouts}/{w.group_size}" for w in windows]
+
     def open_windows(self) -> tuple[int, int]:
         if not self.stage:
             return 0, 0
@@ -188,6 +203,11 @@ class _Watch(threading.Thread):
                         "rss": rss_bytes(),
                         "peak_rss": peak_rss_bytes(),
                         "commits": target.commits(),
+                        # Where each partition stands, for a drain that stops short of end_offsets: read up
+                        # to, committed up to, and the groups still open (a member missing or not yet read).
+                        "read_to": target.read_to(),
+                        "committed": target.committed(),
+                        "open": target.open_groups(),
                     }
                 )
             time.sleep(MONITOR_S)
