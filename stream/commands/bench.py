@@ -127,6 +127,10 @@ def bench(
         from stream.tools.bench.report import render
 
         render(report)
+    if report.failures:
+        # The report above is whole for what it measured; the exit says the run was not.
+        print(f"bench: {len(report.failures)} measurement(s) failed; see 'failures'", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -54,6 +54,13 @@ def test_bench_table_and_option_errors():
     assert "--delivery must be exactly-once, at-least-once or both" in result.output
 
 
+def _throughput(mode: str, rate: float):
+    from stream.tools.bench.results import Throughput
+
+    return Throughput(mode, samples=1000, bytes=2_000_000, seconds=1000 / rate, cpu_s=0.5, loop_cpu_s=0.04,
+                      commits=3, final_commit_s=0.01)
+
+
 def test_table_renders_every_section_and_judges_the_targets():
     from rich.console import Console
 
@@ -64,23 +71,11 @@ def test_table_renders_every_section_and_judges_the_targets():
         BenchSettings,
         MemoryResult,
         SweepPoint,
-        Throughput,
         WorkloadResult,
     )
     from stream.tools.bench.workloads import Workload
 
-    def tp(mode: str, rate: float) -> Throughput:
-        return Throughput(
-            mode,
-            samples=1000,
-            bytes=2_000_000,
-            seconds=1000 / rate,
-            cpu_s=0.5,
-            loop_cpu_s=0.04,
-            commits=3,
-            final_commit_s=0.01,
-        )
-
+    tp = _throughput
     lat = LatencyResult(
         rate=450.0, groups=100, seen=100, p50_ms=80.0, p99_ms=200.0, max_ms=210.0, seconds=4.0
     )
@@ -192,3 +187,47 @@ def test_a_drain_that_stops_short_says_where_each_partition_stands(kafka_bootstr
     assert {int(p): n for p, n in status["read_to"].items()} == pre.end_offsets
     assert all(status["committed"].get(str(p), 0) < end for p, end in pre.end_offsets.items())
     assert len(status["open"]) == 5 and all(g.endswith(": 3/4") for g in status["open"]), status["open"]
+
+
+def test_a_measurement_that_fails_is_reported_and_the_run_goes_on(monkeypatch):
+    """A drain that failed twice costs its own row, not the run: the rest is measured and reported, the
+    failure is named in the table and the JSON, and the command exits 1."""
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from stream.cli import app
+    from stream.tools.bench import suite
+    from stream.tools.bench.proc import RunnerFailed
+    from stream.tools.bench.report import render
+    from stream.tools.bench.results import BenchSettings, WorkloadResult
+    from stream.tools.bench.workloads import Workload
+
+    def workload(self, w, delivery, client=None):
+        if w.group_size == 16:
+            raise RunnerFailed("stage (exactly-once) gave no 'drained' within 120s; last status {...}")
+        return WorkloadResult(w, delivery, _throughput("stage", 900), _throughput("passthrough", 1000), None)
+
+    monkeypatch.setattr(suite._Bench, "workload", workload)
+    settings = BenchSettings(bootstrap="127.0.0.1:1", memory=False, sweep=False, compare_clients=False,
+                             compare_delivery=False, workloads=(Workload("a", 256, 8, 1, 10),
+                                                                Workload("b", 32768, 16, 1, 10),
+                                                                Workload("c", 256, 8, 3, 10)))
+    seen: list[str] = []
+    report = suite.run_bench(settings, seen.append)
+    assert [r.workload.label() for r in report.results] == ["a 256t g8", "c 256t×3 g8"]
+    assert len(report.failures) == 1 and report.failures[0].startswith("b 32Kt g16 [exactly-once, ")
+    assert "gave no 'drained'" in report.failures[0] and any("not measured" in line for line in seen)
+    assert report.to_json()["failures"] == report.failures
+    console = Console(record=True, width=200)
+    render(report, console)
+    text = console.export_text()
+    assert "Not measured" in text and "b 32Kt g16 [exactly-once" in text
+
+    import stream.commands.bench as command
+    from stream.clients import Connection
+
+    monkeypatch.setattr(suite, "run_bench", lambda *a, **k: report)
+    monkeypatch.setattr(command, "connection_from_options", lambda *a, **k: Connection("127.0.0.1:1"))
+    result = CliRunner().invoke(app, ["bench", "--bootstrap-servers", "127.0.0.1:1", "--json"])
+    assert result.exit_code == 1, result.output
+    assert '"failures"' in result.output and "1 measurement(s) failed" in result.output

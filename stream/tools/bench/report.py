@@ -366,3 +366,7 @@ def render(report: BenchReport, console: Console | None = None) -> None:
             )
         )
     console.print(targets_view(report))
+    if report.failures:
+        console.print(Text("Not measured (the targets above judge only what was):", style="bold red"))
+        for failure in report.failures:
+            console.print(Flow(Text(failure), first=2, indent=4))

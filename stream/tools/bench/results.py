@@ -204,6 +204,7 @@ class BenchReport:
     sweep: list[SweepPoint] = field(default_factory=list)
     sweep_workload: Workload | None = None
     seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)  # what was not measured, and why (the run went on)
 
     def targets(self) -> dict[str, Any]:
         """Each target met (True), not met (False), or not measured (None: e.g. memory in a --quick run)."""
@@ -270,6 +271,7 @@ class BenchReport:
                 "points": [p.to_json() for p in self.sweep],
             },
             "targets": self.targets(),
+            "failures": list(self.failures),
             "seconds": round(self.seconds, 1),
         }
 

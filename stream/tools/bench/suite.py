@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from stream.clients import CLIENTS, MAX_RECORD_BYTES, Connection
 from stream.kafka import TopicPartition, client_for
@@ -26,6 +26,7 @@ from stream.tools.bench.runner import RunSpec
 from stream.tools.bench.workloads import (
     BenchTopics,
     Preloaded,
+    PreloadFailed,
     Workload,
     append_span,
     create_topics,
@@ -35,6 +36,8 @@ from stream.tools.bench.workloads import (
 )
 
 __all__ = ["run_bench", "SWEEP_INTERVALS", "SWEEP_MAX_RECORDS"]
+
+T = TypeVar("T")
 
 # kafka-python 3.0 can busy-loop looking for a group coordinator (dpkp/kafka-python#2667, #2672) and never
 # join: a measurement that has not drained in this long is retried once in a new process.
@@ -266,25 +269,46 @@ def run_bench(
     started = time.monotonic()
     bench = _Bench(settings, progress, security)
     report = BenchReport(settings, machine_info())
+
+    def measured(what: str, measure: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        """`measure(*args, **kwargs)`, or None when its processes failed twice or its preload failed: that is
+        recorded in the report and the run goes on (a full run takes ten minutes; one lost drain should not
+        lose the rest)."""
+        try:
+            return measure(*args, **kwargs)
+        except (RunnerFailed, PreloadFailed) as exc:
+            report.failures.append(f"{what}: {exc}")
+            progress(f"{what} not measured: {exc}")
+            return None
+
+    def workload(w: Workload, delivery: str, client: str | None = None) -> WorkloadResult | None:
+        label = f"{w.label()} [{delivery}, {client or bench.conn.client}]"
+        return measured(label, bench.workload, w, delivery, client)
+
     suite = settings.suite()
     for delivery in settings.deliveries:
         for w in suite:
-            report.results.append(bench.workload(w, delivery))
+            if (r := workload(w, delivery)) is not None:
+                report.results.append(r)
     if settings.compare_delivery and len(settings.deliveries) == 1 and not settings.quick:
         other = "at-least-once" if settings.deliveries[0] == "exactly-once" else "exactly-once"
         for w in suite:
-            if w.group_size == 8 and w.name in ("a", "b"):
-                report.delivery_compare.append(bench.workload(w, other))
+            if w.group_size == 8 and w.name in ("a", "b") and (r := workload(w, other)) is not None:
+                report.delivery_compare.append(r)
     if settings.compare_clients and not settings.quick:
         other = next(c for c in CLIENTS if c != bench.conn.client)
         for w in suite:
-            if w.group_size == 8 and w.name in ("a", "b"):
-                report.client_compare.append(bench.workload(w, settings.deliveries[0], other))
+            if w.group_size == 8 and w.name in ("a", "b") and \
+                    (r := workload(w, settings.deliveries[0], other)) is not None:
+                report.client_compare.append(r)
     if settings.memory and not settings.quick:
         long = next(w for w in suite if w.name == "b")
         short = next(w for w in suite if w.name == "a")
-        report.memory.append(bench.memory(Workload("b", long.tokens, 16, 1, 40), open_groups=64))
-        report.memory.append(bench.memory(Workload("a", short.tokens, 16, 1, 400), open_groups=3000))
+        for w, open_groups in ((Workload("b", long.tokens, 16, 1, 40), 64),
+                               (Workload("a", short.tokens, 16, 1, 400), 3000)):
+            m = measured(f"memory {w.label()}", bench.memory, w, open_groups=open_groups)
+            if m is not None:
+                report.memory.append(m)
     if settings.sweep and not settings.quick:
         base = next(
             (r for r in report.results if r.workload.name == "a" and r.workload.group_size == 8), None
@@ -294,7 +318,10 @@ def run_bench(
             report.sweep_workload = w
             for interval in SWEEP_INTERVALS:
                 for max_records in SWEEP_MAX_RECORDS:
-                    report.sweep.append(bench.sweep_point(w, base.delivery, interval, max_records))
+                    point = measured(f"cadence {interval:g}s/{max_records}", bench.sweep_point, w,
+                                     base.delivery, interval, max_records)
+                    if point is not None:
+                        report.sweep.append(point)
     report.machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     report.seconds = time.monotonic() - started
     return report
