@@ -33,18 +33,23 @@ ISSUE_15_START = "3d21e53"
 """The code when issue 15 was filed (12.7 µs per 256-token sample in docs/benchmarks.md then)."""
 
 _FIGURE = re.compile(r"([0-9.]+) µs per sample")
+COMPILED_ENV = "ROLLOUT_STREAM_COMPILED"
 
 
 def run_bench(checkout: Path, args: list[str], *, compiled: bool) -> float:
-    """µs per sample that `checkout`'s stage_work_bench.py prints for `args`."""
+    """µs per sample that `checkout`'s stage_work_bench.py prints for `args` (with this checkout's compiled
+    hot path, which must be built: `make compiled`)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
+    env.pop(COMPILED_ENV, None)
     if not compiled:
-        env["ROLLOUT_STREAM_COMPILED"] = "0"
+        env[COMPILED_ENV] = "0"
     done = subprocess.run([sys.executable, str(checkout / BENCH), *args], cwd=checkout, env=env,
                           capture_output=True, text=True, check=False)
     found = _FIGURE.search(done.stdout)
     if done.returncode or found is None:
         raise SystemExit(f"{checkout / BENCH} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+    if compiled and "compiled (mypyc)" not in done.stdout:
+        raise SystemExit(f"this checkout ran without its compiled hot path (make compiled):\n{done.stdout}")
     return float(found.group(1))
 
 
@@ -56,6 +61,8 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--groups", type=int, default=3000)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     bench_args = ["--tokens", str(args.tokens), "--group-size", str(args.group_size),
                   "--groups", str(args.groups)]
     with tempfile.TemporaryDirectory(prefix="stage-work-") as tmp:

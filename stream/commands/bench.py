@@ -119,7 +119,9 @@ def bench(
 
     # Every process of the bench (runners, preload, observer) and its report use the client chosen.
     os.environ[CLIENT_ENV] = conn.client
-    with described(KafkaFailure, "Kafka error"):  # RunnerFailed, PreloadFailed: exit 1 too
+    # A measurement that fails (RunnerFailed, PreloadFailed) is reported and the run goes on; a Kafka error
+    # outside one (creating topics, the broker gone) stops the run: exit 1.
+    with described(KafkaFailure, "Kafka error"):
         report = run_bench(settings, progress, security=conn.security)
     if json_output:
         print(json.dumps(report.to_json(), indent=2))
@@ -129,7 +131,8 @@ def bench(
         render(report)
     if report.failures:
         # The report above is whole for what it measured; the exit says the run was not.
-        print(f"bench: {len(report.failures)} measurement(s) failed; see 'failures'", file=sys.stderr)
+        print(f"bench: {len(report.failures)} measurement(s) failed: see 'Not measured' ('failures' in the "
+              "JSON)", file=sys.stderr)
         raise typer.Exit(1)
 
 

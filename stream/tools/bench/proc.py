@@ -60,7 +60,9 @@ class RunnerProcess:
                 self.kill()
                 raise RunnerFailed(
                     f"{self.spec.mode} ({self.spec.delivery}) gave no {kind!r} within {timeout:.0f}s; "
-                    f"last status {self.last_status}; input end offsets {self.spec.end_offsets}{self._tail()}"
+                    f"last status {self.last_status}"
+                    + (f"; input end offsets {self.spec.end_offsets}" if kind == "drained" else "")
+                    + self._tail()
                 )
             try:
                 event = self.events.get(timeout=left)

@@ -218,6 +218,7 @@ class BenchReport:
             "memory_ratio_max": round(max(m.ratio for m in self.memory), 3) if self.memory else None,
             "memory_ok": all(m.ok for m in self.memory) if self.memory else None,
             "librdkafka": self.librdkafka_targets(),
+            "complete": not self.failures,  # False: the verdicts above judge only what was measured
         }
 
     def _g8(self, client: str, name: str) -> WorkloadResult | None:

@@ -12,6 +12,7 @@ kafka-python's IO and sender threads are accounted for by per-thread CPU time in
 from __future__ import annotations
 
 import cProfile
+import itertools
 import json
 import sys
 import threading
@@ -128,7 +129,7 @@ class _Target:
         Read from the monitor thread: counters only, no walk over a window the loop may be changing."""
         if not self.stage:
             return []
-        windows = list(self.obj.store.open.values())[:limit]
+        windows = list(itertools.islice(self.obj.store.open.values(), limit))
         return [f"{w.key}@{w.partition}: {w.complete_rollouts}/{w.group_size}" for w in windows]
 
     def open_windows(self) -> tuple[int, int]:

@@ -313,7 +313,9 @@ def run_bench(
         base = next(
             (r for r in report.results if r.workload.name == "a" and r.workload.group_size == 8), None
         )
-        if base is not None:
+        if base is None:
+            report.failures.append("commit cadence sweep: not run; it starts from (a) g8, not measured")
+        else:
             w = Workload("a", base.workload.tokens, 8, 1, 750)
             report.sweep_workload = w
             for interval in SWEEP_INTERVALS:
