@@ -1,10 +1,11 @@
 """The compiled hot path: mypyc builds of the per-record modules, used only for the sources they came from.
 
 The modules in `COMPILED_MODULES` run once or more per consumed record. mypyc compiles them from the same
-typed source into C extensions (docs/benchmarks.md has what that saves). The Python sources stay the
-reference and the fallback: where no build exists (no C compiler, an installed wheel, a changed source),
-the stage imports them as before; `make test` runs the core and codec tests on both, and
-tests/core/test_compiled.py compares their decisions record by record.
+typed source into C extensions (docs/benchmarks.md has what that saves). `NATIVE_MODULES` are written in C
+and built beside them: each is the shortcut of a Python path that stays the reference (core/plain_scan.py).
+The Python sources stay the reference and the fallback: where no build exists (no C compiler, an installed
+wheel, a changed source), the stage imports them as before; `make test` runs the core and codec tests on
+both, and tests/core/test_compiled.py compares their decisions record by record.
 
 A build lives in ``${ROLLOUT_STREAM_CACHE:-~/.cache/rollout-stream}/compiled/<key>/``; the key hashes the
 modules' sources and the interpreter, so a build is never used for sources it was not made from, and a
@@ -32,12 +33,14 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-__all__ = ["COMPILED_MODULES", "ENV", "CompiledStatus", "status", "build_dir", "package_path", "source_path",
-           "SOURCE_ROOT", "SHARED_LIB_GLOB"]
+__all__ = ["COMPILED_MODULES", "NATIVE_MODULES", "ENV", "CompiledStatus", "status", "build_dir",
+           "package_path", "source_path", "SOURCE_ROOT", "SHARED_LIB_GLOB"]
 
 COMPILED_MODULES = ("codec.head", "core.records", "core.offsets", "core.validate", "core.windows")
+# C extensions built beside them (module, source file): the one-pass scan of core/plain_scan.py
+NATIVE_MODULES = (("core._plain_scan", "core/_plain_scan.c"),)
 ENV = "ROLLOUT_STREAM_COMPILED"
-BUILD_FORMAT = "1"  # bumped when the build's method changes (flags, module set): older builds are not used
+BUILD_FORMAT = "2"  # bumped when the build's method changes (flags, module set): older builds are not used
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 SHARED_LIB_GLOB = "*__mypyc" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
 
@@ -67,6 +70,8 @@ def build_key() -> str:
                             f"{sysconfig.get_config_var('EXT_SUFFIX')}".encode())
     for module in COMPILED_MODULES:
         digest.update(module.encode() + b"\0" + source_path(module).read_bytes() + b"\0")
+    for module, source in NATIVE_MODULES:
+        digest.update(module.encode() + b"\0" + (SOURCE_ROOT / source).read_bytes() + b"\0")
     return digest.hexdigest()[:20]
 
 

@@ -15,7 +15,7 @@ import msgspec
 from codec import DeadLetterReason
 from core.digest import DIGEST_ALGORITHM, digest_with, record_digest
 
-__all__ = ["InputRecord", "Member", "HeldSample", "ClosedGroup"]
+__all__ = ["InputRecord", "Member", "HeldSample", "ClosedGroup", "PlainHead"]
 
 
 class InputRecord(msgspec.Struct, frozen=True, gc=False):
@@ -79,3 +79,16 @@ class ClosedGroup(msgspec.Struct, frozen=True, gc=False):
             return digest_with(self.digest_algorithm, record.value)
         except KeyError:  # written by a newer stage: a copy cannot be recognised, so it is never dropped
             return b""
+
+
+class PlainHead(msgspec.Struct, frozen=True, gc=False):
+    """What `core._plain_scan` reads of a plainly valid record (core/plain_scan.py): the fields a window
+    takes of it (`core.structs.HeldSample`'s, and the sizes it checks), and its group key."""
+
+    group_key: str
+    reward: float
+    rollout_id: int | str | None
+    index: int | None
+    group_size: int | None
+    sibling_count: int
+    sibling_index: int

@@ -16,9 +16,10 @@ from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
 from core.digest import record_digest
 from core.offsets import OffsetLedger
+from core.plain_scan import PlainScan, scanner
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
 from core.rewards import SharedRewardViolation, normalize_group
-from core.structs import ClosedGroup, HeldSample
+from core.structs import ClosedGroup, HeldSample, PlainHead
 from core.validate import SampleLimits, plainly_valid, validate_sample
 
 __all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
@@ -116,7 +117,7 @@ def distinct(digests: Iterable[bytes]) -> tuple[bytes, ...]:
     return tuple(dict.fromkeys(digests))
 
 
-def _held(sample: RolloutFields) -> HeldSample:
+def _held(sample: RolloutFields | PlainHead) -> HeldSample:
     # index only matters without a rollout_id (docs/spec.md §2.4); not keeping it saves an int per sample
     index = sample.index if sample.rollout_id is None else None
     return HeldSample(sample.reward, sample.rollout_id, index, sample.sibling_index)
@@ -132,6 +133,10 @@ class WindowStore:
         self.open_bytes = 0
         # Closed-group memory changes since the last drain (None: forgotten) — the durable changelog's input.
         self.changes: dict[WindowKey, ClosedGroup | None] = {}
+        # decode_head + plainly_valid in C where built (core/plain_scan.py); a reward key: the Python path
+        self._scan: PlainScan | None = scanner() if config.reward.reward_key is None else None
+        limits = config.limits
+        self._limits = (limits.default_group_size, limits.max_group_size, limits.max_sibling_count)
 
     # ---- queries -------------------------------------------------------------------------------
 
@@ -145,6 +150,12 @@ class WindowStore:
         value = record.value
         if value is None:
             return self.accept(record, DecodeError("record has no value (tombstone)"), now_ms)
+        scan = self._scan
+        if scan is not None:
+            default_size, max_size, max_siblings = self._limits
+            plain = scan(value, record.key, default_size, max_size, max_siblings)
+            if plain is not None:
+                return self._place(record, plain, plain.group_key, now_ms)
         head = decode_head(value)
         if head is not None:
             cfg = self.config
@@ -190,7 +201,9 @@ class WindowStore:
         assert gkey is not None
         return self._place(record, sample, gkey, now_ms)
 
-    def _place(self, record: InputRecord, sample: RolloutFields, gkey: str, now_ms: int) -> list[Outcome]:
+    def _place(
+        self, record: InputRecord, sample: RolloutFields | PlainHead, gkey: str, now_ms: int
+    ) -> list[Outcome]:
         """A valid sample into its group's window (or against the group's closed memory)."""
         cfg = self.config
         wkey = (record.partition, gkey, replay_id(record) if record.headers else "")
@@ -249,7 +262,7 @@ class WindowStore:
         wkey: WindowKey,
         window: GroupWindow,
         record: InputRecord,
-        sample: RolloutFields,
+        sample: RolloutFields | PlainHead,
         group_size: int,
         now_ms: int,
     ) -> list[Outcome]:
@@ -266,7 +279,7 @@ class WindowStore:
         return self._add_member(wkey, window, record, sample, rkey, rollout, group_size, now_ms)
 
     def _add_member(
-        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: RolloutFields,
+        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: RolloutFields | PlainHead,
         rkey: int | str | tuple[str, int, int], rollout: Rollout | None, group_size: int, now_ms: int,
     ) -> list[Outcome]:
         """`_add` of any member, the whole rule (`_add_rollout` is its first-sample case, checked against it
@@ -330,7 +343,7 @@ class WindowStore:
         return []
 
     def _add_rollout(
-        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: RolloutFields,
+        self, wkey: WindowKey, window: GroupWindow, record: InputRecord, sample: RolloutFields | PlainHead,
         rkey: int | str | tuple[str, int, int], group_size: int, now_ms: int,
     ) -> list[Outcome]:
         """`_add` of a rollout's first sample (the common case): `_add`'s checks that can fail without

@@ -26,10 +26,13 @@ from codec import compiled
 _SETUP = """
 import sys
 from mypyc.build import mypycify
-from setuptools import setup
-out, tmp, *paths = sys.argv[1:]
+from setuptools import Extension, setup
+out, tmp, native, *paths = sys.argv[1:]
 del sys.argv[1:]
-setup(name="rollout-stream-compiled", ext_modules=mypycify(paths, opt_level="3", target_dir=tmp + "/c"),
+extensions = [Extension(name, [source], extra_compile_args=["-O3"])
+              for name, source in (pair.split("=") for pair in native.split(",") if pair)]
+setup(name="rollout-stream-compiled",
+      ext_modules=mypycify(paths, opt_level="3", target_dir=tmp + "/c") + extensions,
       script_args=["build_ext", "--build-lib", out, "--build-temp", tmp + "/o"])
 """
 
@@ -56,14 +59,16 @@ def build(*, quiet: bool = False) -> int:
         return 0
     root = compiled.SOURCE_ROOT
     paths = [str(compiled.source_path(m).relative_to(root)) for m in compiled.COMPILED_MODULES]
-    print(f"compiled hot path: building {', '.join(compiled.COMPILED_MODULES)} with mypyc "
+    native = ",".join(f"{name}={source}" for name, source in compiled.NATIVE_MODULES)
+    print(f"compiled hot path: building {', '.join(compiled.COMPILED_MODULES)} with mypyc, and "
+          f"{', '.join(name for name, _ in compiled.NATIVE_MODULES)} "
           "(about 90 s, once per source change)", flush=True)
     started = time.monotonic()
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=target.parent) as tmp:
         out = Path(tmp) / "out"
         done = subprocess.run(
-            [sys.executable, "-c", _SETUP, str(out), tmp, *paths],
+            [sys.executable, "-c", _SETUP, str(out), tmp, native, *paths],
             cwd=compiled.SOURCE_ROOT, capture_output=quiet, text=True,
         )
         if done.returncode != 0:
