@@ -12,6 +12,8 @@ It also prints µs per sample of each step (best of as many), each timed in isol
   `decode_sample` where that declines (before decode_head existed: `decode_sample` alone);
 * validation: what it runs next on every decoded head: `core.validate.plainly_valid`, and `validate_sample`
   of the whole sample where that declines (before plainly_valid existed: `validate_sample` alone);
+* decode + validation (C), in place of both where the compiled hot path has `core._plain_scan`: its one pass
+  over each record's bytes, and the two steps above where it declines;
 * normalization: `core.rewards.normalize_group` of every published group's held samples;
 * encode: `stream.worker.outputs.train_records` of every published group;
 * ledger: `OffsetLedger.hold` of every record (its `resolve` is delivery's, after an ack: not in the pass);
@@ -170,10 +172,23 @@ def steps(recs: list[ConsumerRecord]) -> dict[str, float]:
         for r in recs:
             led.hold(r.partition, r.offset)
 
-    out = {name: _best(fn) for name, fn in [("decode", decode), ("validation", validation),
-                                            ("windows", windows), ("normalization", normalization),
+    limits = wcfg.limits
+    scan = WindowStore(wcfg)._scan
+
+    def decode_and_validation() -> None:  # what the store runs where core._plain_scan is in use
+        assert scan is not None
+        for r, h, s in zip(recs, heads, samples, strict=True):
+            if scan(r.value, r.key, limits.default_group_size, limits.max_group_size,
+                    limits.max_sibling_count) is None:
+                if h is None:
+                    decode_sample(r.value)
+                validate_sample(s, key=r.key, reward_key=reward.reward_key, limits=limits)
+
+    first = [("decode", decode), ("validation", validation)] if scan is None \
+        else [("decode + validation (C)", decode_and_validation)]
+    out = {name: _best(fn) for name, fn in [*first, ("windows", windows), ("normalization", normalization),
                                             ("encode", encode), ("ledger", ledger)]}
-    out["windows"] -= out["decode"] + out["validation"] + out["normalization"]
+    out["windows"] -= sum(out[name] for name, _ in first) + out["normalization"]
     return out
 
 

@@ -37,10 +37,12 @@ __all__ = ["COMPILED_MODULES", "NATIVE_MODULES", "ENV", "CompiledStatus", "statu
            "package_path", "source_path", "SOURCE_ROOT", "SHARED_LIB_GLOB"]
 
 COMPILED_MODULES = ("codec.head", "core.records", "core.offsets", "core.validate", "core.windows")
-# C extensions built beside them (module, source file): the one-pass scan of core/plain_scan.py
-NATIVE_MODULES = (("core._plain_scan", "core/_plain_scan.c"),)
+# C extensions built beside them (module, source file): the one-pass scan of core/plain_scan.py, the
+# float32 group statistics of core/rewards.py
+NATIVE_MODULES = (("core._plain_scan", "core/_plain_scan.c"),
+                  ("core._float32_statistics", "core/_float32_statistics.c"))
 ENV = "ROLLOUT_STREAM_COMPILED"
-BUILD_FORMAT = "2"  # bumped when the build's method changes (flags, module set): older builds are not used
+BUILD_FORMAT = "3"  # bumped when the build's method changes (flags, module set): older builds are not used
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 SHARED_LIB_GLOB = "*__mypyc" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
 

@@ -19,7 +19,7 @@ import functools
 import math
 import operator
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -294,6 +294,15 @@ def _round32_all(values: list[float]) -> list[float]:
 _STD_EPSILON = _round32(1e-6)
 
 
+# `_fast_statistics` of the common group in C, built with the compiled hot path (core/_float32_statistics.c);
+# None where it is not built or the Python sources were asked for (codec/compiled.py).
+_native_statistics: Callable[[list[float], bool, bool], _Statistics | None] | None
+try:
+    from core._float32_statistics import statistics as _native_statistics
+except ImportError:
+    _native_statistics = None
+
+
 # torch is imported on first use: command-line tools that never normalize start ~2 s faster without it.
 torch: Any = None
 
@@ -332,6 +341,10 @@ def _fast_statistics(shared: list[float], cfg: RewardConfig) -> _Statistics | No
 
     Valid only if the import-time probes passed and the thread does not flush subnormals.
     """
+    if _native_statistics is not None:  # the same steps in C, for plain float rewards with exact sums
+        found = _native_statistics(shared, cfg.normalizes, cfg.divides_by_std)
+        if found is not None:
+            return found
     values = _float32_inputs(shared)
     if values is None:
         return None

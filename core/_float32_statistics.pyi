@@ -1,0 +1,3 @@
+# The C module's interface (core/_float32_statistics.c); core/rewards.py is the only place that imports it.
+def statistics(shared: list[float], normalizes: bool, divides_by_std: bool, /) -> (
+    tuple[list[float] | None, float, float, bool] | None): ...
