@@ -22,6 +22,7 @@ from codec.wire import (
     decode_train_sample,
     encode_sample,
     encode_train_sample,
+    encode_train_samples,
     group_key,
     group_key_of,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "decode_train_sample",
     "encode_sample",
     "encode_train_sample",
+    "encode_train_samples",
     "group_key",
     "group_key_of",
 ]

@@ -38,9 +38,10 @@ __all__ = ["COMPILED_MODULES", "NATIVE_MODULES", "ENV", "CompiledStatus", "statu
 
 COMPILED_MODULES = ("codec.head", "core.records", "core.offsets", "core.validate", "core.windows")
 # C extensions built beside them (module, source file): the one-pass scan of core/plain_scan.py, the
-# float32 group statistics of core/rewards.py
+# float32 group statistics of core/rewards.py, a group's train records of codec/wire.py
 NATIVE_MODULES = (("core._plain_scan", "core/_plain_scan.c"),
-                  ("core._float32_statistics", "core/_float32_statistics.c"))
+                  ("core._float32_statistics", "core/_float32_statistics.c"),
+                  ("codec._train_values", "codec/_train_values.c"))
 ENV = "ROLLOUT_STREAM_COMPILED"
 BUILD_FORMAT = "3"  # bumped when the build's method changes (flags, module set): older builds are not used
 SOURCE_ROOT = Path(__file__).resolve().parent.parent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -14,6 +15,7 @@ __all__ = [
     "encode_sample",
     "decode_sample",
     "encode_train_sample",
+    "encode_train_samples",
     "decode_train_sample",
     "group_key",
     "group_key_of",
@@ -76,6 +78,55 @@ def encode_train_sample(sample: TrainSample, raw_sample: bytes | None = None) ->
     if raw_sample is not None:
         sample = msgspec.structs.replace(sample, sample=msgspec.Raw(raw_sample))
     return _encoder.encode(sample)
+
+
+# A group's train samples differ only in these fields (encode_train_samples). msgspec writes the tag first,
+# then the fields in their order: the sample and both rewards before any group field, the source offset
+# right before the last one, and a float always as a float64.
+_PER_SAMPLE = ("sample", "raw_reward", "reward", "source_offset")
+_TRAIN_FIELDS = tuple(f.name for f in msgspec.structs.fields(TrainSample))
+assert _TRAIN_FIELDS[:4] == ("schema_version", *_PER_SAMPLE[:3])
+assert _TRAIN_FIELDS[-2:] == ("source_offset", "stage_version")
+_SAMPLE_KEY, _RAW_REWARD_KEY, _REWARD_KEY = (_encoder.encode(name) for name in _PER_SAMPLE[:3])
+_ZERO_REWARDS = _RAW_REWARD_KEY + _encoder.encode(0.0) + _REWARD_KEY + _encoder.encode(0.0)
+_EMPTY = msgspec.Raw(b"")
+
+# The train records of a group from one template, in C, where the compiled hot path is built
+# (codec/_train_values.c); None where it is not built or the Python sources were asked for.
+_native_train_values: Callable[[tuple[bytes, bytes, bytes, bytes, bytes], list[bytes], list[float],
+                                list[float], list[int]], list[bytes] | None] | None
+try:
+    from codec._train_values import train_values as _native_train_values
+except ImportError:
+    _native_train_values = None
+
+
+def _train_pieces(shared: TrainSample) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """(head, raw_reward key, reward key, middle, tail): `shared`'s bytes around its per-sample values, cut
+    from msgspec's encoding of it with an empty sample, 0.0 rewards and source offset 0 (one byte)."""
+    whole = _encoder.encode(msgspec.structs.replace(shared, sample=_EMPTY, raw_reward=0.0, reward=0.0,
+                                                    source_offset=0))
+    head_end = whole.index(_SAMPLE_KEY + _ZERO_REWARDS) + len(_SAMPLE_KEY)
+    tail = _encoder.encode("stage_version") + _encoder.encode(shared.stage_version)
+    middle_end = len(whole) - len(tail) - 1
+    assert whole[middle_end:] == b"\x00" + tail
+    return (whole[:head_end], _RAW_REWARD_KEY, _REWARD_KEY, whole[head_end + len(_ZERO_REWARDS):middle_end],
+            tail)
+
+
+def encode_train_samples(shared: TrainSample, samples: Sequence[bytes], raw_rewards: Sequence[float],
+                         rewards: Sequence[float], offsets: Sequence[int]) -> list[bytes]:
+    """`encode_train_sample` of copies of `shared`, one per raw input sample with its raw reward, reward and
+    source offset: the same bytes. In C from one template of the shared fields where it is built and the
+    rewards are floats; else one struct per sample."""
+    if _native_train_values is not None:
+        values = _native_train_values(_train_pieces(shared), list(samples), list(raw_rewards), list(rewards),
+                                      list(offsets))
+        if values is not None:
+            return values
+    return [_encoder.encode(msgspec.structs.replace(shared, sample=msgspec.Raw(sample), raw_reward=raw,
+                                                    reward=reward, source_offset=offset))
+            for sample, raw, reward, offset in zip(samples, raw_rewards, rewards, offsets, strict=True)]
 
 
 def decode_train_sample(data: bytes | memoryview) -> TrainSample:

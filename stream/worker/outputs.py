@@ -8,7 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import msgspec
 
-from codec import TrainSample, encode_train_sample
+from codec import TrainSample, encode_train_sample, encode_train_samples
 from codec import headers as H
 from core.config import RewardConfig
 from core.records import DeadLettered, InputRecord, Published
@@ -43,6 +43,8 @@ def train_records(
     when given: the one the key maps to, computed once per group)."""
     key = group.group_key.encode()
     stats = group.rewards
+    members = group.members
+    first = members[0].record
     # What every member of the group shares, built once: each member's record is a copy with its own
     # sample bytes, rewards and source (one struct copy instead of a 17-field construction and the copy
     # encode_train_sample makes to embed the raw bytes; tests/stream/test_train_records.py checks the
@@ -61,13 +63,21 @@ def train_records(
         rewards_normalization=reward.rewards_normalization,
         grpo_std_normalization=reward.grpo_std_normalization,
         reward_key=reward.reward_key,
-        source_topic="",
-        source_partition=0,
+        source_topic=first.topic,
+        source_partition=first.partition,
         source_offset=0,
         stage_version=STAGE_VERSION,
     )
+    # as always: a window holds valid records (with their bytes) of one partition of one topic
+    if all(m.record.value is not None and m.record.partition == first.partition
+           and m.record.topic == first.topic for m in members):
+        sources = [m.record for m in members]
+        values = encode_train_samples(shared, [src.value for src in sources],  # type: ignore[misc]
+                                      stats.raw, stats.rewards, [src.offset for src in sources])
+        return [OutputRecord(topic, key, value, (), src, partition)
+                for value, src in zip(values, sources, strict=True)]
     out: list[OutputRecord] = []
-    for member, raw, value in zip(group.members, stats.raw, stats.rewards, strict=True):
+    for member, raw, value in zip(members, stats.raw, stats.rewards, strict=True):
         src = member.record
         # The original input bytes verbatim (a valid member always has them): unknown fields survive.
         sample = member.sample if src.value is None else msgspec.Raw(src.value)

@@ -520,3 +520,50 @@ def test_fuzz_fields_of_wrong_types(record, tag):
     result = decode_total(msgspec.msgpack.encode(record))
     if result is not None and tag == "train_sample":
         pytest.fail("a train_sample tag decoded as a rollout sample")
+
+
+_any_reward = st.one_of(st.floats(), st.integers(-(2**63), 2**64 - 1), st.sampled_from([0.0, -0.0, 1e300]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), _any_reward, _any_reward,
+                          st.integers(-5, 2**64 - 1) | st.sampled_from([0, 127, 128, 255, 256, 65535, 65536,
+                                                                        2**32 - 1, 2**32, 2**63 - 1])),
+                min_size=1, max_size=5),
+       st.text(max_size=12), st.one_of(st.none(), st.text(max_size=4)), st.text(max_size=8),
+       st.integers(0, 2**31 - 1), _any_reward, st.booleans(), st.text(max_size=6), st.booleans())
+def test_a_groups_train_samples_from_one_template_are_the_bytes_of_one_struct_each(
+        copies, group_key_text, reward_key, topic, partition, mean, zero_variance, stage_version, native):
+    from codec import encode_train_samples, wire
+    shared = TrainSample(sample=msgspec.Raw(b""), raw_reward=0.0, reward=0.0, group_key=group_key_text,
+                         group_rollout_count=len(copies), group_sample_count=len(copies), group_mean=mean,
+                         group_std=1.0, zero_variance=zero_variance, advantage_estimator="grpo",
+                         rewards_normalization=True, grpo_std_normalization=False, reward_key=reward_key,
+                         source_topic=topic, source_partition=partition, source_offset=0,
+                         stage_version=stage_version)
+    samples = [encode_sample(Sample(group_index=1, prompt=raw.hex())) for raw, *_ in copies]
+    each = [encode_train_sample(msgspec.structs.replace(shared, raw_reward=raw, reward=value,
+                                                        source_offset=offset), raw_sample=sample)
+            for sample, (_, raw, value, offset) in zip(samples, copies, strict=True)]
+    saved = wire._native_train_values
+    if not native:  # the one-struct-per-sample path, where nothing is built
+        wire._native_train_values = None
+    try:
+        assert encode_train_samples(shared, samples, [c[1] for c in copies], [c[2] for c in copies],
+                                    [c[3] for c in copies]) == each
+    finally:
+        wire._native_train_values = saved
+
+
+def test_a_group_of_float_rewards_is_encoded_in_c_where_it_is_built() -> None:
+    from codec import encode_train_samples, wire
+    if wire._native_train_values is None:
+        pytest.skip("codec._train_values is not in use in this run")
+    shared = TrainSample(sample=msgspec.Raw(b""), raw_reward=0.0, reward=0.0, group_key="g",
+                         group_rollout_count=2, group_sample_count=2, group_mean=0.5, group_std=0.5,
+                         zero_variance=False, advantage_estimator="grpo", rewards_normalization=True,
+                         grpo_std_normalization=True, reward_key=None, source_topic="t",
+                         source_partition=1, source_offset=0, stage_version="1")
+    samples = [encode_sample(Sample(group_index=1, rollout_id=i)) for i in range(2)]
+    assert wire._native_train_values(wire._train_pieces(shared), samples, [0.0, 1.0], [-1.0, 1.0], [7, 300]) \
+        == encode_train_samples(shared, samples, [0.0, 1.0], [-1.0, 1.0], [7, 300])
