@@ -86,10 +86,15 @@ static PyObject *train_values(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *head = PyTuple_GET_ITEM(pieces, 0), *raw_key = PyTuple_GET_ITEM(pieces, 1),
              *reward_key = PyTuple_GET_ITEM(pieces, 2), *middle = PyTuple_GET_ITEM(pieces, 3),
              *tail = PyTuple_GET_ITEM(pieces, 4);
+    /* the lists are codec/wire.py's own copies: the allocations below cannot change them */
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *sample = PyList_GET_ITEM(samples, i);
+        if (PyBytes_GET_SIZE(sample) > PY_SSIZE_T_MAX - fixed - 27) {
+            Py_DECREF(out);
+            return PyErr_NoMemory();
+        }
         uint64_t offset = (uint64_t)PyLong_AsLongLong(PyList_GET_ITEM(offsets, i));
         PyObject *value = PyBytes_FromStringAndSize(NULL, fixed + PyBytes_GET_SIZE(sample) + 2 * 9 +
                                                            uint_size(offset));

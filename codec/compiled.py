@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import msgspec
+
 __all__ = ["COMPILED_MODULES", "NATIVE_MODULES", "ENV", "CompiledStatus", "status", "build_dir",
            "package_path", "source_path", "SOURCE_ROOT", "SHARED_LIB_GLOB"]
 
@@ -75,6 +77,8 @@ def build_key() -> str:
         digest.update(module.encode() + b"\0" + source_path(module).read_bytes() + b"\0")
     for module, source in NATIVE_MODULES:
         digest.update(module.encode() + b"\0" + (SOURCE_ROOT / source).read_bytes() + b"\0")
+    # The C extensions mirror the records' types and msgspec's behaviour: a change to either is a new build.
+    digest.update((SOURCE_ROOT / "codec" / "records.py").read_bytes() + b"\0" + msgspec.__version__.encode())
     return digest.hexdigest()[:20]
 
 

@@ -76,6 +76,8 @@ static PyObject *statistics(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "statistics(shared, normalizes, divides_by_std)");
         return NULL;
     }
+    /* `shared` is the caller's own list (normalize_group builds it): nothing else can change it while the
+     * allocations below run the collector, so its items are read again after them. */
     PyObject *shared = args[0];
     int normalizes = PyObject_IsTrue(args[1]), divides_by_std = PyObject_IsTrue(args[2]);
     if (normalizes < 0 || divides_by_std < 0) return NULL;

@@ -275,11 +275,11 @@ static int read_fields(Cursor *c, Head *h) {
             break;
         case F_GROUP_INDEX:
             if (!int_or_nil(&v, 1)) return 0;
-            h->has_group_index = v.kind == K_INT; h->group_index = v.i;
+            h->has_group_index = v.kind == K_INT; h->group_index = h->has_group_index ? v.i : 0;
             break;
         case F_INDEX:
             if (!int_or_nil(&v, 1)) return 0;
-            h->has_index = v.kind == K_INT; h->index = v.i;
+            h->has_index = v.kind == K_INT; h->index = h->has_index ? v.i : 0;
             break;
         case F_ROLLOUT_ID:
             if (v.kind == K_NIL) h->rollout_kind = 0;
@@ -327,7 +327,7 @@ static int read_fields(Cursor *c, Head *h) {
             break;
         case F_GROUP_SIZE:
             if (!int_or_nil(&v, 1)) return 0;
-            h->has_group_size = v.kind == K_INT; h->group_size = v.i;
+            h->has_group_size = v.kind == K_INT; h->group_size = h->has_group_size ? v.i : 0;
             break;
         case F_SIBLING_COUNT:
             if (v.kind != K_INT) return 0;
@@ -357,10 +357,17 @@ static PyObject *plain_head(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     PyObject *value = args[0], *key = args[1];
     if (!PyBytes_CheckExact(value) || !PyBytes_CheckExact(key)) Py_RETURN_NONE;
-    long long default_group_size = args[2] == Py_None ? -1 : PyLong_AsLongLong(args[2]);
-    long long max_group_size = PyLong_AsLongLong(args[3]);
-    long long max_sibling_count = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred()) return NULL;
+    long long limits[3] = {-1, 0, 0}; /* default group size (-1: None), max group size, max sibling count */
+    for (int k = 0; k < 3; k++) {
+        if (k == 0 && args[2] == Py_None) continue;
+        limits[k] = PyLong_AsLongLong(args[2 + k]);
+        if (limits[k] == -1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+            PyErr_Clear(); /* a limit beyond int64: the Python path compares it */
+            Py_RETURN_NONE;
+        }
+    }
+    long long default_group_size = limits[0], max_group_size = limits[1], max_sibling_count = limits[2];
 
     Head h;
     memset(&h, 0, sizeof h);
@@ -371,7 +378,7 @@ static PyObject *plain_head(PyObject *module, PyObject *const *args, Py_ssize_t 
     /* The parse reads a few bytes here and there, each where the previous length says: one cache miss
      * after another on a record not read yet. Asking for every line first overlaps the misses (and the
      * digest and the train record read the whole record next). */
-    for (const uint8_t *line = c.p; line < c.end; line += 64) __builtin_prefetch(line);
+    for (Py_ssize_t line = 0; line < PyBytes_GET_SIZE(value); line += 64) __builtin_prefetch(c.p + line);
     if (!read_fields(&c, &h)) Py_RETURN_NONE;
 
     /* codec.wire's version check, then plainly_valid's checks in its order */

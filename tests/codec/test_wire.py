@@ -556,7 +556,7 @@ def test_a_groups_train_samples_from_one_template_are_the_bytes_of_one_struct_ea
 
 
 def test_a_group_of_float_rewards_is_encoded_in_c_where_it_is_built() -> None:
-    from codec import encode_train_samples, wire
+    from codec import wire
     if wire._native_train_values is None:
         pytest.skip("codec._train_values is not in use in this run")
     shared = TrainSample(sample=msgspec.Raw(b""), raw_reward=0.0, reward=0.0, group_key="g",
@@ -565,5 +565,8 @@ def test_a_group_of_float_rewards_is_encoded_in_c_where_it_is_built() -> None:
                          grpo_std_normalization=True, reward_key=None, source_topic="t",
                          source_partition=1, source_offset=0, stage_version="1")
     samples = [encode_sample(Sample(group_index=1, rollout_id=i)) for i in range(2)]
+    each = [encode_train_sample(msgspec.structs.replace(shared, raw_reward=raw, reward=value,
+                                                        source_offset=offset), raw_sample=sample)
+            for sample, raw, value, offset in zip(samples, [0.0, 1.0], [-1.0, 1.0], [7, 300], strict=True)]
     assert wire._native_train_values(wire._train_pieces(shared), samples, [0.0, 1.0], [-1.0, 1.0], [7, 300]) \
-        == encode_train_samples(shared, samples, [0.0, 1.0], [-1.0, 1.0], [7, 300])
+        == each

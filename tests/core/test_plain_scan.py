@@ -75,10 +75,38 @@ def _agrees(value: bytes, key: bytes | None, limits: SampleLimits) -> PlainHead 
     return head
 
 
+# Each field of `Sample` as core/_plain_scan.c reads it. A field added, removed or retyped (a narrower type,
+# a constraint) must change the C too: the scan would otherwise accept what `decode_sample` refuses.
+SCANNED = {
+    "schema_version": "<class 'int'>", "group_index": "int | None", "index": "int | None",
+    "rollout_id": "int | str | None", "prompt": "<class 'str'>", "response": "<class 'str'>",
+    "label": "str | None", "tokens": "codec.arrays.Array | None", "response_length": "<class 'int'>",
+    "reward": "float | dict[str, float] | None", "loss_mask": "codec.arrays.Array | None",
+    "rollout_log_probs": "codec.arrays.Array | None", "status": "<class 'str'>",
+    "remove_sample": "<class 'bool'>", "weight_versions": "list[str]", "metadata": "dict[str, typing.Any]",
+    "group_size": "int | None", "sibling_count": "<class 'int'>", "sibling_index": "<class 'int'>",
+    "run_id": "str | None", "teacher_log_probs": "codec.arrays.Array | None",
+    "opd_reverse_kl": "codec.arrays.Array | None",
+    "rollout_routed_experts": "codec.arrays.ShapedArray | None",
+    "rollout_indexer_topk": "codec.arrays.ShapedArray | None",
+    "train_metadata": "dict[str, typing.Any] | None",
+}
+
+
+def test_the_scan_reads_every_field_of_a_sample_as_its_type() -> None:
+    assert {f.name: str(f.type) for f in msgspec.structs.fields(Sample)} == SCANNED
+
+
 @needs_scan
 def test_the_scan_knows_every_field_of_a_sample_and_no_other() -> None:
     from core import _plain_scan
-    assert set(_plain_scan.FIELDS) == {"type"} | {f.name for f in msgspec.structs.fields(Sample)}
+    assert set(_plain_scan.FIELDS) == {"type"} | set(SCANNED)
+
+
+@needs_scan
+def test_a_limit_beyond_int64_is_left_to_the_python() -> None:
+    assert scan is not None
+    assert scan(encode_sample(_plain()), b"run/7", 2**63, 4096, 1024) is None
 
 
 @needs_scan
