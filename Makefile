@@ -55,7 +55,7 @@ compose:
 	  { apt-get update -qq && apt-get install -y -q docker-compose >/dev/null; }; }
 	@docker-compose version | head -1
 
-# mypyc builds of the per-record modules into the user cache, keyed by their sources (about 80 s when one
+# mypyc builds of the per-record modules into the user cache, keyed by their sources (2–3 min when one
 # changed, nothing otherwise). Without a C compiler it says so and the stage runs the Python sources.
 compiled: venv
 	$(BIN)/python -m stream.tools.compile --quiet

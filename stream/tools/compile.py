@@ -63,7 +63,7 @@ def build(*, quiet: bool = False) -> int:
     native = ",".join(f"{name}={source}" for name, source in compiled.NATIVE_MODULES)
     print(f"compiled hot path: building {', '.join(compiled.COMPILED_MODULES)} with mypyc, and "
           f"{', '.join(name for name, _ in compiled.NATIVE_MODULES)} "
-          "(about 90 s, once per source change)", flush=True)
+          "(2–3 minutes, once per source change)", flush=True)
     started = time.monotonic()
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=target.parent) as tmp:
