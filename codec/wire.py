@@ -124,8 +124,8 @@ def encode_train_samples(shared: TrainSample, samples: Sequence[bytes], raw_rewa
                                       list(offsets))
         if values is not None:
             return values
-    return [_encoder.encode(msgspec.structs.replace(shared, sample=msgspec.Raw(sample), raw_reward=raw,
-                                                    reward=reward, source_offset=offset))
+    return [encode_train_sample(msgspec.structs.replace(shared, raw_reward=raw, reward=reward,
+                                                        source_offset=offset), raw_sample=sample)
             for sample, raw, reward, offset in zip(samples, raw_rewards, rewards, offsets, strict=True)]
 
 
