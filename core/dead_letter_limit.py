@@ -86,6 +86,15 @@ class DeadLetterWindow:
         return self.dead_lettered / self.resolved if self.resolved else 0.0
 
     def published(self, records: int) -> LimitExceeded | None:
+        if not self.dead_lettered and records > 0:
+            # Nothing refused in the window (the common case, once per published group): its runs are at most
+            # one run of published records, and no verdict can stop the worker.
+            self.resolved = min(self.resolved + records, self.limit.window)
+            if self._runs:
+                self._runs[0].count = self.resolved
+            else:
+                self._runs.append(_Run(None, self.resolved))
+            return None
         return self._add(None, records)
 
     def dead_lettered_as(self, reason: str, records: int) -> LimitExceeded | None:

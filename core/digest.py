@@ -6,11 +6,11 @@ Digests are persisted in the window changelog, so each one is read with the algo
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import xxhash
 
-__all__ = ["DIGEST_ALGORITHM", "LEGACY_DIGEST_ALGORITHM", "record_digest", "digest_with"]
+__all__ = ["DIGEST_ALGORITHM", "LEGACY_DIGEST_ALGORITHM", "record_digest", "record_digests", "digest_with"]
 
 DIGEST_ALGORITHM = "xxh3-128"
 """128-bit XXH3: 4 µs for a 213 KB record where BLAKE2b took 230 µs (docs/benchmarks.md). Producers are
@@ -32,6 +32,11 @@ _DIGESTS: dict[str, Callable[[bytes], bytes]] = {
 def record_digest(value: bytes | None) -> bytes:
     """The digest of a record's value bytes with the current algorithm."""
     return xxhash.xxh3_128_digest(value or b"")
+
+
+def record_digests(values: Iterable[bytes]) -> list[bytes]:
+    """`record_digest` of each of a group's values (never None: a window holds valid records), in one call."""
+    return list(map(xxhash.xxh3_128_digest, values))
 
 
 def digest_with(algorithm: str, value: bytes | None) -> bytes:

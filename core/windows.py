@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from codec import DeadLetterReason, DecodeError, Sample, decode_sample, group_key_of
 from codec.head import RolloutFields, decode_head, item_count
 from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.config import RewardConfig
-from core.digest import record_digest
+from core.digest import record_digest, record_digests
 from core.offsets import OffsetLedger
 from core.plain_scan import PlainScan, scanner
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
@@ -385,7 +385,8 @@ class WindowStore:
     def _finish(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         members = window.members()
         result = normalize_group([m.sample for m in members], self.config.reward)
-        digests = distinct([record_digest(m.record.value) for m in members])  # window.digests(), once
+        # window.digests(), once; a window's members are valid records, so each has its bytes
+        digests = distinct(record_digests(cast(list[bytes], [m.record.value for m in members])))
         if isinstance(result, SharedRewardViolation):
             records = tuple(m.record for m in members)
             self._close(wkey, window, R.SHARED_REWARD_VIOLATION, result.message, now_ms, digests=digests)

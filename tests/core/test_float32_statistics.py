@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from core import RewardConfig
 from core import rewards as rewards_module
 from core.config import ADVANTAGE_ESTIMATORS
+from core.structs import HeldSample
 
 native = rewards_module._native_statistics
 needs_native = pytest.mark.skipif(native is None, reason="core._float32_statistics is not in use in this run")
@@ -86,3 +87,52 @@ def test_common_groups_are_answered_in_c(shared: list[float], monkeypatch: pytes
 def test_what_it_does_not_answer_is_left_to_the_python(shared: Any) -> None:
     assert native is not None
     assert native(shared, True, True) is None
+
+
+# ---- normalize_group's one-sample-per-rollout path (core.rewards._plain_group), which asks the C first
+
+def _held(rewards: list[Any], ids: list[Any]) -> list[HeldSample]:
+    return [HeldSample(reward, rollout_id, None, 0) for reward, rollout_id in zip(rewards, ids, strict=True)]
+
+
+def _general(samples: list[HeldSample], cfg: RewardConfig, monkeypatch: pytest.MonkeyPatch) -> Any:
+    with monkeypatch.context() as patch:
+        patch.setattr(rewards_module, "_plain_group", lambda samples, cfg: None)
+        return rewards_module.normalize_group(samples, cfg)
+
+
+def _fields(result: Any) -> Any:
+    return _bits([result.raw, result.rewards, result.rollout_count, result.mean, result.std,
+                  result.zero_variance])
+
+
+@needs_native
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(_quarters, min_size=1, max_size=20) | st.lists(_floats | st.integers(-3, 3), min_size=1,
+                                                                max_size=20),
+       st.sampled_from(_CONFIGS), st.booleans())
+def test_normalize_group_takes_the_c_only_where_it_gives_the_general_paths_values(
+        rewards: list[Any], cfg: RewardConfig, distinct: bool) -> None:
+    ids = list(range(len(rewards))) if distinct else [k // 2 for k in range(len(rewards))]
+    samples = _held(rewards, ids)
+    plain = rewards_module._plain_group(samples, cfg)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        general = _general(samples, cfg, monkeypatch)
+    if plain is None:
+        return
+    assert distinct or len(rewards) == 1  # siblings are the general path's to check
+    assert type(general) is rewards_module.GroupRewards
+    assert _fields(plain) == _fields(general)
+
+
+@needs_native
+def test_normalize_group_answers_the_common_group_in_c() -> None:
+    samples = _held([1.0, 0.0, 0.25, 0.75, 0.5, 0.5, 1.0, 0.0], list(range(8)))
+    for cfg in _CONFIGS:
+        assert rewards_module._plain_group(samples, cfg) is not None
+    # a reward key, int rewards, a missing or repeated rollout_id: the general path
+    keyed = RewardConfig(reward_key="score")
+    assert rewards_module._plain_group(_held([1.0, 0.0], [0, 1]), keyed) is None
+    assert rewards_module._plain_group(_held([1, 0], [0, 1]), RewardConfig()) is None
+    assert rewards_module._plain_group(_held([1.0, 0.0], [None, 1]), RewardConfig()) is None
+    assert rewards_module._plain_group(_held([1.0, 0.0], ["a", "a"]), RewardConfig()) is None
