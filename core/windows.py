@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from codec import DeadLetterReason, DecodeError, Sample, decode_sample, group_key_of
 from codec.head import RolloutFields, decode_head, item_count
@@ -385,8 +385,7 @@ class WindowStore:
     def _finish(self, wkey: WindowKey, window: GroupWindow, now_ms: int) -> Outcome:
         members = window.members()
         result = normalize_group([m.sample for m in members], self.config.reward)
-        # window.digests(), once; a window's members are valid records, so each has its bytes
-        digests = distinct(record_digests(cast(list[bytes], [m.record.value for m in members])))
+        digests = distinct(record_digests([m.record.value or b"" for m in members]))  # window.digests(), once
         if isinstance(result, SharedRewardViolation):
             records = tuple(m.record for m in members)
             self._close(wkey, window, R.SHARED_REWARD_VIOLATION, result.message, now_ms, digests=digests)

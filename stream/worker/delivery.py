@@ -11,8 +11,8 @@ The loop never asks which one it has.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 from codec import changelog_key, encode_changelog
 from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
@@ -71,11 +71,28 @@ class Delivery(Protocol):
     def close(self, timeout: float | None = None) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class ChangelogWrite:
+class ChangelogWrite(NamedTuple):
+    """One changelog record of a transaction: an `Outgoing` record, so a commit's writes go to the producer in
+    one call (a frozen dataclass and a call per write cost the loop 11 µs per closed group)."""
+
+    topic: str
     partition: int
     key: bytes
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def inputs_of(outs: Sequence[OutputRecord]) -> dict[int, list[int]]:
+    """The input offsets behind one send, by partition: a group's outputs, or its dead letters, come from one
+    partition, so this is one list in all but odd cases."""
+    sources = [out.source for out in outs]
+    first = sources[0].partition
+    if [source.partition for source in sources].count(first) == len(sources):
+        return {first: [source.offset for source in sources]}
+    by_partition: dict[int, list[int]] = {}
+    for source in sources:
+        by_partition.setdefault(source.partition, []).append(source.offset)
+    return by_partition
 
 
 def closed_entry(closed: ClosedGroup) -> ClosedGroupEntry:
@@ -166,7 +183,10 @@ class ExactlyOnce:
         self.changelog_topic = changelog_topic
         self.positions: dict[int, int] = {}  # per partition: the read position last written to the changelog
         self._open = False
-        self.pending: list[OutputRecord] = []
+        # The inputs behind each send of the open transaction, by partition (not the outputs: the producer has
+        # copied them, and a commit's ~1,000 of them were one resolve call each, 0.7 µs per record).
+        self.pending: list[dict[int, list[int]]] = []
+        self.pending_outputs = 0
         self.fatal: BaseException | None = None  # after it, nothing may be committed (see _checked)
         self.producer.init_transactions()
 
@@ -191,13 +211,15 @@ class ExactlyOnce:
             # from the last commit.
             self._refused(authorization_cause(exc) or exc)
             raise
-        self.pending.extend(outs)
+        if outs:
+            self.pending.append(inputs_of(outs))
+            self.pending_outputs += len(outs)
 
-    def _checked(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None) -> None:
-        """A changelog write refused for lack of an ACL aborts the transaction, and every later commit (the
+    def _checked(self, writes: list[ChangelogWrite]) -> None:
+        """Changelog writes refused for lack of an ACL abort the transaction, and every later commit (the
         worker's shutdown commit included) is refused: an ACL does not come back by retrying."""
         try:
-            self.producer.send_in_transaction(topic, value, key, partition=partition)
+            self.producer.send_all_in_transaction(writes)
         except KafkaFailure as exc:
             denied = authorization_cause(exc)
             if denied is not None:
@@ -211,14 +233,17 @@ class ExactlyOnce:
 
     def changelog_writes(self, active: set[int]) -> list[ChangelogWrite]:
         """Closed-group memory changed since the last commit, and each partition's read position."""
+        topic = self.changelog_topic
         writes = [
-            ChangelogWrite(k[0], changelog_key(k[1], k[2]), encode_changelog(closed_entry(c)) if c else None)
+            ChangelogWrite(topic, k[0], changelog_key(k[1], k[2]),
+                           encode_changelog(closed_entry(c)) if c else None)
             for k, c in self.store.drain_changes().items() if k[0] in active
         ]
         for p in active:
             position = self.ledger.next_offset(p)
             if position is not None and position != self.positions.get(p):
-                writes.append(ChangelogWrite(p, POSITION_KEY, encode_changelog(PartitionPosition(position))))
+                writes.append(ChangelogWrite(topic, p, POSITION_KEY,
+                                             encode_changelog(PartitionPosition(position))))
                 self.positions[p] = position
         return writes
 
@@ -228,14 +253,15 @@ class ExactlyOnce:
 
     def _prepare(self, active: set[int]) -> dict[int, int]:
         # Everything sent in this transaction is resolved if (and only if) the transaction commits.
-        for out in self.pending:
-            self.ledger.resolve(out.source.partition, (out.source.offset,))
+        for inputs in self.pending:
+            for partition, offsets in inputs.items():
+                self.ledger.resolve(partition, offsets)
         due = _committable(self.ledger, active)
         writes = self.changelog_writes(active)
         if writes or due:
             self._begin()
-        for w in writes:
-            self._checked(self.changelog_topic, w.value, w.key, w.partition)
+        if writes:
+            self._checked(writes)
         if due:
             self.producer.send_offsets_to_transaction(
                 {TopicPartition(self.topic, p): pos for p, pos in due.items()}, self.consumer.group_metadata()
@@ -243,7 +269,7 @@ class ExactlyOnce:
         return due
 
     def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
-        stale = sorted({out.source.partition for out in self.pending} - active)
+        stale = sorted({partition for inputs in self.pending for partition in inputs} - active)
         if stale:  # outputs of partitions this worker no longer owns: their new owner produces them again
             cause = CommitAborted(
                 f"the transaction holds outputs of partitions {stale}, no longer assigned here"
@@ -267,7 +293,7 @@ class ExactlyOnce:
                 raise
             self.abort(exc)
             raise CommitAborted(str(exc)) from exc
-        self.pending = []
+        self.pending, self.pending_outputs = [], 0
         self.ledger.mark_committed(due)
         return due
 
@@ -281,9 +307,9 @@ class ExactlyOnce:
             "transaction.aborted",
             logging.WARNING,
             cause=f"{type(cause).__name__}: {cause}" if cause else "shutdown",
-            outputs=len(self.pending),
+            outputs=self.pending_outputs,
         )
-        self.pending = []
+        self.pending, self.pending_outputs = [], 0
         if self._open:
             try:
                 self.producer.abort_transaction()
