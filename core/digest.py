@@ -35,7 +35,7 @@ def record_digest(value: bytes | None) -> bytes:
 
 
 def record_digests(values: Iterable[bytes]) -> list[bytes]:
-    """`record_digest` of each of a group's values (never None: a window holds valid records), in one call."""
+    """`record_digest` of each of a group's values, in one call (the caller maps a missing value to b"")."""
     return list(map(xxhash.xxh3_128_digest, values))
 
 
