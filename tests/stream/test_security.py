@@ -30,7 +30,15 @@ from kafka.admin import UserScramCredentialUpsertion
 
 from stream.clients import Connection, make_admin, make_consumer
 from stream.config import TopicNames
-from stream.kafka import AuthenticationRefused, ListenerMismatch, TlsRefused, check_connection
+from stream.kafka import (
+    AuthenticationRefused,
+    KafkaFailure,
+    ListenerMismatch,
+    TlsRefused,
+    authorization_cause,
+    check_connection,
+    client_for,
+)
 from stream.kafka.kafka_python import kafka_acl
 from stream.names import changelog_topic_name
 from stream.producer import RolloutProducer
@@ -459,6 +467,20 @@ def _without(
     return [p for p in permissions if p != dropped], dropped
 
 
+def revoke(cluster: Cluster, user: User, permission: Permission) -> None:
+    """Delete one ACL the user was granted, as an operator would while its clients run."""
+    from kafka.admin import ACLFilter
+
+    admin = make_admin(cluster.admin)
+    try:
+        acl = kafka_acl(permission.acl(user.principal))
+        admin.delete_acls(
+            [ACLFilter(acl.principal, acl.host, acl.operation, acl.permission_type, acl.resource_pattern)]
+        )
+    finally:
+        admin.close()
+
+
 @pytest.mark.kafka(timeout=120)
 @pytest.mark.parametrize(
     "resource,operation,name_of",
@@ -510,8 +532,6 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
 ):
     """kafka-python fails a send to a topic it may no longer describe without failing the transaction; the
     worker must abort and stop rather than commit offsets past outputs that were never written."""
-    from kafka.admin import ACLFilter
-
     group_id = f"sec-g-{uuid.uuid4().hex[:6]}"
     topics = new_topics(cluster, group_id)
     user = new_user(cluster, tmp_path, "w")
@@ -531,14 +551,7 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
         assert len(committed_values(cluster.admin, topics.output, timeout=60, want=first)) == first
 
         write_output = next(p for p in permissions if p.name == topics.output)
-        admin = make_admin(cluster.admin)
-        try:
-            acl = kafka_acl(write_output.acl(user.principal))
-            admin.delete_acls(
-                [ACLFilter(acl.principal, acl.host, acl.operation, acl.permission_type, acl.resource_pattern)]
-            )
-        finally:
-            admin.close()
+        revoke(cluster, user, write_output)
         time.sleep(1.0)
         second = send_rollouts(cluster.admin, topics.input, 5, start=100, seed=1)
         rc = proc.wait(timeout=90)
@@ -569,6 +582,59 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     assert_no_secret([log.read_text()], [user.password])
+
+
+@dataclass(frozen=True)
+class _Record:  # a seam `Outgoing`
+    topic: str
+    value: bytes
+    key: bytes = b"k"
+    headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = 0
+
+
+@pytest.mark.kafka(timeout=90)
+def test_a_transaction_refused_on_one_topic_names_the_refusal_at_the_next_send_or_commit(
+    cluster, tmp_path, kafka_client
+):
+    """Once a transaction has failed, librdkafka refuses every further record with a bare state error
+    ("_STATE: Erroneous state") and keeps the cause for the next transactional call. The seam raises the
+    cause, at whichever call meets it first, so the worker can name the missing ACL (a CI run stopped with
+    exit 1 and the state error when a send met it before the commit did)."""
+    group_id = f"sec-g-{uuid.uuid4().hex[:6]}"
+    topics = new_topics(cluster, group_id)
+    user = new_user(cluster, tmp_path, "t")
+    permissions = worker_permissions(input_topic=topics.input, output_topic=topics.output,
+                                     dead_letter_topic=topics.dead_letter, group_id=group_id)
+    apply_permissions(cluster.admin, user.principal, permissions)
+    producer = client_for(as_user(cluster, user)).producer(
+        client_id="txn-refused", max_record_bytes=1 << 20, transactional_id=f"rollout-stream-{group_id}-t")
+    raised: list[BaseException] = []
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()  # both topics known to the producer, as in a running worker
+        producer.send_all_in_transaction(
+            [_Record(topics.dead_letter, b"first"), _Record(topics.output, b"first")])
+        producer.commit_transaction()
+        _granted, write_dead_letter = _without(permissions, "topic", "Write", "dead_letter", topics, group_id)
+        revoke(cluster, user, write_dead_letter)
+        time.sleep(1.0)
+        producer.begin_transaction()
+        try:
+            producer.send_all_in_transaction([_Record(topics.dead_letter, b"denied")])
+            deadline = time.monotonic() + 10  # the refusal comes back for the partition's AddPartitionsToTxn
+            while time.monotonic() < deadline:
+                producer.send_all_in_transaction([_Record(topics.output, b"second")])
+                time.sleep(0.05)
+            producer.commit_transaction()
+        except KafkaFailure as exc:
+            raised.append(exc)
+    finally:
+        producer.close(timeout=10)
+    assert raised, "a transaction committed a record to a topic the principal may no longer write"
+    denied = authorization_cause(raised[0])
+    assert denied is not None and denied.resource == "topic", repr(raised[0])
+    assert committed_values(cluster.admin, topics.output, timeout=3, want=1) == [b"first"]
 
 
 # ---- failing fast: credentials and certificates ----------------------------------------------------

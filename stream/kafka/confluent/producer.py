@@ -159,8 +159,24 @@ class _Producer:
             except BufferError:  # the local queue is full: serve delivery reports until there is room
                 self._p.poll(0.05)
             except KafkaException as exc:
-                raise translate(exc) from exc
+                raise self._refusal(exc) from exc
         self._count(1)
+
+    def _refusal(self, exc: KafkaException) -> BaseException:
+        """The seam's error for a record librdkafka would not queue. Once a transaction has failed (e.g. the
+        broker refused to add a partition, TOPIC_AUTHORIZATION_FAILED), every record is refused with _STATE
+        ("Erroneous state") and the cause is kept for the next transactional call: begin_transaction()
+        answers with it and changes nothing, as it acts only in state READY, before any record."""
+        error = exc.args[0] if exc.args else None
+        if self._settings is None or not isinstance(error, KafkaError) or error.code() != KafkaError._STATE:
+            return translate(exc)
+        try:
+            self._p.begin_transaction()
+        except KafkaException as state:
+            cause = state.args[0] if state.args else None
+            if isinstance(cause, KafkaError) and cause.code() != KafkaError._STATE:
+                return translate(state)
+        return translate(exc)
 
     def _count(self, sends: int) -> None:
         before, self._sends = self._sends, self._sends + sends
