@@ -77,3 +77,16 @@ def test_latency_is_the_added_delay_for_every_offered_group(kafka_bootstrap, top
     assert DELAY_S * 1000 <= result.p50_ms <= result.p99_ms < DELAY_S * 1000 + 700, result
     # The phase stops this process's collector while the clock runs, and gives it back as it found it.
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+@pytest.mark.kafka(timeout=60)
+def test_a_group_never_seen_counts_with_the_time_waited_for_it(kafka_bootstrap, topic_factory):
+    """Left out, groups a stage never published (it fell behind, or a record was lost) would improve its
+    percentiles: they count with the wait, a lower bound of their latency."""
+    conn = Connection(kafka_bootstrap)
+    input_topic, output_topic = topic_factory(2), topic_factory(2)
+    result = measure_latency(conn, input_topic, output_topic, Workload("a", 64, 4, 1), rate=200.0,
+                             seconds=0.5, run_id="latency-unseen", drain_s=1.0)
+    assert result.groups == 25 and result.seen == 0, result
+    assert result.p50_ms is not None and result.p99_ms is not None and result.max_ms is not None
+    assert 1000 <= result.p50_ms <= result.p99_ms <= result.max_ms < 1000 + 500 + 1000, result
