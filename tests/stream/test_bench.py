@@ -148,7 +148,8 @@ def test_bench_topics_go_with_the_windows_changelog_of_their_input(kafka_bootstr
     try:
         admin.create_topics([NewTopic(changelog, 1, 1)])
         mine = {*topics.all(), changelog}
-        assert mine <= set(admin.list_topics())
+        # A topic just created reaches the broker's metadata a moment later (CI once listed it missing)
+        wait_until(lambda: mine <= set(admin.list_topics()), 30, "bench topics and changelog listed")
         delete_topics(conn, topics.all())
         wait_until(lambda: not mine & set(admin.list_topics()), 30, "bench topics and changelog deleted")
     finally:
