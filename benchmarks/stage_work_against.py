@@ -10,9 +10,13 @@ medians and each round's ratio.
 The earlier commit is checked out in a temporary `git worktree` (removed afterwards) and runs its own
 sources on this checkout's virtual environment, with the compiled hot path off (it had none: its modules
 are not the ones a build here was made from). Both sides get only the arguments every version of the
-bench takes, so each times best of 3 passes on the wall clock.
+bench takes, so each times best of 3 passes on the wall clock; with `--cpu`, on the thread's CPU time
+instead (both sides' `time.perf_counter` is `time.thread_time` there). This machine is a VM whose host
+takes time from it now and then (the `steal` column of /proc/stat: about a quarter of the user time over
+11 hours on 2026-12-03); the wall clock counts that time, the thread's CPU time does not.
 
     .venv/bin/python benchmarks/stage_work_against.py                     # against the issue's start
+    .venv/bin/python benchmarks/stage_work_against.py --cpu --rounds 7           # steadier on a VM
     .venv/bin/python benchmarks/stage_work_against.py --rev HEAD~3 --tokens 32768 --groups 80
 """
 
@@ -36,14 +40,20 @@ _FIGURE = re.compile(r"([0-9.]+) µs per sample")
 COMPILED_ENV = "ROLLOUT_STREAM_COMPILED"
 
 
-def run_bench(checkout: Path, args: list[str], *, compiled: bool) -> float:
+_ON_CPU_TIME = ("import runpy, sys, time; time.perf_counter = time.thread_time; "
+                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+"""Runs a bench with the thread's CPU time as its clock: older benches have no `--cpu`."""
+
+
+def run_bench(checkout: Path, args: list[str], *, compiled: bool, cpu: bool = False) -> float:
     """µs per sample that `checkout`'s stage_work_bench.py prints for `args` (with this checkout's compiled
     hot path, which must be built: `make compiled`)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
     env.pop(COMPILED_ENV, None)
     if not compiled:
         env[COMPILED_ENV] = "0"
-    done = subprocess.run([sys.executable, str(checkout / BENCH), *args], cwd=checkout, env=env,
+    launcher = ["-c", _ON_CPU_TIME] if cpu else []
+    done = subprocess.run([sys.executable, *launcher, str(checkout / BENCH), *args], cwd=checkout, env=env,
                           capture_output=True, text=True, check=False)
     found = _FIGURE.search(done.stdout)
     if done.returncode or found is None:
@@ -60,6 +70,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--groups", type=int, default=3000)
+    ap.add_argument("--cpu", action="store_true", help="time each side's thread CPU time, not the wall clock")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -73,8 +84,8 @@ def main() -> None:
             before: list[float] = []
             now: list[float] = []
             for _ in range(args.rounds):
-                before.append(run_bench(earlier, bench_args, compiled=False))
-                now.append(run_bench(ROOT, bench_args, compiled=True))
+                before.append(run_bench(earlier, bench_args, compiled=False, cpu=args.cpu))
+                now.append(run_bench(ROOT, bench_args, compiled=True, cpu=args.cpu))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(earlier)],
                            check=False)
@@ -82,7 +93,8 @@ def main() -> None:
                            text=True, check=False).stdout.strip() or args.rev
     ratio = statistics.median(now) / statistics.median(before)
     print(f"{args.tokens} tokens, groups of {args.group_size}, {args.groups} groups, µs per sample "
-          f"(best of 3 passes each, {args.rounds} alternating rounds):")
+          f"(best of 3 passes each, {'thread CPU time' if args.cpu else 'wall clock'}, {args.rounds} "
+          f"alternating rounds):")
     print(f"  {label:<10} {', '.join(f'{x:.1f}' for x in before)}")
     print(f"  {'this':<10} {', '.join(f'{x:.1f}' for x in now)}")
     print(f"  ratio of the medians: {ratio:.2f} (rounds: "
