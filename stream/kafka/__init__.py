@@ -34,6 +34,7 @@ from stream.kafka.seam import (
     Header,
     Offsets,
     Outgoing,
+    OutgoingRecord,
     Polled,
     Producer,
     RebalanceListener,
@@ -47,8 +48,8 @@ from stream.kafka.seam import (
 
 __all__ = [
     "AclSpec", "Admin", "AssignedConsumer", "AuthorizationFailed", "BrokerUnavailable", "Client",
-    "CommitFailed", "Committed", "GroupConsumer", "Header", "KafkaFailure", "Offsets", "Outgoing", "Polled",
-    "Producer",
+    "CommitFailed", "Committed", "GroupConsumer", "Header", "KafkaFailure", "Offsets", "Outgoing",
+    "OutgoingRecord", "Polled", "Producer",
     "ProducerFenced", "RebalanceListener", "Record", "SendFuture", "TopicExists", "TopicInfo",
     "TopicPartition", "TopicSpec", "UnknownTopic", "Written", "authorization_cause", "client_for",
     "ask_admin",

@@ -32,6 +32,7 @@ __all__ = [
     "Header",
     "Offsets",
     "Outgoing",
+    "OutgoingRecord",
     "Polled",
     "Producer",
     "RebalanceListener",
@@ -106,6 +107,16 @@ class Outgoing(Protocol):
     def headers(self) -> Sequence[Header]: ...
     @property
     def partition(self) -> int | None: ...  # None: the producer's partitioner picks it from the key
+
+
+class OutgoingRecord(NamedTuple):
+    """A plain `Outgoing`, for callers without a record type of their own (the bench's load, tests)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...] = ()
+    partition: int | None = None
 
 
 class Written(NamedTuple):

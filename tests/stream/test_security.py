@@ -34,6 +34,7 @@ from stream.kafka import (
     AuthenticationRefused,
     KafkaFailure,
     ListenerMismatch,
+    OutgoingRecord,
     TlsRefused,
     authorization_cause,
     check_connection,
@@ -584,13 +585,8 @@ def test_a_permission_revoked_while_running_stops_the_worker_without_losing_or_h
     assert_no_secret([log.read_text()], [user.password])
 
 
-@dataclass(frozen=True)
-class _Record:  # a seam `Outgoing`
-    topic: str
-    value: bytes
-    key: bytes = b"k"
-    headers: tuple[tuple[str, bytes], ...] = ()
-    partition: int | None = 0
+def _record(topic: str, value: bytes) -> OutgoingRecord:
+    return OutgoingRecord(topic, b"k", value, partition=0)
 
 
 @pytest.mark.kafka(timeout=90)
@@ -614,17 +610,17 @@ def test_a_transaction_refused_on_one_topic_names_the_refusal_at_the_next_send_o
         producer.init_transactions()
         producer.begin_transaction()  # both topics known to the producer, as in a running worker
         producer.send_all_in_transaction(
-            [_Record(topics.dead_letter, b"first"), _Record(topics.output, b"first")])
+            [_record(topics.dead_letter, b"first"), _record(topics.output, b"first")])
         producer.commit_transaction()
-        _granted, write_dead_letter = _without(permissions, "topic", "Write", "dead_letter", topics, group_id)
+        _, write_dead_letter = _without(permissions, "topic", "Write", "dead_letter", topics, group_id)
         revoke(cluster, user, write_dead_letter)
         time.sleep(1.0)
         producer.begin_transaction()
         try:
-            producer.send_all_in_transaction([_Record(topics.dead_letter, b"denied")])
+            producer.send_all_in_transaction([_record(topics.dead_letter, b"denied")])
             deadline = time.monotonic() + 10  # the refusal comes back for the partition's AddPartitionsToTxn
             while time.monotonic() < deadline:
-                producer.send_all_in_transaction([_Record(topics.output, b"second")])
+                producer.send_all_in_transaction([_record(topics.output, b"second")])
                 time.sleep(0.05)
             producer.commit_transaction()
         except KafkaFailure as exc:

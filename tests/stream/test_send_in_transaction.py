@@ -5,13 +5,12 @@ commit."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 
 import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from stream.clients import Connection
-from stream.kafka import KafkaFailure, client_for
+from stream.kafka import KafkaFailure, OutgoingRecord, client_for
 from stream.kafka.partitioner import murmur2
 from tests.stream.helpers import read_topic
 
@@ -68,15 +67,6 @@ def test_a_record_the_broker_refuses_fails_the_commit(kafka_bootstrap, kafka_cli
     assert read_topic(kafka_bootstrap, topic, timeout=5) == []
 
 
-@dataclass(frozen=True)
-class _Out:
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
-    partition: int | None = None
-
-
 def test_a_groups_records_sent_in_one_call_commit_in_order_on_their_keys_partition(kafka_bootstrap,
                                                                                     kafka_client):
     topic = _topic(kafka_bootstrap)
@@ -86,8 +76,9 @@ def test_a_groups_records_sent_in_one_call_commit_in_order_on_their_keys_partiti
         client_id="txn-send", max_record_bytes=1 << 20, transactional_id=f"txn-send-{uuid.uuid4().hex[:8]}",
         **tuning)
     producer.init_transactions()
-    keyed = [_Out(topic, b"group-%d" % (i % 5), b"v%d" % i) for i in range(300)]
-    named = [_Out(topic, b"k", b"dl%d" % i, (("reason", b"r%d" % i),), partition=1) for i in range(3)]
+    keyed = [OutgoingRecord(topic, b"group-%d" % (i % 5), b"v%d" % i) for i in range(300)]
+    named = [OutgoingRecord(topic, b"k", b"dl%d" % i, (("reason", b"r%d" % i),), partition=1)
+             for i in range(3)]
     try:
         producer.begin_transaction()
         producer.send_all_in_transaction(keyed)

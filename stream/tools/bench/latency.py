@@ -14,12 +14,11 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from stream.clients import MAX_RECORD_BYTES, Connection
-from stream.kafka import TopicPartition, client_for
+from stream.kafka import OutgoingRecord, TopicPartition, client_for
 from stream.tools.bench.workloads import Workload, group_records
 
 __all__ = ["LatencyResult", "percentile", "measure_latency"]
@@ -49,16 +48,6 @@ class LatencyResult:
 
 PACE_S = 0.001
 """The shortest sleep of the paced load: the groups due during it are sent together when it ends."""
-
-
-class _Load(NamedTuple):
-    """A record of the offered load (the seam's `Outgoing`)."""
-
-    topic: str
-    key: bytes
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...] = ()
-    partition: int | None = None
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -124,7 +113,7 @@ def measure_latency(
     groups = max(4, int(rate * seconds / spg))
     rng = np.random.default_rng(seed)
     # Encoded before the clock starts, so the pacing loop only sends.
-    planned = [[_Load(input_topic, k, v) for k, v in group_records(w, run_id, start_index + i, rng)]
+    planned = [[OutgoingRecord(input_topic, k, v) for k, v in group_records(w, run_id, start_index + i, rng)]
                for i in range(groups)]
     interval = spg / rate
     # Created first and asked for metadata: the first groups waited for its connection, metadata and
