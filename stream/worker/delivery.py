@@ -55,7 +55,8 @@ class Delivery(Protocol):
         ...
 
     def send(self, outs: list[OutputRecord]) -> None:
-        """Queue one group's outputs (or its dead letters), in order."""
+        """Queue one group's outputs (or its dead letters), in order. CommitAborted when a failure aborted the
+        open transaction (the worker restores from the last commit)."""
         ...
     def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
         """Commit what is resolved in the `active` partitions; the positions committed. CommitAborted when the
@@ -207,10 +208,15 @@ class ExactlyOnce:
             raise
         except KafkaFailure as exc:
             # Some of the group's outputs may be queued and others not, and the ledger knows of none: the
-            # transaction must not commit (nor the worker's shutdown commit after it). A restart re-reads
-            # from the last commit.
-            self._refused(authorization_cause(exc) or exc)
-            raise
+            # transaction must never commit. A missing ACL stops the worker (nor may its shutdown commit
+            # anything); anything else is a failed commit come early: aborted, and read again from the last
+            # commit.
+            denied = authorization_cause(exc)
+            if denied is not None:
+                self._refused(denied)
+                raise
+            self.abort(exc)
+            raise CommitAborted(f"a send failed: {exc}") from exc
         if outs:
             self.pending.append(inputs_of(outs))
             self.pending_outputs += len(outs)

@@ -208,18 +208,22 @@ class Worker:
             self._restore_each(sorted(skip), started)
         now_ms = int(self.clock() * 1000)
         active = self.partitions.active
-        for tp, records in batch.items():
-            if tp.partition in skip or tp.partition not in active:
-                continue
-            self._accept_batch(records, now_ms)
-        mono = time.monotonic()
-        if self.metrics is not None and batch:
-            self.metrics.observe_batch(mono - started)
-        if self.periodic["expire"].due(mono):
-            # Paused, the high watermarks are stale and members may wait behind the pause: expire nothing.
-            self.router.route(
-                self.store.expire(now_ms, set() if self.back_pressure.paused else self._read_up())
-            )
+        try:
+            for tp, records in batch.items():
+                if tp.partition in skip or tp.partition not in active:
+                    continue
+                self._accept_batch(records, now_ms)
+            mono = time.monotonic()
+            if self.metrics is not None and batch:
+                self.metrics.observe_batch(mono - started)
+            if self.periodic["expire"].due(mono):
+                # Paused, the high watermarks are stale and members may wait behind the pause: expire nothing.
+                self.router.route(
+                    self.store.expire(now_ms, set() if self.back_pressure.paused else self._read_up())
+                )
+        except CommitAborted as exc:  # a send failed: the rest of this batch is read again after the restore
+            self._aborted(exc)
+            mono = time.monotonic()
         if self.router.limit_exceeded is not None:
             self._stop.set()
         if self.cadence.due(mono, caught_up=caught_up(self._consumer, sum(map(len, batch.values())))):
@@ -272,12 +276,7 @@ class Worker:
             committed = self._delivery.commit(self.partitions.active, timeout)
             self.cadence.finished(time.monotonic())
         except CommitAborted as exc:
-            self.stats.aborts += 1
-            self.outcomes.clear()  # routed again after the restore, and counted then
-            self.router.published_ts = []  # re-processed after the restore, and observed then
-            log_event(log, "commit.aborted", logging.WARNING, error=str(exc),
-                      action="restoring every assigned partition from the last commit")
-            self._restore_all_later()
+            self._aborted(exc)
             return
         if self.metrics is not None and (committed or self.router.published_ts):  # idle ticks are not commits
             self.metrics.observe_commit(time.monotonic() - started, self.router.published_ts,
@@ -288,6 +287,15 @@ class Worker:
             self.stats.commits += 1
             log_event(log, "commit", logging.DEBUG, ms=f"{(time.monotonic() - started) * 1000:.1f}",
                       offsets=",".join(f"{p}:{o}" for p, o in sorted(committed.items())))
+
+    def _aborted(self, exc: CommitAborted) -> None:
+        """The open transaction was aborted: everything since the last commit is read and routed again."""
+        self.stats.aborts += 1
+        self.outcomes.clear()  # routed again after the restore, and counted then
+        self.router.published_ts = []  # re-processed after the restore, and observed then
+        log_event(log, "commit.aborted", logging.WARNING, error=str(exc),
+                  action="restoring every assigned partition from the last commit")
+        self._restore_all_later()
 
     def close(self, *, leave: bool = True) -> None:
         """Commit what is resolved, close the clients; with --leave-group-on-stop and `leave`, then leave the

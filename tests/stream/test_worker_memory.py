@@ -13,7 +13,7 @@ import pytest
 from codec import Sample, decode_train_sample, encode_sample, group_key
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
-from stream.kafka import BrokerUnavailable, KafkaFailure, ProducerFenced
+from stream.kafka import AuthorizationFailed, BrokerUnavailable, KafkaFailure, ProducerFenced
 from stream.kafka.memory import MemoryCluster
 from stream.worker import Worker
 from stream.worker.instance import InstanceClaim
@@ -195,25 +195,55 @@ def test_an_aborted_commit_restores_and_publishes_everything_exactly_once(cluste
     assert w.stats.groups_published == 5  # each group counted once, though routed twice
 
 
-def test_a_send_refused_within_a_group_aborts_its_transaction_and_a_restart_publishes_once(cluster,
-                                                                                         monkeypatch):
-    produce(cluster, [s for gi in range(4) for s in group(gi, size=3)])
-    w = worker(cluster)
+def _refusing_the_fifth_send(monkeypatch, w: Worker, failure: KafkaFailure) -> list[tuple]:
+    """The fifth record sent fails with `failure`: the second output of the second group published."""
     producer = w._delivery.producer
     real, sends = producer.send, []
 
-    def refusing_the_fifth(*args, **kwargs):  # the second output of the second group published
+    def send(*args, **kwargs):
         sends.append(args)
         if len(sends) == 5:
-            raise BrokerUnavailable("broker went away", kind="KafkaConnectionError")
+            raise failure
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(producer, "send", refusing_the_fifth)
-    with pytest.raises(BrokerUnavailable):
+    monkeypatch.setattr(producer, "send", send)
+    return sends
+
+
+def test_a_send_that_fails_in_a_group_aborts_its_transaction_and_the_worker_publishes_once_after_restoring(
+        cluster, monkeypatch, caplog):
+    produce(cluster, [s for gi in range(4) for s in group(gi, size=3)])
+    w = worker(cluster)
+    sends = _refusing_the_fifth_send(monkeypatch, w, BrokerUnavailable("broker went away",
+                                                                         kind="KafkaConnectionError"))
+    with caplog.at_level("WARNING", logger="rollout_stream.worker"):
+        for _ in range(5):  # until the failed send: the first group and part of the second are aborted
+            w.step()
+            if w.stats.aborts:
+                break
+    assert len(sends) == 5 and w.stats.aborts == 1 and w.partitions.to_restore
+    assert published(cluster) == Counter() and cluster.committed("g") == {}
+    assert any("commit.aborted" in r.getMessage() and "broker went away" in r.getMessage()
+               for r in caplog.records)
+    steps(w)  # restored from the last commit (none): every group read and sent again
+    commit(w)
+    assert published(cluster) == expected(range(4), size=3)
+    assert w.stats.groups_published == 4  # each group counted once, though routed twice
+    w.close()
+
+
+def test_a_send_refused_for_a_missing_acl_stops_the_worker_and_its_shutdown_commits_nothing(cluster,
+                                                                                           monkeypatch):
+    produce(cluster, [s for gi in range(4) for s in group(gi, size=3)])
+    w = worker(cluster)
+    _refusing_the_fifth_send(monkeypatch, w, AuthorizationFailed("Broker: Topic authorization failed",
+                                                                  resource="topic",
+                                                                  kind="TOPIC_AUTHORIZATION_FAILED"))
+    with pytest.raises(AuthorizationFailed):
         steps(w)
     # The first group's outputs and part of the second's were queued: the transaction was aborted, and the
     # shutdown commits nothing after it (it says why).
-    with pytest.raises(BrokerUnavailable):
+    with pytest.raises(AuthorizationFailed):
         w.close()
     assert published(cluster) == Counter() and cluster.committed("g") == {}
     w2 = worker(cluster, "w2")
