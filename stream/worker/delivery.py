@@ -208,12 +208,13 @@ class ExactlyOnce:
             raise
         except KafkaFailure as exc:
             # Some of the group's outputs may be queued and others not, and the ledger knows of none: the
-            # transaction must never commit. A missing ACL stops the worker (nor may its shutdown commit
-            # anything); anything else is a failed commit come early: aborted, and read again from the last
-            # commit.
+            # transaction must never commit. A retriable failure (a broker or coordinator away) is a failed
+            # commit come early: aborted, and read again from the last commit. Anything else (a missing ACL,
+            # a topic deleted, a record its topic refuses) would fail the same way after every restore: the
+            # worker stops, and its shutdown commits nothing.
             denied = authorization_cause(exc)
-            if denied is not None:
-                self._refused(denied)
+            if denied is not None or not exc.retriable:
+                self._refused(denied or exc)
                 raise
             self.abort(exc)
             raise CommitAborted(f"a send failed: {exc}") from exc

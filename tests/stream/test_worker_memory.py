@@ -232,18 +232,22 @@ def test_a_send_that_fails_in_a_group_aborts_its_transaction_and_the_worker_publ
     w.close()
 
 
-def test_a_send_refused_for_a_missing_acl_stops_the_worker_and_its_shutdown_commits_nothing(cluster,
-                                                                                           monkeypatch):
+@pytest.mark.parametrize("failure", [
+    AuthorizationFailed("Broker: Topic authorization failed", resource="topic",
+                        kind="TOPIC_AUTHORIZATION_FAILED"),
+    KafkaFailure("Broker: Message size too large", kind="MSG_SIZE_TOO_LARGE"),  # every restore would meet it
+], ids=["missing-acl", "not-retriable"])
+def test_a_send_refused_for_good_stops_the_worker_and_its_shutdown_commits_nothing(cluster, monkeypatch,
+                                                                                    failure):
     produce(cluster, [s for gi in range(4) for s in group(gi, size=3)])
     w = worker(cluster)
-    _refusing_the_fifth_send(monkeypatch, w, AuthorizationFailed("Broker: Topic authorization failed",
-                                                                  resource="topic",
-                                                                  kind="TOPIC_AUTHORIZATION_FAILED"))
-    with pytest.raises(AuthorizationFailed):
+    _refusing_the_fifth_send(monkeypatch, w, failure)
+    with pytest.raises(type(failure), match=failure.kind):
         steps(w)
+    assert w.stats.aborts == 0  # not restored and sent again
     # The first group's outputs and part of the second's were queued: the transaction was aborted, and the
     # shutdown commits nothing after it (it says why).
-    with pytest.raises(AuthorizationFailed):
+    with pytest.raises(type(failure), match=failure.kind):
         w.close()
     assert published(cluster) == Counter() and cluster.committed("g") == {}
     w2 = worker(cluster, "w2")

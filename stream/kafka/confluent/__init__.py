@@ -141,8 +141,8 @@ class ConfluentClient:
             # told CONCURRENT_TRANSACTIONS. librdkafka retries AddOffsetsToTxn after retry.backoff.ms, 100 ms
             # by default and doubling: at 6,000 samples/s, 10 of ~1,100 send_offsets took over 90 ms with it,
             # 2 with these (docs/benchmarks.md, 2026-12-03). Produce retries are idempotent here.
-            settings["retry.backoff.ms"] = 10
-            settings["retry.backoff.max.ms"] = 50
+            settings.setdefault("retry.backoff.ms", 10)
+            settings.setdefault("retry.backoff.max.ms", 50)
         with _translated:
             return _Producer(_RdProducer(settings), settings if transactional_id is not None else None)
 
