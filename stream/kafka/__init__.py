@@ -19,10 +19,12 @@ from stream.kafka.errors import (
     KafkaFailure,
     ListenerMismatch,
     ProducerFenced,
+    RecordRefused,
     TlsRefused,
     TopicExists,
     UnknownTopic,
     authorization_cause,
+    refusal_cause,
 )
 from stream.kafka.seam import (
     AclSpec,
@@ -49,9 +51,10 @@ from stream.kafka.seam import (
 __all__ = [
     "AclSpec", "Admin", "AssignedConsumer", "AuthorizationFailed", "BrokerUnavailable", "Client",
     "CommitFailed", "Committed", "GroupConsumer", "Header", "KafkaFailure", "Offsets", "Outgoing",
-    "OutgoingRecord", "Polled", "Producer",
+    "OutgoingRecord", "Polled", "Producer", "RecordRefused",
     "ProducerFenced", "RebalanceListener", "Record", "SendFuture", "TopicExists", "TopicInfo",
     "TopicPartition", "TopicSpec", "UnknownTopic", "Written", "authorization_cause", "client_for",
+    "refusal_cause",
     "ask_admin",
     "AuthenticationRefused", "ConnectionCheckFailed", "ListenerMismatch", "TlsRefused", "check_connection",
 ]

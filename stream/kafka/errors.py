@@ -12,7 +12,7 @@ ConnectionCheckFailed is a ConfigurationError (exit 2): the broker answered, the
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 from stream.errors import ConfigurationError, RuntimeFailure
 
@@ -25,13 +25,16 @@ __all__ = [
     "KafkaFailure",
     "ListenerMismatch",
     "ProducerFenced",
+    "RecordRefused",
     "TlsRefused",
     "Resource",
     "TopicExists",
     "UnknownTopic",
     "authorization_cause",
+    "refusal_cause",
 ]
 
+_F = TypeVar("_F", bound=BaseException)
 Resource = Literal["topic", "group", "transactional_id", "cluster", "unknown"]
 
 
@@ -72,6 +75,11 @@ class CommitFailed(KafkaFailure):
     """An offset commit was refused because the group rebalanced (the partitions may have moved)."""
 
 
+class RecordRefused(KafkaFailure):
+    """The records themselves are refused (too large, invalid, against a topic's policy): sending them again
+    is refused again."""
+
+
 class TopicExists(KafkaFailure):
     """Creating a topic that already exists."""
 
@@ -96,13 +104,23 @@ class ListenerMismatch(ConnectionCheckFailed):
     """The listener speaks another security protocol than the one configured."""
 
 
-def authorization_cause(exc: BaseException | None) -> AuthorizationFailed | None:
-    """The authorization failure behind `exc`, also where it is wrapped (a cause, or an argument)."""
+def _behind(exc: BaseException | None, kind: type[_F]) -> _F | None:
+    """The `kind` of failure behind `exc`, also where it is wrapped (a cause, or an argument)."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, AuthorizationFailed):
+        if isinstance(exc, kind):
             return exc
         nested = next((a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)), None)
         exc = nested or exc.__cause__ or exc.__context__
     return None
+
+
+def authorization_cause(exc: BaseException | None) -> AuthorizationFailed | None:
+    """The authorization failure behind `exc` (a transaction that can only abort wraps the refused ACL)."""
+    return _behind(exc, AuthorizationFailed)
+
+
+def refusal_cause(exc: BaseException | None) -> RecordRefused | None:
+    """The refusal of the records themselves behind `exc`."""
+    return _behind(exc, RecordRefused)

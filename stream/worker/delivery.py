@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, NoReturn, Protocol
 
 from codec import changelog_key, encode_changelog
 from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
@@ -26,6 +26,7 @@ from stream.kafka import (
     ProducerFenced,
     TopicPartition,
     authorization_cause,
+    refusal_cause,
 )
 from stream.logs import log_event
 from stream.worker.outputs import OutputRecord
@@ -34,6 +35,10 @@ __all__ = ["AtLeastOnce", "ChangelogWrite", "CommitAborted", "Delivery", "Exactl
            "closed_entry"]
 
 log = logging.getLogger("rollout_stream.delivery")
+
+#: A failure that is not retriable and aborts this many transactions in a row, with no commit between, stops
+#: the worker: it comes back after every restore (a producer in a fatal state, say).
+RECURRING_ABORTS = 3
 
 
 class ProduceFailed(RuntimeFailure, RuntimeError):
@@ -188,7 +193,9 @@ class ExactlyOnce:
         # copied them, and a commit's ~1,000 of them were one resolve call each, 0.7 µs per record).
         self.pending: list[dict[int, list[int]]] = []
         self.pending_outputs = 0
-        self.fatal: BaseException | None = None  # after it, nothing may be committed (see _checked)
+        self.fatal: BaseException | None = None  # after it, nothing may be committed (see _failed)
+        self._unaborted = False  # an abort failed: it is asked again before the next transaction
+        self._streak: tuple[str, int] = ("", 0)  # the kind of failure, not retriable, behind the last aborts
         self.producer.init_transactions()
 
     @property
@@ -196,47 +203,47 @@ class ExactlyOnce:
         return self._open
 
     def _begin(self) -> None:
+        if self._unaborted:  # the last abort failed: asked again before anything new (librdkafka's rule)
+            self.producer.abort_transaction()
+            self._unaborted = False
         if not self._open:
             self.producer.begin_transaction()
             self._open = True
 
     def send(self, outs: list[OutputRecord]) -> None:
-        self._begin()
         try:
+            self._begin()
+            # Some of the group's outputs may be queued and others not, and the ledger knows of none: after a
+            # failure the transaction must never commit (see _failed).
             self.producer.send_all_in_transaction(outs)
         except ProducerFenced:
             raise
         except KafkaFailure as exc:
-            # Some of the group's outputs may be queued and others not, and the ledger knows of none: the
-            # transaction must never commit. A retriable failure (a broker or coordinator away) is a failed
-            # commit come early: aborted, and read again from the last commit. Anything else (a missing ACL,
-            # a topic deleted, a record its topic refuses) would fail the same way after every restore: the
-            # worker stops, and its shutdown commits nothing.
-            denied = authorization_cause(exc)
-            if denied is not None or not exc.retriable:
-                self._refused(denied or exc)
-                raise
-            self.abort(exc)
-            raise CommitAborted(f"a send failed: {exc}") from exc
+            self._failed(exc)
         if outs:
             self.pending.append(inputs_of(outs))
             self.pending_outputs += len(outs)
 
-    def _checked(self, writes: list[ChangelogWrite]) -> None:
-        """Changelog writes refused for lack of an ACL abort the transaction, and every later commit (the
-        worker's shutdown commit included) is refused: an ACL does not come back by retrying."""
-        try:
-            self.producer.send_all_in_transaction(writes)
-        except KafkaFailure as exc:
-            denied = authorization_cause(exc)
-            if denied is not None:
-                self._refused(denied)
-            raise
+    def _failed(self, exc: KafkaFailure) -> NoReturn:
+        """The one decision after a failed send or commit: abort, then stop or restore.
 
-    def _refused(self, fatal: BaseException) -> None:
-        if self.fatal is None:
-            self.abort(fatal)
-            self.fatal = fatal
+        Stop when the failure would come back after every restore: an ACL is missing, the records themselves
+        are refused (too large for their topic), or the same failure that is not retriable aborted the last
+        RECURRING_ABORTS transactions in a row. The worker then exits; its shutdown commits nothing after
+        this. Anything else (a broker or coordinator away, a transaction that can only abort) is a failed
+        commit: CommitAborted, and the worker reads everything again from the last commit."""
+        fatal = authorization_cause(exc) or refusal_cause(exc)
+        kind, count = self._streak
+        self._streak = ("", 0) if exc.retriable else (exc.kind, count + 1 if kind == exc.kind else 1)
+        if fatal is None and self._streak[1] >= RECURRING_ABORTS:
+            fatal = exc
+        if fatal is not None:
+            if self.fatal is None:
+                self.abort(exc)
+                self.fatal = exc
+            raise exc
+        self.abort(exc)
+        raise CommitAborted(str(exc)) from exc
 
     def changelog_writes(self, active: set[int]) -> list[ChangelogWrite]:
         """Closed-group memory changed since the last commit, and each partition's read position."""
@@ -268,7 +275,7 @@ class ExactlyOnce:
         if writes or due:
             self._begin()
         if writes:
-            self._checked(writes)
+            self.producer.send_all_in_transaction(writes)
         if due:
             self.producer.send_offsets_to_transaction(
                 {TopicPartition(self.topic, p): pos for p, pos in due.items()}, self.consumer.group_metadata()
@@ -293,14 +300,9 @@ class ExactlyOnce:
         except ProducerFenced:
             raise
         except KafkaFailure as exc:
-            if authorization_cause(exc) is not None:  # an ACL went missing: retrying cannot help
-                if self.fatal is None:
-                    self.abort(exc)
-                    self.fatal = exc
-                raise
-            self.abort(exc)
-            raise CommitAborted(str(exc)) from exc
+            self._failed(exc)
         self.pending, self.pending_outputs = [], 0
+        self._streak = ("", 0)
         self.ledger.mark_committed(due)
         return due
 
@@ -317,11 +319,14 @@ class ExactlyOnce:
             outputs=self.pending_outputs,
         )
         self.pending, self.pending_outputs = [], 0
-        if self._open:
+        if self._open or self._unaborted:
             try:
                 self.producer.abort_transaction()
+                self._unaborted = False
             except KafkaFailure as exc:
-                log_event(log, "transaction.abort_failed", logging.ERROR, error=str(exc))
+                log_event(log, "transaction.abort_failed", logging.ERROR, error=str(exc),
+                          action="aborting again before the next transaction begins")
+                self._unaborted = True
             self._open = False
 
     def forget(self, partition: int) -> None:

@@ -13,7 +13,7 @@ import pytest
 from codec import Sample, decode_train_sample, encode_sample, group_key
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
-from stream.kafka import AuthorizationFailed, BrokerUnavailable, KafkaFailure, ProducerFenced
+from stream.kafka import AuthorizationFailed, BrokerUnavailable, KafkaFailure, ProducerFenced, RecordRefused
 from stream.kafka.memory import MemoryCluster
 from stream.worker import Worker
 from stream.worker.instance import InstanceClaim
@@ -235,8 +235,8 @@ def test_a_send_that_fails_in_a_group_aborts_its_transaction_and_the_worker_publ
 @pytest.mark.parametrize("failure", [
     AuthorizationFailed("Broker: Topic authorization failed", resource="topic",
                         kind="TOPIC_AUTHORIZATION_FAILED"),
-    KafkaFailure("Broker: Message size too large", kind="MSG_SIZE_TOO_LARGE"),  # every restore would meet it
-], ids=["missing-acl", "not-retriable"])
+    RecordRefused("Broker: Message size too large", kind="MSG_SIZE_TOO_LARGE"),  # every restore would meet it
+], ids=["missing-acl", "records-refused"])
 def test_a_send_refused_for_good_stops_the_worker_and_its_shutdown_commits_nothing(cluster, monkeypatch,
                                                                                     failure):
     produce(cluster, [s for gi in range(4) for s in group(gi, size=3)])
@@ -254,6 +254,82 @@ def test_a_send_refused_for_good_stops_the_worker_and_its_shutdown_commits_nothi
     steps(w2)
     commit(w2)
     assert published(cluster) == expected(range(4), size=3)
+
+
+def test_records_the_broker_refused_stop_the_worker_and_it_commits_nothing(cluster):
+    # The refusal comes back on the send's future: the transaction can only abort (the next send or the
+    # commit says so), and a restore would send the same records again, the loop it must not enter.
+    produce(cluster, [s for gi in range(3) for s in group(gi)])
+    w = worker(cluster)
+    cluster.fail_sends(TOPICS.output, RecordRefused("a 9-byte record is over max.message.bytes=8",
+                                                    kind="MessageSizeTooLargeError"))
+    with pytest.raises(KafkaFailure, match="max.message.bytes"):
+        steps(w)
+        commit(w)
+    assert w.stats.aborts == 0 and w._delivery.fatal is not None
+    with pytest.raises(KafkaFailure, match="max.message.bytes"):
+        w.close()
+    assert published(cluster) == Counter() and cluster.committed("g") == {}
+
+
+def test_a_failure_that_is_not_retriable_restores_until_it_aborts_three_transactions_in_a_row(cluster):
+    from stream.worker.delivery import RECURRING_ABORTS
+
+    produce(cluster, [s for gi in range(3) for s in group(gi)])
+    w = worker(cluster)
+    for attempt in range(1, RECURRING_ABORTS):
+        steps(w)
+        cluster.fail_next_commit(KafkaFailure("Broker: Unknown server error", kind="UNKNOWN_SERVER_ERROR"))
+        commit(w)  # aborted, every partition restored from the last commit: not (yet) the worker's end
+        assert w.stats.aborts == attempt and w.partitions.to_restore
+    steps(w)
+    cluster.fail_next_commit(KafkaFailure("Broker: Unknown server error", kind="UNKNOWN_SERVER_ERROR"))
+    with pytest.raises(KafkaFailure, match="UNKNOWN_SERVER_ERROR"):
+        commit(w)  # the same failure a third time in a row: it comes back after every restore
+    assert published(cluster) == Counter() and cluster.committed("g") == {}
+
+
+def test_a_success_between_failures_that_are_not_retriable_starts_the_count_again(cluster):
+    produce(cluster, [s for gi in range(2) for s in group(gi)])
+    w = worker(cluster)
+    for gi in range(2, 8):
+        steps(w)
+        if gi % 2 == 0:  # two in a row at most, then a commit goes through
+            cluster.fail_next_commit(KafkaFailure("Broker: Unknown server error", kind="UNKNOWN"))
+            commit(w)
+            steps(w)
+            cluster.fail_next_commit(KafkaFailure("Broker: Unknown server error", kind="UNKNOWN"))
+        commit(w)
+        produce(cluster, group(gi))
+    steps(w)
+    commit(w)
+    assert w.stats.aborts == 6 and published(cluster) == expected(range(8))
+
+
+def test_an_abort_that_failed_is_asked_again_before_the_next_transaction(cluster, monkeypatch, caplog):
+    produce(cluster, [s for gi in range(3) for s in group(gi)])
+    w = worker(cluster)
+    producer = w._delivery.producer
+    real, aborts = producer.abort_transaction, []
+
+    def abort_transaction():
+        aborts.append(time.monotonic())
+        if len(aborts) == 1:
+            raise BrokerUnavailable("coordinator went away", kind="KafkaConnectionError")
+        real()
+
+    monkeypatch.setattr(producer, "abort_transaction", abort_transaction)
+    steps(w)
+    cluster.fail_next_commit(BrokerUnavailable("broker went away", kind="KafkaConnectionError"))
+    with caplog.at_level("ERROR", logger="rollout_stream.delivery"):
+        commit(w)
+    assert w.stats.aborts == 1 and len(aborts) == 1
+    assert any("transaction.abort_failed" in r.getMessage() for r in caplog.records)
+    steps(w)  # restored; the first send asks for the abort again before it begins a transaction
+    assert len(aborts) == 2
+    commit(w)
+    assert published(cluster) == expected(range(3)) and w.stats.aborts == 1
+    w.close()
 
 
 def test_back_pressure_pauses_at_the_cap_then_reads_on_past_it_when_nothing_closes(cluster):

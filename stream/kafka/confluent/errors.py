@@ -13,6 +13,7 @@ from stream.kafka.errors import (
     CommitFailed,
     KafkaFailure,
     ProducerFenced,
+    RecordRefused,
     TopicExists,
     UnknownTopic,
 )
@@ -29,6 +30,8 @@ _COMMIT = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, Kafk
 _UNAVAILABLE = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
                 KafkaError.REQUEST_TIMED_OUT, KafkaError._RESOLVE, KafkaError.NOT_COORDINATOR,
                 KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
+_REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD,
+            KafkaError.POLICY_VIOLATION, KafkaError.TOPIC_EXCEPTION}
 _UNKNOWN_TOPIC = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION}
 
 
@@ -54,6 +57,8 @@ def translate(exc: BaseException | KafkaError) -> BaseException:
         out = ProducerFenced(text, kind=kind)
     elif code in _COMMIT:
         out = CommitFailed(text, kind=kind)
+    elif code in _REFUSED:
+        out = RecordRefused(text, kind=kind)
     elif code == KafkaError.TOPIC_ALREADY_EXISTS:
         out = TopicExists(text, kind=kind)
     elif code in _UNKNOWN_TOPIC:

@@ -13,6 +13,7 @@ from stream.kafka.errors import (
     CommitFailed,
     KafkaFailure,
     ProducerFenced,
+    RecordRefused,
     TopicExists,
     UnknownTopic,
 )
@@ -43,6 +44,9 @@ def translate(exc: BaseException) -> BaseException:
     elif isinstance(exc, (ke.CommitFailedError, ke.RebalanceInProgressError, ke.IllegalGenerationError,
                           ke.UnknownMemberIdError, ke.FencedInstanceIdError)):
         out = CommitFailed(text, kind=kind)
+    elif isinstance(exc, (ke.MessageSizeTooLargeError, ke.RecordListTooLargeError, ke.InvalidRecordError,
+                          ke.PolicyViolationError, ke.InvalidTopicError)):
+        out = RecordRefused(text, kind=kind)
     elif isinstance(exc, ke.TopicAlreadyExistsError):
         out = TopicExists(text, kind=kind)
     elif isinstance(exc, ke.UnknownTopicOrPartitionError):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stream.kafka.errors import CommitFailed, KafkaFailure, ProducerFenced
+from stream.kafka.errors import CommitFailed, KafkaFailure, ProducerFenced, RecordRefused
 from stream.kafka.memory._consumers import committed_offsets, illegal
 from stream.kafka.memory._groups import GroupMetadata
 from stream.kafka.memory._log import BROKER_DEFAULTS, MemoryRecord, Transaction, unknown_topic
@@ -119,8 +119,8 @@ class MemoryProducer:
         size = len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in headers or ())
         if size <= limit:
             return None
-        error = KafkaFailure(f"a {size}-byte record is over max.message.bytes={limit} of {topic!r}",
-                             kind="MessageSizeTooLargeError")
+        error = RecordRefused(f"a {size}-byte record is over max.message.bytes={limit} of {topic!r}",
+                              kind="MessageSizeTooLargeError")
         return SendFailure(error, 1, at_once=False)
 
     def send_in_transaction(self, topic: str, value: bytes | None, key: bytes | None = None, *,
