@@ -418,6 +418,21 @@ class Worker:
         """Partitions whose fetched backlog is read: only there may the wall clock expire a group."""
         return {p for p, (pos, high) in self._positions().items() if pos >= high}
 
+    def _expiry_blocked(self) -> str:
+        """Partitions with open windows the wall clock may not expire although nothing is left to read there,
+        and why: for the progress line (a group that never expires never reaches the dead-letter topic)."""
+        if self.back_pressure.paused:
+            return "all:paused"
+        positions, blocked = self._positions(), []
+        for p in sorted({k[0] for k in self.store.open}):
+            if p not in self.partitions.assigned:
+                blocked.append(f"{p}:not_assigned")
+            elif self.ledger.next_offset(p) is None:
+                blocked.append(f"{p}:nothing_read")
+            elif p not in positions:
+                blocked.append(f"{p}:no_watermark")
+        return ",".join(blocked)
+
     def partition_lag(self) -> dict[int, int]:
         """Records between each partition's next offset and its last known high watermark."""
         return {p: max(0, high - pos) for p, (pos, high) in self._positions().items()}
@@ -452,4 +467,5 @@ class Worker:
             open_bytes=self.store.open_bytes,
             lag=sum(self.partition_lag().values()),
             commits=self.stats.commits,
+            **({"expiry_blocked": blocked} if (blocked := self._expiry_blocked()) else {}),
         )

@@ -332,6 +332,21 @@ def test_an_abort_that_failed_is_asked_again_before_the_next_transaction(cluster
     w.close()
 
 
+def test_the_progress_line_names_a_partition_whose_windows_cannot_expire(cluster, monkeypatch, caplog):
+    produce(cluster, [group(gi)[0] for gi in range(2)])  # two groups, one member each: windows stay open
+    w = worker(cluster, progress_interval_s=0.001)
+    steps(w)
+    assert w.store.open_count() == 2 and w._expiry_blocked() == ""  # read up: the clock may expire them
+    unknown = min(k[0] for k in w.store.open)
+    real = w._consumer.highwater
+    monkeypatch.setattr(w._consumer, "highwater", lambda tp: None if tp.partition == unknown else real(tp))
+    with caplog.at_level("INFO", logger="rollout_stream.worker"):
+        w.step()
+    assert w._expiry_blocked() == f"{unknown}:no_watermark"
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress ")]
+    assert progress and f"expiry_blocked={unknown}:no_watermark" in progress[-1]
+
+
 def test_back_pressure_pauses_at_the_cap_then_reads_on_past_it_when_nothing_closes(cluster):
     # Three groups open at once (their first members first), the cap is two; their second members arrive
     # while the worker is paused, so no window can close until it reads on past the cap.
@@ -340,6 +355,7 @@ def test_back_pressure_pauses_at_the_cap_then_reads_on_past_it_when_nothing_clos
     w.back_pressure.stall_s = 0.05
     steps(w)
     assert w.back_pressure.paused and w.store.open_count() == 3
+    assert w._expiry_blocked() == "all:paused"  # the progress line says why nothing expires
     produce(cluster, [group(gi)[1] for gi in range(3)])
     steps(w)
     assert w.back_pressure.paused and w.stats.groups_published == 0  # nothing fetched behind the pause
