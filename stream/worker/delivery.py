@@ -204,8 +204,14 @@ class ExactlyOnce:
 
     def _begin(self) -> None:
         if self._unaborted:  # the last abort failed: asked again before anything new (librdkafka's rule)
-            self.producer.abort_transaction()
             self._unaborted = False
+            try:
+                self.producer.abort_transaction()
+            except KafkaFailure as exc:
+                # It may have ended meanwhile, and the client then refuses an abort out of place: whether a
+                # new transaction can begin says which (if not, its failure goes the way of any other).
+                log_event(log, "transaction.abort_failed", logging.WARNING, error=str(exc),
+                          action="beginning the next transaction anyway")
         if not self._open:
             self.producer.begin_transaction()
             self._open = True

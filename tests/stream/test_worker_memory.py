@@ -306,7 +306,11 @@ def test_a_success_between_failures_that_are_not_retriable_starts_the_count_agai
     assert w.stats.aborts == 6 and published(cluster) == expected(range(8))
 
 
-def test_an_abort_that_failed_is_asked_again_before_the_next_transaction(cluster, monkeypatch, caplog):
+@pytest.mark.parametrize("answer_lost", [False, True], ids=["abort-refused", "abort-done-answer-lost"])
+def test_an_abort_that_failed_is_asked_again_before_the_next_transaction(cluster, monkeypatch, caplog,
+                                                                         answer_lost):
+    # The abort asked again either goes through, or (the first one went through, its answer was lost) is
+    # refused as out of place: either way the next transaction begins and everything is published once.
     produce(cluster, [s for gi in range(3) for s in group(gi)])
     w = worker(cluster)
     producer = w._delivery.producer
@@ -315,6 +319,8 @@ def test_an_abort_that_failed_is_asked_again_before_the_next_transaction(cluster
     def abort_transaction():
         aborts.append(time.monotonic())
         if len(aborts) == 1:
+            if answer_lost:
+                real()
             raise BrokerUnavailable("coordinator went away", kind="KafkaConnectionError")
         real()
 
