@@ -49,3 +49,30 @@ def test_a_fatal_transaction_error_replaces_the_producer_and_reads_as_an_aborted
         assert producer._p is current
     finally:
         producer.close(timeout=10)
+
+
+def test_an_abort_that_meets_a_fatal_error_is_done_by_the_replacement(kafka_bootstrap, monkeypatch):
+    """librdkafka#4849: an abort right after a begin and a send can fail with a fatal INVALID_TXN_STATE. The
+    producer is replaced, and the replacement's init_transactions() aborts the transaction: the abort did what
+    was asked, so it returns, and the next transaction commits without the aborted record."""
+    topics = new_topics(kafka_bootstrap, partitions=1, prefix="fatal-abort")
+    producer = client_for(Connection(kafka_bootstrap, client="confluent")).producer(
+        client_id="fatal-abort", max_record_bytes=1 << 20, transactional_id=f"fatal-{uuid.uuid4().hex[:8]}")
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topics.output, b"aborted", b"k", partition=0)
+        before, real = producer._p, producer._transactional
+        fatal = KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True)
+        monkeypatch.setattr(producer, "_transactional", lambda what, call: real(
+            what, _raise(fatal) if what == "abort_transaction" else call))
+        producer.abort_transaction()
+        assert producer._p is not before
+        monkeypatch.undo()
+        producer.begin_transaction()
+        producer.send(topics.output, b"kept", b"k", partition=0)
+        producer.commit_transaction()
+        committed = read_topic(kafka_bootstrap, topics.output, min_count=1, timeout=20, settle=1)
+        assert [r.value for r in committed] == [b"kept"]
+    finally:
+        producer.close(timeout=10)

@@ -245,7 +245,15 @@ class _Producer:
         if self._replaced:  # its predecessor's transaction was aborted by the replacement
             self._replaced = False
             return
-        self._resumed("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
+        try:
+            self._resumed("abort_transaction", lambda p: p.abort_transaction(TXN_TIMEOUT_S))
+        except KafkaFailure:
+            if not self._replaced:
+                raise
+            # The abort failed for good and the producer was replaced, whose init_transactions() aborted the
+            # transaction: what was asked. Seen as INVALID_TXN_STATE on an abort right after a begin and a
+            # send (librdkafka#4849).
+            self._replaced = False
 
     def _resumed(self, what: str, call: Any) -> None:
         """librdkafka's contract for commit and abort: a retriable error (e.g. _TIMED_OUT while a coordinator

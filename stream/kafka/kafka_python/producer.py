@@ -151,4 +151,10 @@ class _Producer:
     def abort_transaction(self) -> None:
         if self._replaced:  # the fresh producer's init_transactions() aborted the open transaction already
             return
-        self._transactional("abort_transaction", lambda p: p.abort_transaction())
+        try:
+            self._transactional("abort_transaction", lambda p: p.abort_transaction())
+        except KafkaFailure:
+            if not self._replaced:
+                raise
+            # The abort hung and the producer was replaced, whose init_transactions() aborted the
+            # transaction: what was asked.
