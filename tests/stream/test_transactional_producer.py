@@ -18,16 +18,22 @@ def _raise(error: KafkaError):
     return call
 
 
+def _transactional(kafka_bootstrap: str, prefix: str):
+    """A fresh output topic and a confluent transactional producer with a transaction open."""
+    topics = new_topics(kafka_bootstrap, partitions=1, prefix=prefix)
+    producer = client_for(Connection(kafka_bootstrap, client="confluent")).producer(
+        client_id=prefix, max_record_bytes=1 << 20, transactional_id=f"{prefix}-{uuid.uuid4().hex[:8]}")
+    producer.init_transactions()
+    producer.begin_transaction()
+    return topics, producer
+
+
 def test_a_fatal_transaction_error_replaces_the_producer_and_reads_as_an_aborted_transaction(kafka_bootstrap):
     """Seen as INVALID_TXN_STATE on ending a transaction while the coordinator's broker died: the producer is
     unusable though no other one owns its id. It is replaced; the caller restores, and the next transaction
     commits. Fencing (a newer producer owns the id) is not replaced: that is a zombie's end."""
-    topics = new_topics(kafka_bootstrap, partitions=1, prefix="fatal")
-    producer = client_for(Connection(kafka_bootstrap, client="confluent")).producer(
-        client_id="fatal", max_record_bytes=1 << 20, transactional_id=f"fatal-{uuid.uuid4().hex[:8]}")
+    topics, producer = _transactional(kafka_bootstrap, "fatal")
     try:
-        producer.init_transactions()
-        producer.begin_transaction()
         producer.send(topics.output, b"lost", b"k", partition=0)
         before = producer._p
         fatal = KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True)
@@ -55,12 +61,8 @@ def test_an_abort_that_meets_a_fatal_error_is_done_by_the_replacement(kafka_boot
     """librdkafka#4849: an abort right after a begin and a send can fail with a fatal INVALID_TXN_STATE. The
     producer is replaced, and the replacement's init_transactions() aborts the transaction: the abort did what
     was asked, so it returns, and the next transaction commits without the aborted record."""
-    topics = new_topics(kafka_bootstrap, partitions=1, prefix="fatal-abort")
-    producer = client_for(Connection(kafka_bootstrap, client="confluent")).producer(
-        client_id="fatal-abort", max_record_bytes=1 << 20, transactional_id=f"fatal-{uuid.uuid4().hex[:8]}")
+    topics, producer = _transactional(kafka_bootstrap, "fatal-abort")
     try:
-        producer.init_transactions()
-        producer.begin_transaction()
         producer.send(topics.output, b"aborted", b"k", partition=0)
         before, real = producer._p, producer._transactional
         fatal = KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True)
