@@ -20,6 +20,7 @@ from core.offsets import OffsetLedger
 from core.windows import ClosedGroup, WindowStore
 from stream.errors import RuntimeFailure
 from stream.kafka import (
+    CommitFailed,
     GroupConsumer,
     KafkaFailure,
     Producer,
@@ -240,7 +241,9 @@ class ExactlyOnce:
         commit: CommitAborted, and the worker reads everything again from the last commit."""
         fatal = authorization_cause(exc) or refusal_cause(exc)
         kind, count = self._streak
-        self._streak = ("", 0) if exc.retriable else (exc.kind, count + 1 if kind == exc.kind else 1)
+        # A rebalance that fenced the commit (CommitFailed) is what a restore is for: it never counts.
+        passing = exc.retriable or isinstance(exc, CommitFailed)
+        self._streak = ("", 0) if passing else (exc.kind, count + 1 if kind == exc.kind else 1)
         if fatal is None and self._streak[1] >= RECURRING_ABORTS:
             fatal = exc
         if fatal is not None:

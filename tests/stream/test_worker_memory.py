@@ -13,7 +13,14 @@ import pytest
 from codec import Sample, decode_train_sample, encode_sample, group_key
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
-from stream.kafka import AuthorizationFailed, BrokerUnavailable, KafkaFailure, ProducerFenced, RecordRefused
+from stream.kafka import (
+    AuthorizationFailed,
+    BrokerUnavailable,
+    CommitFailed,
+    KafkaFailure,
+    ProducerFenced,
+    RecordRefused,
+)
 from stream.kafka.memory import MemoryCluster
 from stream.worker import Worker
 from stream.worker.instance import InstanceClaim
@@ -287,6 +294,20 @@ def test_a_failure_that_is_not_retriable_restores_until_it_aborts_three_transact
     with pytest.raises(KafkaFailure, match="UNKNOWN_SERVER_ERROR"):
         commit(w)  # the same failure a third time in a row: it comes back after every restore
     assert published(cluster) == Counter() and cluster.committed("g") == {}
+
+
+def test_commits_fenced_by_rebalances_restore_however_many_in_a_row(cluster):
+    produce(cluster, [s for gi in range(3) for s in group(gi)])
+    w = worker(cluster)
+    for attempt in range(1, 5):
+        steps(w)
+        cluster.fail_next_commit(CommitFailed("Broker: Specified group generation id is not valid",
+                                              kind="ILLEGAL_GENERATION"))
+        commit(w)  # a rebalance fenced it: restored, never the worker's end
+        assert w.stats.aborts == attempt
+    steps(w)
+    commit(w)
+    assert published(cluster) == expected(range(3))
 
 
 def test_a_success_between_failures_that_are_not_retriable_starts_the_count_again(cluster):
