@@ -246,6 +246,9 @@ class ExactlyOnce:
         self._streak = ("", 0) if passing else (exc.kind, count + 1 if kind == exc.kind else 1)
         if fatal is None and self._streak[1] >= RECURRING_ABORTS:
             fatal = exc
+            log_event(log, "transaction.failing_again", logging.ERROR, error=str(exc),
+                      aborts_in_a_row=self._streak[1],
+                      action="stopping: the same failure came back after every restore")
         if fatal is not None:
             if self.fatal is None:
                 self.abort(exc)

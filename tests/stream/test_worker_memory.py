@@ -279,7 +279,8 @@ def test_records_the_broker_refused_stop_the_worker_and_it_commits_nothing(clust
     assert published(cluster) == Counter() and cluster.committed("g") == {}
 
 
-def test_a_failure_that_is_not_retriable_restores_until_it_aborts_three_transactions_in_a_row(cluster):
+def test_a_failure_that_is_not_retriable_restores_until_it_aborts_three_transactions_in_a_row(cluster,
+                                                                                              caplog):
     from stream.worker.delivery import RECURRING_ABORTS
 
     produce(cluster, [s for gi in range(3) for s in group(gi)])
@@ -291,8 +292,11 @@ def test_a_failure_that_is_not_retriable_restores_until_it_aborts_three_transact
         assert w.stats.aborts == attempt and w.partitions.to_restore
     steps(w)
     cluster.fail_next_commit(KafkaFailure("Broker: Unknown server error", kind="UNKNOWN_SERVER_ERROR"))
-    with pytest.raises(KafkaFailure, match="UNKNOWN_SERVER_ERROR"):
+    with caplog.at_level("ERROR", logger="rollout_stream.delivery"), \
+            pytest.raises(KafkaFailure, match="UNKNOWN_SERVER_ERROR"):
         commit(w)  # the same failure a third time in a row: it comes back after every restore
+    assert any("transaction.failing_again" in r.getMessage() and "aborts_in_a_row=3" in r.getMessage()
+               for r in caplog.records)
     assert published(cluster) == Counter() and cluster.committed("g") == {}
 
 
