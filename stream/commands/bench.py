@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,9 @@ from stream.commands.connection import (
 from stream.commands.options import Bootstrap, fail, grouped_options
 from stream.errors import described
 from stream.kafka import KafkaFailure
+
+if TYPE_CHECKING:
+    from stream.tools.bench.workloads import Workload
 
 DELIVERIES = {
     "exactly-once": ("exactly-once",),
@@ -58,6 +61,21 @@ def bench(
     latency_seconds: Annotated[
         float, typer.Option(help="Seconds of paced load per latency measurement.")
     ] = 4.0,
+    latency_rate: Annotated[
+        float | None,
+        typer.Option(help="Offer this many samples/s in every latency phase, stage and passthrough alike, "
+                     "instead of half the stage's measured maximum: both sides at one load. The p99 targets "
+                     "(at half load) are then not judged.", show_default=False),
+    ] = None,
+    workload: Annotated[
+        list[str] | None,
+        typer.Option("--workload", help="Run only these workloads, e.g. --workload a-g8 --workload b-g8 "
+                     "(a, b, c with g8 or g16; default: all six).", show_default=False),
+    ] = None,
+    compare_delivery: Annotated[
+        bool,
+        typer.Option(help="Also run (a) and (b) at g8 with the other delivery guarantee."),
+    ] = True,
     repeats: Annotated[
         int,
         typer.Option(help="Throughput drains per side and workload, alternating stage and passthrough; the "
@@ -96,6 +114,9 @@ def bench(
             "--partitions, --repeats and --commit-max-records must be >= 1; --commit-interval and "
             "--latency-seconds > 0"
         )
+    if latency_rate is not None and not latency_rate > 0:
+        fail(f"--latency-rate must be > 0 samples/s, got {latency_rate:g}")
+    workloads = _chosen_workloads(workload or [], quick)
     if profile_dir:
         os.makedirs(profile_dir, exist_ok=True)
     conn = connection_from_options(bootstrap_servers, security, client_id="rollout-stream-bench")
@@ -112,6 +133,9 @@ def bench(
         sweep=sweep,
         profile_dir=profile_dir,
         compare_clients=compare_clients,
+        compare_delivery=compare_delivery,
+        latency_rate=latency_rate,
+        workloads=workloads,
     )
 
     def progress(line: str) -> None:
@@ -134,6 +158,20 @@ def bench(
         print(f"bench: {len(report.failures)} measurement(s) failed: see 'Not measured' ('failures' in the "
               "JSON)", file=sys.stderr)
         raise typer.Exit(1)
+
+
+def _chosen_workloads(names: list[str], quick: bool) -> tuple[Workload, ...] | None:
+    """The standard workloads named like `a-g8`, in the standard order; None for all of them."""
+    from stream.tools.bench.workloads import standard_workloads  # numpy and the codec: not for --help
+
+    if not names:
+        return None
+    standard = {f"{w.name}-g{w.group_size}": w for w in standard_workloads(quick)}
+    unknown = [n for n in names if n not in standard]
+    if unknown:
+        fail(f"--workload {', '.join(unknown)}: not a workload of this run; "
+             f"choose from {', '.join(standard)}")
+    return tuple(w for key, w in standard.items() if key in names)
 
 
 def register(app: typer.Typer) -> None:

@@ -54,6 +54,65 @@ def test_bench_table_and_option_errors():
     assert "--delivery must be exactly-once, at-least-once or both" in result.output
 
 
+def test_bench_latency_rate_and_workload_options_reach_the_run(monkeypatch):
+    """`--latency-rate` and `--workload` become the run's settings; bad values stop it before any Kafka."""
+    from typer.testing import CliRunner
+
+    import stream.commands.bench as command
+    from stream.cli import app
+    from stream.clients import Connection
+    from stream.tools.bench import suite
+    from stream.tools.bench.results import BenchReport
+
+    seen = []
+
+    def run_bench(settings, progress, security=None):
+        seen.append(settings)
+        return BenchReport(settings, {"cpus": 2, "cpu_model": "test"})
+
+    monkeypatch.setattr(suite, "run_bench", run_bench)
+    monkeypatch.setattr(command, "connection_from_options", lambda *a, **k: Connection("127.0.0.1:1"))
+    runner = CliRunner()
+    result = runner.invoke(app, ["bench", "--bootstrap-servers", "127.0.0.1:1", "--json",
+                                 "--latency-rate", "20000", "--workload", "b-g8", "--workload", "a-g8",
+                                 "--no-compare-delivery"])
+    assert result.exit_code == 0, result.output
+    (settings,) = seen
+    assert settings.latency_rate == 20000 and settings.compare_delivery is False
+    assert [w.label() for w in settings.suite()] == ["a 256t g8", "b 32Kt g8"]  # the standard order
+    assert '"latency_rate": 20000' in result.output
+
+    for args, message in ((["--workload", "a-g9"], "--workload a-g9: not a workload of this run"),
+                          (["--latency-rate", "0"], "--latency-rate must be > 0 samples/s")):
+        result = runner.invoke(app, ["bench", "--bootstrap-servers", "127.0.0.1:1", *args])
+        assert result.exit_code == 2 and message in result.output, result.output
+    assert len(seen) == 1
+
+
+def test_at_a_fixed_latency_rate_the_half_load_p99_targets_are_not_judged():
+    from rich.console import Console
+
+    from stream.tools.bench.latency import LatencyResult
+    from stream.tools.bench.report import render
+    from stream.tools.bench.results import BenchReport, BenchSettings, WorkloadResult
+    from stream.tools.bench.workloads import Workload
+
+    lat = LatencyResult(rate=20000.0, groups=100, seen=100, p50_ms=30.0, p99_ms=400.0, max_ms=410.0,
+                        seconds=6.0)
+    a = Workload("a", 256, 8, 1, 125)
+    report = BenchReport(BenchSettings(bootstrap="x:1", latency_rate=20000.0),
+                         {"cpus": 2, "cpu_model": "t", "python": "3.11", "kafka_python": "3",
+                          "load_average_start": [1.0]})
+    report.results = [WorkloadResult(a, "exactly-once", _throughput("stage", 900),
+                                     _throughput("passthrough", 1000), lat, lat, client="confluent")]
+    targets = report.targets()
+    assert targets["p99_ok"] is None and targets["librdkafka"]["p99_ok"] is None
+    assert targets["librdkafka"]["p99_ms_a"] == 400.0  # still reported, only not judged
+    console = Console(record=True, width=200)
+    render(report, console)
+    assert "not judged (--latency-rate 20000: not half load)" in console.export_text()
+
+
 def _throughput(mode: str, rate: float):
     from stream.tools.bench.results import Throughput
 

@@ -238,6 +238,8 @@ def _sweep(points: Sequence[SweepPoint]) -> Fit:
 
 def _not_measured(report: BenchReport, what: str) -> str:
     s = report.settings
+    if what == "latency" and s.latency_rate is not None:
+        return f"[yellow]not judged[/] (--latency-rate {s.latency_rate:g}: not half load)"
     if s.quick:
         return "[yellow]not measured[/] (--quick)"
     if what == "memory" and not s.memory:
@@ -279,9 +281,9 @@ def targets_view(report: BenchReport) -> Group:
     if rd:
         t = LIBRDKAFKA_TARGETS
 
-        def one(label: str, key: str, shown: str) -> str:
+        def one(label: str, key: str, shown: str, what: str = "librdkafka") -> str:
             if rd.get(key + "_ok") is None:
-                return f"{label}: {_not_measured(report, 'librdkafka')}"
+                return f"{label}: {_not_measured(report, what)}"
             return f"{label}: {verdict[rd[key + '_ok']]} ({shown})"
 
         lines += [
@@ -292,7 +294,7 @@ def targets_view(report: BenchReport) -> Group:
             one(f"librdkafka stage ≥ {t['vs_kafka_python_a']:g} × the kafka-python stage on (a) g8",
                 "vs_kafka_python_a", f"{rd.get('vs_kafka_python_a')} ×"),
             one(f"librdkafka p99 ≤ {t['p99_ms']:g} ms at half load on (a) g8", "p99",
-                f"{_ms(rd.get('p99_ms_a'))} ms"),
+                f"{_ms(rd.get('p99_ms_a'))} ms", "latency"),
         ]
     return Group(Text("Targets:"), *(Flow(Text.from_markup(line), first=2, indent=4) for line in lines))
 

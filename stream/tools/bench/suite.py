@@ -33,6 +33,7 @@ from stream.tools.bench.workloads import (
     delete_topics,
     end_offsets,
     preload,
+    standard_workloads,
 )
 
 __all__ = ["run_bench", "SWEEP_INTERVALS", "SWEEP_MAX_RECORDS"]
@@ -185,7 +186,8 @@ class _Bench:
         try:
             pre = preload(self.conn, topics.names.input, w)
             tag = f"{w.name}-g{w.group_size}"
-            stage, lat = self.drain("stage", topics, delivery, pre, latency_of=w, tag=tag)
+            stage, lat = self.drain("stage", topics, delivery, pre, latency_of=w, rate=self.s.latency_rate,
+                                    tag=tag)
             # the bare clients' latency at the rate the stage was offered
             passthrough, pass_lat = self.drain(
                 "passthrough", topics, delivery, pre, latency_of=w, rate=lat.rate if lat else None, tag=tag
@@ -302,8 +304,9 @@ def run_bench(
                     (r := workload(w, settings.deliveries[0], other)) is not None:
                 report.client_compare.append(r)
     if settings.memory and not settings.quick:
-        long = next(w for w in suite if w.name == "b")
-        short = next(w for w in suite if w.name == "a")
+        # The standard sample sizes, whichever workloads this run chose.
+        long = next(w for w in standard_workloads() if w.name == "b")
+        short = next(w for w in standard_workloads() if w.name == "a")
         for w, open_groups in ((Workload("b", long.tokens, 16, 1, 40), 64),
                                (Workload("a", short.tokens, 16, 1, 400), 3000)):
             m = measured(f"memory {w.label()}", bench.memory, w, open_groups=open_groups)
