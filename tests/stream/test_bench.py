@@ -313,3 +313,25 @@ def test_without_a_g8_measurement_the_cadence_sweep_is_reported_as_not_run(monke
     assert report.results == [] and report.targets()["complete"] is False
     assert len(report.failures) == 2 and report.failures[0].startswith("a 256t g8 [exactly-once, ")
     assert report.failures[1].startswith("commit cadence sweep: not run")
+
+
+def test_thread_cpu_names_the_client_threads_beside_the_loop():
+    """librdkafka's own threads (not Python's) are counted by their kernel names, beside `MainThread`."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from stream.tools.bench.procstat import thread_cpu_seconds
+
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0})
+    spin = threading.Thread(target=lambda: sum(range(2_000_000)), name="bench-spin")
+    spin.start()
+    spin.join()  # an ended thread is gone from /proc: not counted, and nothing fails
+    try:
+        threads = thread_cpu_seconds()
+    finally:
+        producer.flush(0)
+        del producer
+    assert "MainThread" in threads and threads["MainThread"] > 0
+    assert any(name.startswith("rdk:") for name in threads), threads
+    assert "bench-spin" not in threads

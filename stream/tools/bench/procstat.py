@@ -51,15 +51,26 @@ def cpu_seconds() -> float:
 
 
 def thread_cpu_seconds() -> dict[str, float]:
-    """CPU time of each live Python thread by name (the loop vs kafka-python's IO and sender threads)."""
+    """CPU time of each thread of this process, summed by name: a Python thread by its name (the loop is
+    `MainThread`), any other by the kernel's (librdkafka's `rdk:main`, `rdk:broker1`, ...), so the clients'
+    own threads are seen beside the loop."""
     tick = os.sysconf("SC_CLK_TCK")
+    python = {thread.native_id: thread.name for thread in threading.enumerate()}
     out: dict[str, float] = {}
-    for thread in threading.enumerate():
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for task in tasks:
         try:
-            with open(f"/proc/self/task/{thread.native_id}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            with open(f"/proc/self/task/{task}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+            fields = rest.split()
+        except OSError:
+            continue  # ended meanwhile
+        if len(fields) < 13:
             continue
+        name = python.get(int(task)) or head.partition("(")[2] or f"task-{task}"
         # After the command name: state is field 3, utime 14 and stime 15 (1-based, see proc(5)).
-        out[thread.name] = out.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
