@@ -166,7 +166,7 @@ def _chosen_workloads(names: list[str], quick: bool) -> tuple[Workload, ...] | N
 
     if not names:
         return None
-    standard = {f"{w.name}-g{w.group_size}": w for w in standard_workloads(quick)}
+    standard = {w.key: w for w in standard_workloads(quick)}
     unknown = [n for n in names if n not in standard]
     if unknown:
         fail(f"--workload {', '.join(unknown)}: not a workload of this run; "

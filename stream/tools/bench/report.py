@@ -238,7 +238,7 @@ def _sweep(points: Sequence[SweepPoint]) -> Fit:
 
 def _not_measured(report: BenchReport, what: str) -> str:
     s = report.settings
-    if what == "latency" and s.latency_rate is not None:
+    if what == "latency" and not s.at_half_load:
         return f"[yellow]not judged[/] (--latency-rate {s.latency_rate:g}: not half load)"
     if s.quick:
         return "[yellow]not measured[/] (--quick)"

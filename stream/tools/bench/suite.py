@@ -185,7 +185,7 @@ class _Bench:
         topics = create_topics(self.conn, self.s.partitions)
         try:
             pre = preload(self.conn, topics.names.input, w)
-            tag = f"{w.name}-g{w.group_size}"
+            tag = w.key
             stage, lat = self.drain("stage", topics, delivery, pre, latency_of=w, rate=self.s.latency_rate,
                                     tag=tag)
             # the bare clients' latency at the rate the stage was offered
@@ -305,10 +305,9 @@ def run_bench(
                 report.client_compare.append(r)
     if settings.memory and not settings.quick:
         # The standard sample sizes, whichever workloads this run chose.
-        long = next(w for w in standard_workloads() if w.name == "b")
-        short = next(w for w in standard_workloads() if w.name == "a")
-        for w, open_groups in ((Workload("b", long.tokens, 16, 1, 40), 64),
-                               (Workload("a", short.tokens, 16, 1, 400), 3000)):
+        tokens = {w.name: w.tokens for w in standard_workloads()}
+        for w, open_groups in ((Workload("b", tokens["b"], 16, 1, 40), 64),
+                               (Workload("a", tokens["a"], 16, 1, 400), 3000)):
             m = measured(f"memory {w.label()}", bench.memory, w, open_groups=open_groups)
             if m is not None:
                 report.memory.append(m)

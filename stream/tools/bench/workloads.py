@@ -50,6 +50,11 @@ class Workload:
     def samples(self) -> int:
         return self.groups * self.samples_per_group
 
+    @property
+    def key(self) -> str:
+        """E.g. `a-g8`: how `--workload` names it, and the tag of its bench processes."""
+        return f"{self.name}-g{self.group_size}"
+
     def label(self) -> str:
         """E.g. `a 256t g8`, `b 32Kt g16`, `c 256t×3 g8`."""
         size = f"{self.tokens // 1024}Kt" if self.tokens >= 1024 else f"{self.tokens}t"
