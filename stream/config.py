@@ -99,7 +99,7 @@ class WorkerConfig:
     leave_group_on_stop: bool = False
     metrics_port: int | None = None  # Prometheus /metrics, /healthz, /readyz on this port
     # Stop (exit 3) once more than this share of the last `dead_letter_window` resolved records were
-    # dead-lettered: a bad producer deploy or a wrong --group-size, never one bad record (README).
+    # dead-lettered: a bad producer deploy or a wrong --group-size, never one bad record (docs/operations.md).
     max_dead_letter_ratio: float = 0.4
     dead_letter_window: int = 10_000
 

@@ -74,8 +74,8 @@ def envvars_read_by(command: Any) -> set[str]:
 
 
 def readme_envvars() -> set[str]:
-    """Environment variables the README names, with its `…_SUFFIX` shorthand for ROLLOUT_STREAM_SUFFIX."""
-    text = README.read_text()
+    """Environment variables the run table names, with its `…_SUFFIX` shorthand for ROLLOUT_STREAM_SUFFIX."""
+    text = (ROOT / "docs" / "operations.md").read_text()
     names = set(re.findall(r"`((?:ROLLOUT_STREAM|KAFKA)_[A-Z0-9_]+)`", text))
     names |= {f"ROLLOUT_STREAM_{suffix}" for suffix in re.findall(r"`…_([A-Z0-9_]+)`", text)}
     return names
@@ -238,7 +238,7 @@ def test_published_ports_do_not_collide_and_volumes_are_declared_or_in_the_repos
 @pytest.mark.parametrize("name", sorted(n for n, s in SERVICES.items() if built_here(s)))
 def test_the_stage_environment_is_read_by_the_worker_documented_and_shared(name):
     """Every variable given to a rollout-stream container is an option of `run` (so the worker's settings
-    are the stack's settings), documented in the README's run table, and overridable from the host under
+    are the stack's settings), documented in docs/operations.md (run table), overridable from the host under
     its own name. Where another command reads it too (topic names for `topics create` and `synth`), it gets
     the worker's value."""
     env = SERVICES[name]["environment"]

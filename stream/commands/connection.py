@@ -58,7 +58,7 @@ class SecurityOptions:
             show_default=False,
             rich_help_panel=_PANEL,
             help="Kafka client library: confluent (librdkafka, the default: a higher ceiling) or "
-            "kafka-python (pure Python, the design's client); see README 'Kafka clients'.",
+            "kafka-python (pure Python, the design's client); see docs/clients.md.",
         ),
     ] = None
 

@@ -267,7 +267,7 @@ class SendProgress:
 
 
 def expectation_document(progress: SendProgress, groups: int, *, interrupted: bool = False) -> dict[str, Any]:
-    """synth's JSON line: what the stage must produce for what was sent, and when (README, "synth")."""
+    """synth's JSON line: what the stage must produce for what was sent, and when (docs/cli.md, "synth")."""
     total = progress.expected()
     doc: dict[str, Any] = {
         "run_id": progress.plan.run_id,

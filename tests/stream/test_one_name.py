@@ -46,8 +46,8 @@ def test_compose_defaults_are_the_clis():
 
 # ---- the README's run table -----------------------------------------------------------------------------
 def _run_table() -> list[tuple[str, str]]:
-    """(flag cell, env cell) of every row of the README's `rollout-stream run` table."""
-    readme = (ROOT / "README.md").read_text()
+    """(flag cell, env cell) of every row of the `rollout-stream run` table (docs/operations.md)."""
+    readme = (ROOT / "docs" / "operations.md").read_text()
     section = readme.split("### `rollout-stream run` configuration", 1)[1]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     table = rows[: next((i for i, r in enumerate(rows) if "| code |" in r), len(rows))]
