@@ -1,7 +1,7 @@
 """The compiled hot path: mypyc builds of the per-record modules, used only for the sources they came from.
 
 The modules in `COMPILED_MODULES` run once or more per consumed record. mypyc compiles them from the same
-typed source into C extensions (docs/benchmarks.md has what that saves). `NATIVE_MODULES` are written in C
+typed source into C extensions (docs/compiled.md has what that saves). `NATIVE_MODULES` are written in C
 and built beside them: each is the shortcut of a Python path that stays the reference (core/plain_scan.py).
 The Python sources stay the reference and the fallback: where no build exists (no C compiler, an installed
 wheel, a changed source), the stage imports them as before; `make test` runs the core and codec tests on
