@@ -1,7 +1,7 @@
 """Classic group protocol against KIP-848's (`group.protocol=consumer`, Kafka 4.x) on librdkafka: how long a
 consumer waits for its partitions, alone and when a second member joins, and whether exactly-once commits
-(send_offsets_to_transaction with the consumer's group metadata) work on each. Issue 15 asks to keep the new
-protocol only if it measures better.
+(send_offsets_to_transaction with the consumer's group metadata) work on each. The new protocol is worth
+taking only if it measures better.
 
     .venv/bin/python benchmarks/group_protocol_bench.py --bootstrap-servers 127.0.0.1:9092 --rounds 5
 """

@@ -1,7 +1,7 @@
 """The stage's own work per sample, this checkout against an earlier commit, on this machine, alternating.
 
-Issue 15 asks for the stage's own work cut "to a third of today's on the same machine". A figure from
-another session's machine does not answer that: the same code gave 12.7 µs per 256-token sample on one
+The target is the stage's own work cut to a third of the baseline's on the same machine. A figure from
+another machine does not answer that: the same code gave 12.7 µs per 256-token sample on one
 AMD EPYC and 26.9 on an Intel Xeon, and this checkout 5.0 on one EPYC and 7.2 on another. So this script
 runs `benchmarks/stage_work_bench.py` of both commits in fresh processes, one after the other, `--rounds`
 times (a slow spell of the machine then hits both sides), and prints each side's runs, the ratio of the
@@ -15,7 +15,7 @@ instead (both sides' `time.perf_counter` is `time.thread_time` there). This mach
 takes time from it now and then (the `steal` column of /proc/stat: about a quarter of the user time over
 11 hours on 2026-12-03); the wall clock counts that time, the thread's CPU time does not.
 
-    .venv/bin/python benchmarks/stage_work_against.py                     # against the issue's start
+    .venv/bin/python benchmarks/stage_work_against.py                     # against the baseline
     .venv/bin/python benchmarks/stage_work_against.py --cpu --rounds 7           # steadier on a VM
     .venv/bin/python benchmarks/stage_work_against.py --rev HEAD~3 --tokens 32768 --groups 80
 """
@@ -33,8 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path("benchmarks") / "stage_work_bench.py"
-ISSUE_15_START = "3d21e53"
-"""The code when issue 15 was filed (12.7 µs per 256-token sample in docs/benchmarks.md then)."""
+BASELINE = "3d21e53"
+"""The code before the performance work: 12.7 µs per 256-token sample on an AMD EPYC
+(docs/benchmarks-archive.md)."""
 
 _FIGURE = re.compile(r"([0-9.]+) µs per sample")
 COMPILED_ENV = "ROLLOUT_STREAM_COMPILED"
@@ -65,7 +66,7 @@ def run_bench(checkout: Path, args: list[str], *, compiled: bool, cpu: bool = Fa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rev", default=ISSUE_15_START, help=f"the earlier commit (default {ISSUE_15_START})")
+    ap.add_argument("--rev", default=BASELINE, help=f"the earlier commit (default {BASELINE}, the baseline)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--group-size", type=int, default=8)

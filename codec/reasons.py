@@ -12,5 +12,6 @@ class DeadLetterReason(StrEnum):
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
     INCOMPLETE_GROUP = "incomplete_group"
     LATE_MEMBER = "late_member"
-    # Beyond the contract (docs/spec.md §4.4): a group larger than the worker's buffer cap (issue 4).
+    # Beyond the contract (docs/spec.md §4.4): a group that alone would hold more than --max-open-mib. Back-
+    # pressure waits for windows to close, and this one never would: refused whole, the partition moves on.
     GROUP_TOO_LARGE = "group_too_large"

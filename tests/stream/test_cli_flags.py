@@ -1,4 +1,4 @@
-"""Flags are checked where they are read, and a refused value names its own flag (issue 19, item 4).
+"""Flags are checked where they are read, and a refused value names its own flag.
 
 No broker needed: every value here is refused before a connection is made, and the one bootstrap address
 that is dialled is dialled through a stand-in socket.

@@ -1,4 +1,4 @@
-"""Hostile input never stops the worker, and every record is accounted for (issue 3, item 5).
+"""Hostile input never stops the worker, and every record is accounted for.
 
 One worker (in a thread) serves the whole module; hypothesis sends it batches of random bytes, truncated
 records, wrongly typed maps, headers declaring 2^32-1 items, NaN/inf rewards, absurd sizes, None keys,

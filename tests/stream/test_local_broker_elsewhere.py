@@ -1,5 +1,5 @@
-"""A command without --bootstrap-servers, run outside the repository while a local broker is up elsewhere
-(issue 19, item 5): it says which address to pass, never `--port` (it has none), and creates nothing.
+"""A command without --bootstrap-servers, run outside the repository while a local broker is up elsewhere,
+says which address to pass, never `--port` (it has none), and creates nothing.
 
 The implicit local broker listens on 9092; here it is asked for a port this test controls (another engineer's
 demo broker may hold 9092), by handing resolve_bootstrap a LocalBroker with that port.

@@ -1,4 +1,4 @@
-"""One name per thing across compose, the CLI, its help, its logs and the README (issue 19, item 6)."""
+"""One name per thing across compose, the CLI, its help, its logs and the documentation."""
 
 from __future__ import annotations
 

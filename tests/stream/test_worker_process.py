@@ -457,7 +457,7 @@ def test_unreachable_broker_stops_it_fast_with_one_error_line():
     assert seconds < 10
 
 
-RUN_OPTIONS = {  # issue 3, item 1: every option of `run` and its environment variable
+RUN_OPTIONS = {  # every option of `run` and its environment variable, as `--help` must show them
     "--bootstrap-servers": "KAFKA_BOOTSTRAP_SERVERS",
     "--input-topic": "ROLLOUT_STREAM_INPUT_TOPIC",
     "--output-topic": "ROLLOUT_STREAM_OUTPUT_TOPIC",

@@ -41,7 +41,7 @@ FETCH_PARTITION_BYTES = 4 * 1024 * 1024
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 # Once its local queue holds queued.min.messages (100,000) or queued.max.messages.kbytes (64 MiB), librdkafka
 # fetches a partition again only after this pause, 1 s by default: a consumer a little slower than its
-# fetcher read a backlog in bursts with idle seconds between (issue 15's bench, one broker: the stage's
+# fetcher read a backlog in bursts with idle seconds between (rollout-stream bench, one broker: the stage's
 # 32K-token drains 1,200 -> 3,000 samples/s, its 256-token ones 37,000 -> 75,000, the passthrough's
 # 44,000 -> 238,000).
 FETCH_QUEUE_BACKOFF_MS = 20

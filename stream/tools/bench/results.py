@@ -237,7 +237,7 @@ class BenchReport:
                      and r.workload.group_size == 8 and r.workload.siblings == 1), None)
 
     def librdkafka_targets(self) -> dict[str, Any] | None:
-        """The stage on librdkafka against its passthrough and against the kafka-python stage (issue 15)."""
+        """The targets: the stage on librdkafka against its passthrough and against the kafka-python stage."""
         rd_a, rd_b = self._g8("confluent", "a"), self._g8("confluent", "b")
         kp_a = self._g8("kafka-python", "a")
         if rd_a is None and rd_b is None:
