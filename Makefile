@@ -5,14 +5,15 @@
 #   make compose   Debian's docker-compose (validates docker-compose.yml in tests/test_compose.py), unless on PATH
 #   make compiled  the compiled hot path (codec/compiled.py), once per source change; pure Python without a C compiler
 #   make lint   ruff check on the whole tree, mypy (strict) on core/ and codec/; `make test` runs it first
-#   make test   the whole test suite; the Kafka tests start a local broker (or use KAFKA_BOOTSTRAP_SERVERS)
+#   make test   the test suite (CI's); the Kafka tests start a local broker (or use KAFKA_BOOTSTRAP_SERVERS)
+#   make test-long  the long tier: the client variants `make test` leaves out, a fresh compiled build
 #   make demo   local broker + worker + synthetic producer, with live progress
 
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv jars promtool compose compiled lint test demo
+.PHONY: venv jars promtool compose compiled lint test test-long demo
 
 venv: $(VENV)/.installed
 
@@ -66,10 +67,19 @@ lint: venv
 
 # Lint first: a lint error fails CI (.ci/run) before the broker starts.
 # The core and codec tests run twice: on the Python sources (the reference, and what runs where nothing is
-# compiled), then with everything else on the compiled modules.
+# compiled), then with everything else on the compiled modules. Both runs spread over worker processes
+# (pytest-xdist), which share one broker; a file's tests stay in one worker (tests/conftest.py). Most
+# Kafka tests wait on the broker more than they compute, so more workers than the 2 cores pays.
+TEST_WORKERS ?= 3
+PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: lint jars promtool compose compiled
-	ROLLOUT_STREAM_COMPILED=0 $(BIN)/pytest -q tests/core tests/codec
-	$(BIN)/pytest -q
+	ROLLOUT_STREAM_COMPILED=0 $(PYTEST) -m "not long" tests/core tests/codec
+	$(PYTEST) -m "not long" --durations=15
+
+# The long tier: every `any_client` test on the clients `make test` leaves out, and what takes minutes
+# alone (a fresh compiled build). Not in CI; run it before a release or after changing a client.
+test-long: jars compiled
+	$(PYTEST) -m long
 
 demo: venv jars compiled
 	$(BIN)/rollout-stream demo

@@ -6,7 +6,9 @@ Where the broker comes from (first match):
   3. otherwise                                LocalBroker (Maven jars + local Java) on a free port in a
                                               tmp data dir, stopped at session end
 It is started lazily, by the first test that asks for `kafka_bootstrap`. No broker is a failure, never
-a skip (a skipped Kafka test never ran), with or without CI=true.
+a skip (a skipped Kafka test never ran), with or without CI=true. Under pytest-xdist (`-n N`) the workers
+share one local broker: the first to ask starts it in a data dir of the run's base temp, the others find
+it there (LocalBroker.ensure_running holds a lock), and the controller stops it at the end.
 
 Tests that use `kafka_bootstrap` get the `kafka` marker (deselect with `-m "not kafka"`), and their
 call phase is bounded in time: 120 s, or `@pytest.mark.kafka(timeout=S)`.
@@ -73,6 +75,45 @@ def _check_reachable(bootstrap: str, timeout_s: float = 15.0) -> None:
         admin.close()
 
 
+_SHARED_BROKER_DIR = "kafka-shared"
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _shared_broker_dir(config: pytest.Config) -> Path:
+    """The data dir every xdist worker of this run shares: in the controller's base temp (each worker's
+    base temp is a directory inside it)."""
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    return (base.parent if _is_xdist_worker(config) else base) / _SHARED_BROKER_DIR
+
+
+def _shared_local_broker(data_dir: Path) -> str:
+    """The run's one broker, started by whichever worker asks first; the controller stops it."""
+    for _attempt in range(3):  # a free port can be taken between asking and binding
+        try:
+            return LocalBroker(port=free_port(), data_dir=data_dir).ensure_running(timeout=90.0)
+        except PortInUse:
+            continue
+    return LocalBroker(port=free_port(), data_dir=data_dir).ensure_running(timeout=90.0)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The xdist controller stops the broker its workers shared (and names it in the summary line)."""
+    if _is_xdist_worker(session.config):
+        return
+    data_dir = _shared_broker_dir(session.config)
+    if not (data_dir / "broker.json").exists():
+        return
+    broker = LocalBroker(data_dir=data_dir)
+    status = broker.status()
+    if status.running and not _SESSION.bootstrap:
+        _SESSION.kind, _SESSION.bootstrap = "local broker (Maven jars), shared by the xdist workers", (
+            status.bootstrap or "")
+    broker.stop(timeout=20.0)
+
+
 def _local_broker(data_dir: Path) -> tuple[str, Callable[[], None]]:
     last: PortInUse | None = None
     for _attempt in range(3):  # a free port can be taken between asking and binding
@@ -132,7 +173,9 @@ def _docker_broker() -> tuple[str, Callable[[], None]]:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def kafka_bootstrap(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[str]:
     """Bootstrap address of a real broker for the whole session (see the module docstring)."""
     if _SESSION.failure:  # fail every Kafka test fast and alike once the broker could not be had
         _no_broker(_SESSION.failure)
@@ -147,6 +190,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         elif os.environ.get("ROLLOUT_STREAM_TEST_BROKER", "").strip().lower() == "docker":
             _SESSION.kind = "testcontainers apache/kafka"
             bootstrap, stop = _docker_broker()
+        elif _is_xdist_worker(request.config):
+            _SESSION.kind = "local broker (Maven jars), shared by the xdist workers"
+            bootstrap = _shared_local_broker(_shared_broker_dir(request.config))
         else:
             _SESSION.kind = "local broker (Maven jars)"
             bootstrap, stop = _local_broker(tmp_path_factory.mktemp("kafka"))
@@ -214,15 +260,28 @@ def unique_group_id(request: pytest.FixtureRequest) -> str:
 KAFKA_CLIENTS = ("confluent", "kafka-python")
 
 
+def _test_clients() -> list[str]:
+    only = os.environ.get("ROLLOUT_STREAM_TEST_CLIENTS", "").strip()
+    return [c for c in KAFKA_CLIENTS if not only or c in only.split(",")]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # Tests on the session's broker, and those marked `every_client` (with brokers of their own: secured,
     # restarted). Unmarked tests with brokers of their own run on the default client.
     on_every = ("kafka_bootstrap" in metafunc.fixturenames
                 or metafunc.definition.get_closest_marker("every_client") is not None)
     if on_every and "kafka_client" in metafunc.fixturenames:
-        only = os.environ.get("ROLLOUT_STREAM_TEST_CLIENTS", "").strip()
-        clients = [c for c in KAFKA_CLIENTS if not only or c in only.split(",")]
-        metafunc.parametrize("kafka_client", clients, indirect=True)
+        metafunc.parametrize("kafka_client", _test_clients(), indirect=True)
+
+
+def _long_on_this_client(item: pytest.Item) -> bool:
+    """A test marked `any_client` (what it shows does not depend on the client library; the seam's
+    contract tests and the per-client pipelines show each client) runs in `make test` on the first client
+    only; its other clients' runs are in the long tier."""
+    if item.get_closest_marker("any_client") is None:
+        return False
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "kafka_client" in params and params["kafka_client"] != _test_clients()[0]
 
 
 @pytest.fixture(autouse=True)
@@ -236,6 +295,16 @@ def kafka_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 
 
 # -- the `kafka` marker: added to tests that use the broker, and a time bound for them ---------------
+# Under `pytest -n N --dist loadfile` a file's tests run in one worker, so a module fixture (a secured
+# broker, a 3-node cluster, a published backlog) is set up once. The files that take longest go first so
+# that no worker starts one of them when the others are nearly done; a stale list only costs speed.
+_LONGEST_FILES_FIRST = (
+    "tests/stream/test_cluster.py", "tests/stream/test_security.py", "tests/stream/test_broker_faults.py",
+    "tests/stream/test_worker_process.py", "tests/stream/test_dlq.py", "tests/stream/test_chaos.py",
+    "tests/stream/test_worker.py", "tests/codec/test_head.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if (
@@ -243,6 +312,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             and item.get_closest_marker("kafka") is None
         ):
             item.add_marker(pytest.mark.kafka)
+        if _long_on_this_client(item):
+            item.add_marker(pytest.mark.long)
+    rank = {path: i for i, path in enumerate(_LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: file order kept
 
 
 @pytest.hookimpl(wrapper=True)

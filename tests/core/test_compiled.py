@@ -139,8 +139,9 @@ def test_without_a_compiler_the_build_says_so_and_leaves_the_python_sources(tmp_
     assert not (tmp_path / "compiled").exists() or not any((tmp_path / "compiled").iterdir())
 
 
+@pytest.mark.long  # a whole build (minutes); `make compiled` does the same before every `make test`
 def test_a_fresh_cache_gets_a_build_that_the_next_process_runs(tmp_path) -> None:
-    """What `make compiled` does on a fresh machine (about 80 s): this machine's cache already has one."""
+    """What `make compiled` does on a fresh machine: this machine's cache already has one."""
     built = _tool(["--quiet"], ROLLOUT_STREAM_CACHE=str(tmp_path), ROLLOUT_STREAM_COMPILED="")
     assert built.returncode == 0, built.stdout + built.stderr
     assert "compiled hot path: built in" in built.stdout

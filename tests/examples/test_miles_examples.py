@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# any client: the example's logic; each client's reader is shown in tests/stream
+pytestmark = pytest.mark.any_client
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# any client: the bench's logic; each client's producer and consumer are shown elsewhere
+pytestmark = pytest.mark.any_client
+
 
 @pytest.mark.kafka(timeout=90)
 def test_bench_quick_reports_stage_and_passthrough_throughput(kafka_bootstrap):

@@ -15,6 +15,9 @@ from stream.clients import Connection, make_consumer, make_producer
 from stream.tools.bench.latency import measure_latency
 from stream.tools.bench.workloads import Workload
 
+# any client: the latency arithmetic over records any client reads
+pytestmark = pytest.mark.any_client
+
 DELAY_S = 0.3
 
 

@@ -40,6 +40,9 @@ from stream.tools.dlq.stats import TopGroups
 from stream.worker.outputs import DLQ_HEADERS, dead_letter_records
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 
+# any client: the dead-letter tools above the seam; the seam's contract tests show each client
+pytestmark = pytest.mark.any_client
+
 runner = CliRunner()
 NOW = 1_700_000_000_000
 

@@ -29,6 +29,9 @@ from stream.config import WorkerConfig
 from stream.producer import RolloutProducer
 from tests.stream.helpers import new_topics, running_worker, wait_until
 
+# any client: decoding and routing bytes; both clients hand over the same bytes
+pytestmark = pytest.mark.any_client
+
 REASONS = {r.value for r in DeadLetterReason}
 GROUP_TIMEOUT_S = 2.0
 PARTITIONS = 3

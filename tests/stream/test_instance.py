@@ -16,6 +16,9 @@ from stream.tools.synth import FaultRates, SynthPlan, plan_groups
 from stream.worker.instance import InstanceInUse, claim_instance
 from tests.stream.helpers import new_topics, read_topic, spawn_worker
 
+# any client: instance ids are host locks; the clients only carry them
+pytestmark = pytest.mark.any_client
+
 HOST = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())
 
 

@@ -21,7 +21,8 @@ from stream.worker import Worker
 from stream.worker.metrics import serve_metrics
 from tests.stream.helpers import new_topics, wait_until
 
-pytestmark = pytest.mark.kafka
+# any client: the worker's counters; each client's pipeline is shown elsewhere
+pytestmark = [pytest.mark.kafka, pytest.mark.any_client]
 
 
 @contextmanager

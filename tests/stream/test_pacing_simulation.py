@@ -29,7 +29,8 @@ from stream.tools.broker.process import free_port
 from stream.worker.metrics import serve_metrics
 from tests.stream.helpers import new_topics, running_worker
 
-pytestmark = pytest.mark.kafka(timeout=240)
+# any client: the pacing rule over topics; each client's reader and producer are shown elsewhere
+pytestmark = [pytest.mark.kafka(timeout=240), pytest.mark.any_client]
 
 GROUPS_PER_BATCH = 4
 ROLLOUTS = 4  # per group

@@ -280,6 +280,7 @@ def test_batches_hold_whole_groups_despite_interleaving_republication_and_garbag
     assert b.response_lengths.tolist() == [3] * len(b.samples)
 
 
+@pytest.mark.any_client  # the staleness rule in core
 def test_stale_groups_are_skipped_whole_and_counted(kafka_bootstrap, topic_factory, unique_group_id):
     rng = random.Random(2)
     topic = topic_factory(1)  # one partition: the global order is the publication order
@@ -327,6 +328,7 @@ def read_ranks(bootstrap: str, topic: str, group_id: str, world: int, n: int, **
     return results
 
 
+@pytest.mark.any_client  # sharding in core over one merged sequence
 @pytest.mark.parametrize(("world", "balance"), [(2, False), (4, True)])
 def test_ranks_shard_the_same_global_sequence(kafka_bootstrap, topic_factory, unique_group_id, world,
                                               balance):
@@ -382,6 +384,7 @@ def test_resume_after_restart_neither_skips_nor_repeats_committed_batches(kafka_
         assert r.next_batch(1.5) is None
 
 
+@pytest.mark.any_client  # the batch numbering rule; resuming per client is tested above
 def test_ranks_realign_on_the_lowest_committed_batch(kafka_bootstrap, topic_factory, unique_group_id):
     rng = random.Random(4)
     topic = topic_factory(2)
@@ -414,6 +417,7 @@ def test_ranks_realign_on_the_lowest_committed_batch(kafka_bootstrap, topic_fact
     assert resumed[0][0].groups == resumed[1][0].groups == b.groups  # rank 0 repeats batch 2 with rank 1
 
 
+@pytest.mark.any_client  # rendering
 def test_tail_shows_one_block_per_group_with_rewards_and_siblings(kafka_bootstrap, topic_factory):
     topic = topic_factory(1)
     group = [train_sample(5, 500, rollouts=2, samples=3, reward=1.0),

@@ -12,6 +12,9 @@ from core.miles import split_by_dp, train_data, trainer_shard
 from stream.reader import TrainDataReader
 from tests.stream.test_reader import make_group, publish, sid, train_sample
 
+# any client: sharding over the reader's batches; the reader on each client is in test_reader
+pytestmark = pytest.mark.any_client
+
 BATCHES = 6
 GROUPS_PER_BATCH = 4
 

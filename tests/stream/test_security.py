@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from kafka import TopicPartition
 from kafka.admin import UserScramCredentialUpsertion
+from kafka.errors import CoordinatorNotAvailableError
 
 from stream.clients import Connection, make_admin, make_consumer
 from stream.config import TopicNames
@@ -273,8 +274,18 @@ def committed_values(conn: Connection, topic: str, timeout: float = 15.0, want: 
 
 def committed_offsets(conn: Connection, group_id: str, topic: str) -> dict[int, int]:
     admin = make_admin(conn)
+    deadline = time.monotonic() + 20
     try:
-        found = admin.list_group_offsets({group_id: [TopicPartition(topic, p) for p in range(3)]})
+        while True:
+            try:
+                found = admin.list_group_offsets({group_id: [TopicPartition(topic, p) for p in range(3)]})
+                break
+            except CoordinatorNotAvailableError:
+                # A fresh broker creates its offsets topic at the first group lookup and answers "not
+                # available" until that topic is loaded (seconds on a loaded machine): ask again.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         admin.close()
     return {
@@ -795,6 +806,7 @@ def test_a_producer_without_write_is_refused_not_silently_dropped(cluster, tmp_p
     assert_no_secret([result.stdout, result.stderr], [user.password])
 
 
+@pytest.mark.any_client  # the bench's settings; each client's secured pipeline is tested above
 @pytest.mark.kafka(timeout=150)
 def test_bench_runs_over_sasl_ssl_and_never_prints_a_password(cluster):
     result = cli("bench", "--quick", "--json", "--bootstrap-servers", cluster.bootstrap,

@@ -27,6 +27,9 @@ from stream.clients import Connection, make_producer
 from stream.layout import PIPE_WIDTH, Fit, Flow, output_console, titled
 from stream.worker.outputs import dead_letter_records
 
+# any client: rendering
+pytestmark = pytest.mark.any_client
+
 REASONS = [r.value for r in R]
 KEY = "synth-3f2a9c1b/1052"  # a synth group key: run id and group index
 

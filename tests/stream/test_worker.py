@@ -144,6 +144,7 @@ def test_every_dead_letter_reason_with_headers_and_original_bytes(kafka_bootstra
     assert Counter(t.group_key for t in train) == {"r/55": 2, "r/56": 1}
 
 
+@pytest.mark.any_client  # the window rule; the clients only carry the records
 def test_group_size_fallback_from_the_stage_setting(kafka_bootstrap):
     topics = new_topics(kafka_bootstrap, partitions=1)
     config = cfg(kafka_bootstrap, topics, group_size=3)
@@ -155,6 +156,7 @@ def test_group_size_fallback_from_the_stage_setting(kafka_bootstrap):
     assert_exact(train, config)
 
 
+@pytest.mark.any_client  # reward arithmetic in core; the clients only carry the records
 @pytest.mark.parametrize("mode", ["keep", "drop", "route"])
 def test_zero_variance_modes(kafka_bootstrap, mode):
     topics = new_topics(kafka_bootstrap, partitions=1)
@@ -181,6 +183,7 @@ def test_zero_variance_modes(kafka_bootstrap, mode):
         assert worker.stats.zero_variance_dropped == 2
 
 
+@pytest.mark.any_client  # reward arithmetic in core; the pipeline per client is tested above
 @pytest.mark.parametrize("estimator,norm,std", [("grpo", True, True), ("gspo", True, False),
                                                 ("reinforce_plus_plus_baseline", True, True),
                                                 ("ppo", True, True), ("grpo", False, True)])

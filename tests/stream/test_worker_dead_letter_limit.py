@@ -19,6 +19,9 @@ from stream.producer import RolloutProducer
 from stream.worker import DeadLetterLimitExceeded, Worker
 from tests.stream.helpers import new_topics, read_topic, spawn_worker, train_samples, wait_until
 
+# any client: the dead-letter limit is the worker's rule
+pytestmark = pytest.mark.any_client
+
 
 @pytest.mark.parametrize(
     ("args", "env", "message"),

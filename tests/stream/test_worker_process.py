@@ -439,6 +439,7 @@ def config_error_runs(kafka_bootstrap) -> dict[str, tuple[int, str, str, float]]
         return dict(zip(CONFIG_ERRORS, pool.map(one, CONFIG_ERRORS), strict=True))
 
 
+@pytest.mark.any_client  # the configuration is checked before a client is made
 @pytest.mark.parametrize("name", list(CONFIG_ERRORS))
 def test_bad_configuration_stops_it_at_start_with_one_error_line(config_error_runs, name):
     rc, stdout, stderr, _ = config_error_runs[name]
@@ -497,6 +498,7 @@ def test_help_lists_every_option_with_its_environment_variable(columns):
 
 
 # ---- environment variables -----------------------------------------------------------------------
+@pytest.mark.any_client  # one configuration model, whatever the client
 @pytest.mark.kafka(timeout=90)
 def test_environment_variables_fill_the_options(kafka_bootstrap, tmp_path):
     topics = new_topics(kafka_bootstrap, partitions=1, prefix="env")
