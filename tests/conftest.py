@@ -91,12 +91,14 @@ def _shared_broker_dir(config: pytest.Config) -> Path:
 
 def _shared_local_broker(data_dir: Path) -> str:
     """The run's one broker, started by whichever worker asks first; the controller stops it."""
+    last: PortInUse | None = None
     for _attempt in range(3):  # a free port can be taken between asking and binding
         try:
             return LocalBroker(port=free_port(), data_dir=data_dir).ensure_running(timeout=90.0)
-        except PortInUse:
-            continue
-    return LocalBroker(port=free_port(), data_dir=data_dir).ensure_running(timeout=90.0)
+        except PortInUse as exc:
+            last = exc
+    assert last is not None
+    raise last
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
