@@ -7,6 +7,8 @@ import logging
 import time
 from typing import Any
 
+from stream.clients import Connection
+
 
 class _OncePerInterval(logging.Filter):
     """librdkafka repeats a failing connect every backoff (tens a second while a broker is down): one line of
@@ -45,8 +47,8 @@ class _SessionWatch:
         librdkafka_log.log(level, msg, *args)
 
 
-def settings_for(conn: Any, client_id: str | None = None) -> dict[str, Any]:
-    """librdkafka properties for a `stream.clients.Connection` (address, client id, TLS/SASL)."""
+def settings_for(conn: Connection, client_id: str | None = None) -> dict[str, Any]:
+    """librdkafka properties for a Connection (address, client id, TLS/SASL)."""
     sec = conn.security
     out: dict[str, Any] = {
         "bootstrap.servers": conn.bootstrap_servers,
