@@ -239,7 +239,7 @@ class ExactlyOnce:
         RECURRING_ABORTS transactions in a row. The worker then exits; its shutdown commits nothing after
         this. Anything else (a broker or coordinator away, a transaction that can only abort) is a failed
         commit: CommitAborted, and the worker reads everything again from the last commit."""
-        fatal = authorization_cause(exc) or refusal_cause(exc)
+        fatal: KafkaFailure | None = authorization_cause(exc) or refusal_cause(exc)
         kind, count = self._streak
         # A rebalance that fenced the commit (CommitFailed) is what a restore is for: it never counts.
         passing = exc.retriable or isinstance(exc, CommitFailed)

@@ -16,7 +16,8 @@ class _OncePerInterval(logging.Filter):
 
     def __init__(self, interval_s: float = 10.0) -> None:
         super().__init__()
-        self.interval_s, self.last = interval_s, {}
+        self.interval_s = interval_s
+        self.last: dict[str, float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = record.getMessage().split(" ", 1)[0]
@@ -70,6 +71,7 @@ def settings_for(conn: Connection, client_id: str | None = None) -> dict[str, An
         out["sasl.mechanism"] = sec.sasl_mechanism
         if sec.sasl_mechanism == "OAUTHBEARER":
             path = sec.sasl_oauth_token_file
+            assert path is not None  # SecuritySettings requires it for OAUTHBEARER
 
             def token(_config: str) -> tuple[str, float]:
                 # Read at every (re)authentication, so a sidecar can refresh the file.
@@ -77,6 +79,7 @@ def settings_for(conn: Connection, client_id: str | None = None) -> dict[str, An
 
             out["oauth_cb"] = token
         else:
+            assert sec.sasl_password is not None  # SecuritySettings requires it for the other mechanisms
             out["sasl.username"] = sec.sasl_username
             out["sasl.password"] = sec.sasl_password.get_secret_value()
     return out

@@ -3,7 +3,8 @@ block that calls kafka-python."""
 
 from __future__ import annotations
 
-from typing import Any
+from types import TracebackType
+from typing import Literal, overload
 
 import kafka.errors as ke
 
@@ -26,6 +27,10 @@ _AUTH = {
 }
 
 
+@overload
+def translate(exc: Exception) -> Exception: ...
+@overload
+def translate(exc: BaseException) -> BaseException: ...
 def translate(exc: BaseException) -> BaseException:
     """kafka-python's exception as the seam's (stream.kafka.errors); anything else unchanged."""
     if isinstance(exc, KafkaFailure) or not isinstance(exc, ke.KafkaError):
@@ -72,7 +77,8 @@ class _Translated:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, typ: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         if isinstance(exc, ke.KafkaError):
             raise translate(exc) from exc
         return False

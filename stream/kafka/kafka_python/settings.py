@@ -21,7 +21,7 @@ class _MaskedStr(str):
         return repr("**********")
 
 
-class _FileTokenProvider(AbstractTokenProvider):
+class _FileTokenProvider(AbstractTokenProvider):  # type: ignore[misc]  # kafka-python has no type hints
     """OAUTHBEARER: the token is read from a file at every (re)authentication, so a sidecar can refresh it."""
 
     def __init__(self, path: Path) -> None:
