@@ -295,7 +295,7 @@ class SecuritySettings:
         mechanism = values.get("sasl_mechanism")
         check = values.get("ssl_check_hostname")
         return cls(
-            protocol=protocol,  # type: ignore[arg-type]
+            protocol=protocol,  # type: ignore[arg-type]  # strings: __post_init__ checks both
             sasl_mechanism=str(mechanism).strip().upper() if mechanism else None,  # type: ignore[arg-type]
             sasl_username=str(values["sasl_username"]) if values.get("sasl_username") else None,
             sasl_password=secret("sasl_password", "sasl_password_file", "SASL password file"),

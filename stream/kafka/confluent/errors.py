@@ -15,11 +15,12 @@ from stream.kafka.errors import (
     KafkaFailure,
     ProducerFenced,
     RecordRefused,
+    Resource,
     TopicExists,
     UnknownTopic,
 )
 
-_AUTH = {
+_AUTH: dict[int, Resource] = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
     KafkaError.GROUP_AUTHORIZATION_FAILED: "group",
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional_id",
@@ -58,7 +59,7 @@ def translate(exc: BaseException | KafkaError) -> BaseException:
     code, kind, text = error.code(), error.name(), error.str()
     out: KafkaFailure
     if code in _AUTH:
-        out = AuthorizationFailed(text, resource=_AUTH[code], kind=kind)  # type: ignore[arg-type]
+        out = AuthorizationFailed(text, resource=_AUTH[code], kind=kind)
     elif code in _FENCED:
         out = ProducerFenced(text, kind=kind)
     elif code in _COMMIT:

@@ -15,11 +15,12 @@ from stream.kafka.errors import (
     KafkaFailure,
     ProducerFenced,
     RecordRefused,
+    Resource,
     TopicExists,
     UnknownTopic,
 )
 
-_AUTH = {
+_AUTH: dict[type[ke.KafkaError], Resource] = {
     ke.TopicAuthorizationFailedError: "topic",
     ke.GroupAuthorizationFailedError: "group",
     ke.TransactionalIdAuthorizationFailedError: "transactional_id",
@@ -42,8 +43,8 @@ def translate(exc: BaseException) -> BaseException:
         exc, kind = nested, type(nested).__name__
     out: KafkaFailure
     if isinstance(exc, ke.AuthorizationError):
-        resource = next((r for cls, r in _AUTH.items() if isinstance(exc, cls)), "unknown")
-        out = AuthorizationFailed(text, resource=resource, kind=kind)  # type: ignore[arg-type]
+        resource: Resource = next((r for cls, r in _AUTH.items() if isinstance(exc, cls)), "unknown")
+        out = AuthorizationFailed(text, resource=resource, kind=kind)
     elif isinstance(exc, (ke.ProducerFencedError, ke.InvalidProducerEpochError)):
         out = ProducerFenced(text, kind=kind)
     elif isinstance(exc, (ke.CommitFailedError, ke.RebalanceInProgressError, ke.IllegalGenerationError,

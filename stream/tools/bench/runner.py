@@ -91,7 +91,7 @@ class _Target:
                 topics=TopicNames(spec.input_topic, spec.output_topic, spec.dead_letter_topic),
                 group_id=spec.group_id,
                 group_timeout_s=spec.group_timeout_s,
-                delivery=spec.delivery,  # type: ignore[arg-type]
+                delivery=spec.delivery,  # type: ignore[arg-type]  # a str from the spec: WorkerConfig checks it
                 commit_interval_s=spec.commit_interval_s,
                 commit_max_records=spec.commit_max_records,
                 instance_id=spec.group_id,
@@ -104,7 +104,7 @@ class _Target:
                 group_id=spec.group_id,
                 input_topic=spec.input_topic,
                 output_topic=spec.output_topic,
-                delivery=spec.delivery,  # type: ignore[arg-type]
+                delivery=spec.delivery,  # type: ignore[arg-type]  # a str from the spec the suite wrote
                 commit_interval_s=spec.commit_interval_s,
                 commit_max_records=spec.commit_max_records,
                 max_record_bytes=MAX_RECORD_BYTES,
