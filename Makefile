@@ -4,7 +4,7 @@
 #   make promtool  Prometheus' promtool (checks deploy/prometheus/) into the same cache, unless on PATH
 #   make compose   Debian's docker-compose (validates docker-compose.yml in tests/test_compose.py), unless on PATH
 #   make compiled  the compiled hot path (codec/compiled.py), once per source change; pure Python without a C compiler
-#   make lint   ruff check on the whole tree, mypy (strict) on core/ and codec/; `make test` runs it first
+#   make lint   ruff check on the whole tree, mypy (strict) on core/, codec/ and stream/; `make test` runs it first
 #   make test   the test suite (CI's); the Kafka tests start a local broker (or use KAFKA_BOOTSTRAP_SERVERS)
 #   make test-long  the long tier: the client variants `make test` leaves out, a fresh compiled build
 #   make demo   local broker + worker + synthetic producer, with live progress

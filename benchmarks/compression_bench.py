@@ -14,8 +14,8 @@ A realistic big sample: `--mib` MiB of rollout, half tokens (int32 ids drawn Zip
 with a repeated prompt prefix and repeated spans, as in multi-turn rollouts), the rest the response's
 float32 log-probs (mostly near 0, a long negative tail) and its uint8 loss mask, encoded with codec/.
 Every record differs (own seed). For each codec, per repeat, a fresh one-partition topic:
-  produce  `--records` records with the worker's producer settings (stream.clients.make_producer, acks=all,
-           idempotent) plus compression_type; timed from the first send to flush() returning;
+  produce  `--records` records with the worker's producer settings (stream.kafka.kafka_python.raw_producer,
+           acks=all, idempotent) plus compression_type; timed from the first send to flush() returning;
   consume  the same records with the worker's consumer settings (read_committed, 64 MiB fetches), from a
            new consumer's first poll to the last record (decompression included);
   disk     the size of the topic's log segments (*.log under the broker's log dir) after the produce.
@@ -42,7 +42,8 @@ from kafka import TopicPartition
 from kafka.admin import NewTopic
 
 from codec import Sample, encode_sample
-from stream.clients import Connection, make_admin, make_consumer, make_producer
+from stream.clients import Connection
+from stream.kafka.kafka_python import raw_admin, raw_consumer, raw_producer
 from stream.tools.broker.local import LocalBroker
 from stream.tools.broker.process import free_port
 
@@ -82,12 +83,12 @@ def disk_bytes(log_dir: Path, topic: str) -> int:
 
 def run_once(conn: Connection, log_dir: Path, codec: str, values: list[bytes]) -> dict[str, float]:
     topic = f"compress-{codec}-{uuid.uuid4().hex[:8]}"
-    admin = make_admin(conn)
+    admin = raw_admin(conn)
     try:
         admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"max.message.bytes": str(64 << 20)})])
     finally:
         admin.close()
-    producer = make_producer(conn, compression_type=None if codec == "none" else codec)
+    producer = raw_producer(conn, compression_type=None if codec == "none" else codec)
     try:
         producer.send(topic, value=b"warm-up").get(30)  # metadata and connection outside the timing
         start = time.perf_counter()
@@ -99,7 +100,7 @@ def run_once(conn: Connection, log_dir: Path, codec: str, values: list[bytes]) -
         producer.close()
     time.sleep(0.5)  # segment sizes are flushed to the page cache on append; give the broker a moment
     on_disk = disk_bytes(log_dir, topic)
-    consumer = make_consumer(conn, group_id=None)
+    consumer = raw_consumer(conn, group_id=None)
     try:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])

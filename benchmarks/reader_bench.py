@@ -33,8 +33,9 @@ from kafka.admin import NewTopic
 
 from codec import Sample, TrainSample, decode_train_sample, encode_train_sample
 from core.collate import collate
-from stream.clients import MAX_RECORD_BYTES, Connection, make_admin, make_consumer, make_producer
+from stream.clients import MAX_RECORD_BYTES, Connection
 from stream.commands.options import resolve_bootstrap
+from stream.kafka.kafka_python import raw_admin, raw_consumer, raw_producer
 from stream.reader import TrainDataReader
 
 
@@ -64,7 +65,7 @@ def make_records(n: int, tokens: int, group_size: int, seed: int = 0) -> list[tu
 
 
 def produce(conn: Connection, topic: str, records: list[tuple[bytes, bytes]]) -> float:
-    producer = make_producer(conn, linger_ms=20)
+    producer = raw_producer(conn, linger_ms=20)
     started = time.perf_counter()
     try:
         for key, value in records:
@@ -95,7 +96,7 @@ def read_with_reader(conn: Connection, topic: str, groups: int, groups_per_batch
 
 def raw_fetch(conn: Connection, topic: str, n: int) -> tuple[float, int]:
     started = time.perf_counter()
-    consumer = make_consumer(conn, group_id=None, max_record_bytes=MAX_RECORD_BYTES)
+    consumer = raw_consumer(conn, group_id=None, max_record_bytes=MAX_RECORD_BYTES)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
         consumer.assign(tps)
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     conn = Connection(resolve_bootstrap(args.bootstrap_servers))
     topic = f"bench-reader-{uuid.uuid4().hex[:8]}"
-    admin = make_admin(conn)
+    admin = raw_admin(conn)
     limits = {"max.message.bytes": str(MAX_RECORD_BYTES)}
     admin.create_topics([NewTopic(topic, args.partitions, 1, topic_configs=limits)])
     records = make_records(args.samples, args.tokens, args.group_size)

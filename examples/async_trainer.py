@@ -32,9 +32,10 @@ from torch import nn
 
 from codec import Sample, decode_sample
 from stream import TrainDataReader
-from stream.clients import Connection, make_admin
+from stream.clients import Connection
 from stream.commands.options import resolve_bootstrap
 from stream.config import TopicNames, WorkerConfig
+from stream.kafka import client_for
 from stream.logs import configure_logging
 from stream.pacing import PacingTimeout, WeightsTooOld
 from stream.producer import RolloutProducer
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.request_stop()
         generator.join(timeout=30)
         worker_thread.join(timeout=60)
-        admin = make_admin(conn)
+        admin = client_for(conn).admin()
         try:
             admin.delete_topics([topics.input, topics.output, topics.dead_letter])
         except Exception as exc:  # leftover topics on a development broker are harmless

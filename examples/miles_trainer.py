@@ -22,9 +22,10 @@ import uuid
 from miles_publish import publish_groups, synthetic_group
 
 from stream import TrainDataReader
-from stream.clients import Connection, make_admin
+from stream.clients import Connection
 from stream.commands.options import resolve_bootstrap
 from stream.config import TopicNames, WorkerConfig
+from stream.kafka import client_for
 from stream.logs import configure_logging
 from stream.producer import RolloutProducer
 from stream.topics import TopicSettings, ensure_topics
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         worker.request_stop()
         worker_thread.join(timeout=60)
-        admin = make_admin(conn)
+        admin = client_for(conn).admin()
         try:
             admin.delete_topics([topics.input, topics.output, topics.dead_letter])
         except Exception as exc:  # leftover topics on a development broker are harmless

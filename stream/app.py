@@ -65,7 +65,8 @@ def _longest_word(console: Console, options: ConsoleOptions, cell: RenderableTyp
 
 
 # typer builds its help panels from `Table` in typer.rich_utils (looked up when help is printed).
-typer.rich_utils.Table = _HelpTable  # type: ignore[misc]
+# typer imports it from rich without re-exporting it (mypy: attr-defined); replaced here on purpose.
+typer.rich_utils.Table = _HelpTable  # type: ignore[attr-defined]
 
 app = typer.Typer(
     name="rollout-stream",

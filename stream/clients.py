@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
 
 from stream.errors import ConfigurationError, RuntimeFailure
 from stream.security import SecuritySettings
@@ -19,9 +18,6 @@ __all__ = [
     "Connection",
     "bootstrap_addresses",
     "format_address",
-    "make_admin",
-    "make_consumer",
-    "make_producer",
     "probe",
 ]
 
@@ -110,34 +106,6 @@ class Connection:
             raise BadClient(f"the Kafka client must be {' or '.join(CLIENTS)}, got {self.client!r}")
         addresses = bootstrap_addresses(self.bootstrap_servers)
         object.__setattr__(self, "bootstrap_servers", ",".join(format_address(h, p) for h, p in addresses))
-
-    def client_settings(self) -> dict[str, Any]:
-        """kafka-python keyword arguments (stream.kafka.kafka_python maps them)."""
-        from stream.kafka.kafka_python import client_settings
-
-        return client_settings(self)
-
-
-def make_consumer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES, **overrides: Any) -> Any:
-    """kafka-python's own consumer, for tests and benchmarks that want a client independent of the seam; the
-    product builds its clients with `stream.kafka.client_for(conn)`."""
-    from stream.kafka.kafka_python import raw_consumer
-
-    return raw_consumer(conn, max_record_bytes=max_record_bytes, **overrides)
-
-
-def make_producer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES, **overrides: Any) -> Any:
-    """kafka-python's own producer (see `make_consumer`)."""
-    from stream.kafka.kafka_python import raw_producer
-
-    return raw_producer(conn, max_record_bytes=max_record_bytes, **overrides)
-
-
-def make_admin(conn: Connection, **overrides: Any) -> Any:
-    """kafka-python's own admin client (see `make_consumer`)."""
-    from stream.kafka.kafka_python import raw_admin
-
-    return raw_admin(conn, **overrides)
 
 
 class BrokerUnreachable(RuntimeFailure, ConnectionError):

@@ -43,8 +43,10 @@ class ZeroVariancePolicy:
 
 
 def parse_zero_variance(text: str) -> ZeroVariancePolicy:
-    if text in ("keep", "drop"):
-        return ZeroVariancePolicy(text)  # type: ignore[arg-type]
+    if text == "keep":
+        return ZeroVariancePolicy("keep")
+    if text == "drop":
+        return ZeroVariancePolicy("drop")
     if text.startswith("route:"):
         topic = text.removeprefix("route:")
         _check_topic("--zero-variance route:TOPIC", topic)
@@ -182,7 +184,7 @@ class WorkerConfig:
     @property
     def reward(self) -> RewardConfig:
         return RewardConfig(
-            advantage_estimator=self.advantage_estimator,  # type: ignore[arg-type]
+            advantage_estimator=self.advantage_estimator,  # type: ignore[arg-type]  # a str __post_init__ checked
             rewards_normalization=self.rewards_normalization,
             grpo_std_normalization=self.grpo_std_normalization,
             reward_key=self.reward_key,

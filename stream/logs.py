@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = ["configure_logging", "log_event"]
 
@@ -53,17 +53,17 @@ class _Line:
         return " ".join([self.event, *_pairs(self.fields)])
 
 
-class _StderrHandler(logging.StreamHandler):
+class _StderrHandler(logging.StreamHandler[TextIO]):
     """Writes to `sys.stderr` as it is at each record, not as it was when logging was configured: a command
     run in-process (a CLI test runner, a notebook) swaps stderr and closes its copy, and a handler bound to
     that copy made every later log line of the process fail ("I/O operation on closed file")."""
 
     @property
-    def stream(self) -> Any:
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, _: Any) -> None:
+    def stream(self, _: TextIO) -> None:
         pass
 
 

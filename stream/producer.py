@@ -64,7 +64,7 @@ class RolloutProducer:
         self.topic = topic
         if isinstance(bootstrap_servers, Connection):
             conn = replace(bootstrap_servers, client_id="rollout-stream-producer",
-                           **({"client": client} if client else {}))
+                           client=client or bootstrap_servers.client)
         else:
             conn = Connection(bootstrap_servers, client_id="rollout-stream-producer",
                               security=security or SecuritySettings(), client=client or default_client())

@@ -393,7 +393,7 @@ class TrainDataReader:
         # An address (with `security`, e.g. SecuritySettings.from_env()), or a Connection that carries both;
         # `client` picks the Kafka client library (default: $ROLLOUT_STREAM_CLIENT, else confluent).
         self.conn = (replace(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}",
-                             **({"client": client} if client else {}))
+                             client=client or bootstrap_servers.client)
                      if isinstance(bootstrap_servers, Connection) else
                      Connection(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}",
                                 security=security or SecuritySettings(), client=client or default_client()))

@@ -1,8 +1,9 @@
 """How a client proves who it is and checks who it talks to: TLS and SASL settings, modeled once.
 
 `SecuritySettings` is filled from command-line flags, environment variables (`SecuritySettings.from_env`)
-or a client properties file (stream.client_properties), in that order of precedence, and `client_settings()`
-turns it into kafka-python arguments. Secrets live in `SecretStr`, whose repr and str are masked, so a
+or a client properties file (stream.client_properties), in that order of precedence; each implementation of
+the Kafka seam turns it into its library's settings (stream.kafka.kafka_python.settings,
+stream.kafka.confluent.settings). Secrets live in `SecretStr`, whose repr and str are masked, so a
 settings object can be logged, put in an exception or printed by a debugger without leaking them.
 """
 
@@ -109,7 +110,7 @@ class SecuritySettings:
     """TLS and SASL settings of a client connection (the default is PLAINTEXT, no authentication).
 
     Passwords are given as `SecretStr` or as files (read once, when the settings are built). `describe()`
-    is the masked form for logs; `client_settings()` is what kafka-python gets.
+    is the masked form for logs; each client library gets them from its seam implementation's settings.
     """
 
     protocol: SecurityProtocol = "PLAINTEXT"
@@ -228,7 +229,7 @@ class SecuritySettings:
     def __str__(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.describe().items())
 
-    # -- what kafka-python gets ---------------------------------------------------------------------
+    # -- the TLS context (kafka-python's; loading it checks the CA, certificate and key files) ---------
     def ssl_context(self) -> ssl.SSLContext:
         """The TLS client context every connection uses (TLS >= 1.2, as kafka-python's own)."""
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -260,12 +261,6 @@ class SecuritySettings:
                     + (" (wrong key password?)" if password and isinstance(exc, ssl.SSLError) else "")
                 ) from None
         return ctx
-
-    def client_settings(self) -> dict[str, Any]:
-        """kafka-python keyword arguments (its implementation of the Kafka seam maps them)."""
-        from stream.kafka.kafka_python import security_settings
-
-        return security_settings(self)
 
     # -- construction from the outside world --------------------------------------------------------
     @classmethod
@@ -300,7 +295,7 @@ class SecuritySettings:
         mechanism = values.get("sasl_mechanism")
         check = values.get("ssl_check_hostname")
         return cls(
-            protocol=protocol,  # type: ignore[arg-type]
+            protocol=protocol,  # type: ignore[arg-type]  # strings: __post_init__ checks both
             sasl_mechanism=str(mechanism).strip().upper() if mechanism else None,  # type: ignore[arg-type]
             sasl_username=str(values["sasl_username"]) if values.get("sasl_username") else None,
             sasl_password=secret("sasl_password", "sasl_password_file", "SASL password file"),

@@ -1,16 +1,22 @@
-"""The architecture as a test: which package may import which (README "Layout"), no import cycles, and
-kafka-python only inside its implementation of the Kafka seam."""
+"""The architecture as a test: which package may import which (README "Layout"), no import cycles (between
+modules at import time, between the layout's packages at all), and kafka-python only inside its
+implementation of the Kafka seam, imported only when a Connection chooses it."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "codec", "stream")
 
-# package (or module prefix) → project packages it may import at module level
+# package (or module prefix) → project packages it may import (at module level or inside a function)
+# Connections, security settings, logs and errors: the seam imports them, so they import nothing of it.
+SETTINGS = ("stream.clients", "stream.security", "stream.logs", "stream.errors")
 BASE = ("stream.clients", "stream.config", "stream.errors", "stream.logs", "stream.names", "stream.security",
         "stream.topics", "stream.layout", "core", "codec")
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -33,7 +39,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     # the shared base: the settings, names and errors everything else uses
     **{module: ("stream.kafka", *BASE) for module in BASE
-       if module.startswith("stream.") and module != "stream.errors"},
+       if module.startswith("stream.") and module not in SETTINGS},
+    # how to reach the cluster: what the seam builds its clients from, so nothing of the seam, even lazily
+    **{module: SETTINGS for module in SETTINGS if module != "stream.errors"},
     # commands that only parse and call (stream.commands, stream.app, stream.cli)
     "stream": ("stream", "core", "codec"),
 }
@@ -76,11 +84,16 @@ def project(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
-def rule_for(module: str) -> tuple[str, ...]:
+def layout_unit(module: str) -> str:
+    """The most specific package (or module prefix) of ALLOWED that `module` belongs to."""
     for prefix in sorted(ALLOWED, key=len, reverse=True):
         if module == prefix or module.startswith(prefix + "."):
-            return ALLOWED[prefix]
+            return prefix
     raise AssertionError(f"no layout rule for {module}")
+
+
+def rule_for(module: str) -> tuple[str, ...]:
+    return ALLOWED[layout_unit(module)]
 
 
 def test_each_package_imports_only_what_the_layout_allows():
@@ -133,3 +146,57 @@ def test_no_import_cycles():
         if node not in state:
             visit(node)
     assert not cycles, "\n".join(" → ".join(c) for c in cycles)
+
+
+def test_no_cycles_between_the_layouts_packages_even_through_lazy_imports():
+    """A function-level import only postpones a cycle: the packages still depend on each other (the Kafka
+    seam on the connection settings and those on a seam implementation was one)."""
+    known = modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    why: dict[tuple[str, str], str] = {}
+    for module, path in known.items():
+        for target in imports(path, top_level_only=False):
+            ref = project(target, known)
+            if ref is None:
+                continue
+            here, there = layout_unit(module), layout_unit(ref)
+            if here != there:
+                graph[here].add(there)
+                why.setdefault((here, there), f"{module} imports {ref}")
+
+    def reachable(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    looped = sorted(unit for unit in list(graph) if unit in reachable(unit))
+    assert not looped, "\n".join(
+        f"{unit}: {why[(unit, nxt)]}"
+        for unit in looped
+        for nxt in sorted(graph[unit])
+        if unit in reachable(nxt)
+    )
+
+
+def test_kafka_python_is_imported_only_when_chosen():
+    """The CLI, its connection settings and the seam's client on confluent-kafka load no kafka-python."""
+    script = """
+import sys
+import stream.cli
+from stream.commands.connection import SecurityOptions, connection_from_options
+from stream.kafka import client_for
+conn = connection_from_options("localhost:9092", SecurityOptions(client="confluent"), check=False)
+client_for(conn)
+assert "kafka" not in sys.modules, "kafka-python imported on the confluent path"
+assert "confluent_kafka" in sys.modules
+"""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -183,7 +183,8 @@ def connection_from_options(
     broker.
     """
     security, file_bootstrap = security_from_options(options)
-    security.client_settings()  # loads CA and key files now: a bad path is a one-line error here
+    if security.uses_tls:
+        security.ssl_context()  # loads CA and key files now: a bad path is a one-line error here
     bootstrap = bootstrap_servers or file_bootstrap
     if not bootstrap:
         bootstrap = resolve_bootstrap(None)

@@ -126,6 +126,7 @@ def grouped_options(func: F) -> F:
                 kwargs[name] = group(**given)
         return func(**kwargs)
 
+    # mypy knows neither a function's __signature__ nor that this wrapper takes what `func` takes.
     wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
 

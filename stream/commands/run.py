@@ -178,7 +178,7 @@ def run(
         session_timeout_s=session_timeout,
         leave_group_on_stop=leave_group_on_stop,
         heartbeat_file=heartbeat_file,
-        delivery=delivery,  # type: ignore[arg-type]
+        delivery=delivery,  # type: ignore[arg-type]  # a str option: WorkerConfig checks it
         instance_id=instance_id,
         commit_max_records=commit_max_records,
         max_open_groups=max_open_groups,

@@ -2,14 +2,22 @@
 
 Everything in rollout-stream that talks to Kafka does it through these types; a client library is
 imported only inside its implementation package (`stream.kafka.confluent`, `stream.kafka.kafka_python`).
+
+The implementations are plugins chosen by name, here and nowhere else: `client_for` imports the package a
+Connection's `client` names when it is first asked for, so choosing confluent-kafka loads no kafka-python
+(and the reverse). Two helpers use kafka-python on purpose, whatever the chosen client, and import it only
+when called: `check_connection` (one raw Kafka exchange that names what failed) and `ask_admin` (the admin
+requests librdkafka lacks). Connections and their security settings (stream.clients, stream.security)
+import nothing of this package, so the seam imports them at module level.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from stream.clients import Connection
 from stream.kafka.errors import (
     AuthenticationRefused,
     AuthorizationFailed,
@@ -60,7 +68,7 @@ __all__ = [
 ]
 
 
-def check_connection(conn: Any, timeout_s: float = 10.0) -> None:
+def check_connection(conn: Connection, timeout_s: float = 10.0) -> None:
     """Return when a bootstrap server accepts this connection's settings up to a Metadata answer (TCP, TLS,
     SASL login); raise BrokerUnreachable or a ConnectionCheckFailed naming what is wrong. One raw Kafka
     exchange, whatever client the commands use afterwards."""
@@ -69,9 +77,9 @@ def check_connection(conn: Any, timeout_s: float = 10.0) -> None:
     check(conn, timeout_s)
 
 
-def client_for(conn: Any) -> Client:
-    """The client implementation a `stream.clients.Connection` names (`conn.client`): confluent-kafka
-    (librdkafka) or kafka-python. Each library is imported only here, when chosen."""
+def client_for(conn: Connection) -> Client:
+    """The client implementation a Connection names (`conn.client`): confluent-kafka (librdkafka) or
+    kafka-python, its package imported when first chosen (the plugin choice, see above)."""
     if conn.client == "kafka-python":
         from stream.kafka.kafka_python import KafkaPythonClient
 
@@ -84,7 +92,7 @@ def client_for(conn: Any) -> Client:
 T = TypeVar("T")
 
 
-def ask_admin(admin: Admin, conn: Any, question: Callable[[Admin], T | None]) -> T | None:
+def ask_admin(admin: Admin, conn: Connection, question: Callable[[Admin], T | None]) -> T | None:
     """`question` asked of `admin`; where its client cannot ask (None: librdkafka's admin has no
     DescribeTransactions nor RemoveMembersFromConsumerGroup), of kafka-python's, on the same connection."""
     answer = question(admin)

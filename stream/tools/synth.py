@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from codec import DeadLetterReason, DecodeError, Sample, decode_sample, encode_sample, group_key
+from codec import Array, DeadLetterReason, DecodeError, Sample, decode_sample, encode_sample, group_key
 from core.records import DeadLettered, DuplicateDropped, InputRecord, Published
 from core.validate import SampleLimits
 from core.windows import WindowConfig, WindowStore
@@ -58,7 +58,8 @@ class FaultRates:
         return cls(*(rate,) * 7)
 
     def total(self) -> float:
-        return sum(getattr(self, f) for f in self.__slots__)
+        rates: list[float] = [getattr(self, f) for f in self.__slots__]
+        return sum(rates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +107,13 @@ def _sample(
 ) -> Sample:
     n = plan.tokens
     resp = max(1, n // 2)
-    tokens = np.asarray(
+    tokens = Array(np.asarray(
         [rng.randrange(32000) for _ in range(min(n, 64))] * (n // min(n, 64) + 1), dtype="<i4"
-    )[:n]
+    )[:n])
     return Sample(
         group_index=gi, index=rid, rollout_id=rid, tokens=tokens, response_length=resp, reward=reward,
-        loss_mask=np.ones(resp, dtype="u1"), rollout_log_probs=np.full(resp, -0.5 - sib, dtype="<f4"),
+        loss_mask=Array(np.ones(resp, dtype="u1")),
+        rollout_log_probs=Array(np.full(resp, -0.5 - sib, dtype="<f4")),
         weight_versions=["1"], group_size=plan.group_size if plan.write_group_size else None,
         sibling_count=nsib, sibling_index=sib, run_id=plan.run_id, prompt=f"prompt {gi}",
     )
@@ -166,7 +168,7 @@ def plan_group(plan: SynthPlan, gi: int, rng: random.Random) -> tuple[list[Plann
         twin = members[i]
         changed = Sample(**{f: getattr(twin, f) for f in twin.__struct_fields__})
         changed.tokens = (
-            np.asarray(twin.tokens.numpy()[::-1], dtype="<i4") if twin.tokens is not None else None
+            Array(np.asarray(twin.tokens.numpy()[::-1], dtype="<i4")) if twin.tokens is not None else None
         )
         changed.prompt = twin.prompt + " (edited)"
         # Before the group's last member, so the conflict is seen while the group is still open.

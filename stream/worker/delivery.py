@@ -25,6 +25,7 @@ from stream.kafka import (
     KafkaFailure,
     Producer,
     ProducerFenced,
+    SendFuture,
     TopicPartition,
     authorization_cause,
     refusal_cause,
@@ -125,7 +126,7 @@ class AtLeastOnce:
             ledger,
             store,
         )
-        self.in_flight: list[tuple[object, OutputRecord]] = []
+        self.in_flight: list[tuple[SendFuture, OutputRecord]] = []
 
     @property
     def open(self) -> bool:
@@ -142,9 +143,9 @@ class AtLeastOnce:
         self.producer.flush(timeout=timeout)
         in_flight, self.in_flight = self.in_flight, []
         for future, out in in_flight:
-            if not future.done():  # type: ignore[attr-defined]
+            if not future.done():
                 raise ProduceFailed(f"output to {out.topic} not acknowledged within the flush timeout")
-            error = future.exception()  # type: ignore[attr-defined]
+            error = future.exception()
             if error is not None:
                 raise ProduceFailed(
                     f"broker refused output to {out.topic} for input "
@@ -239,7 +240,7 @@ class ExactlyOnce:
         RECURRING_ABORTS transactions in a row. The worker then exits; its shutdown commits nothing after
         this. Anything else (a broker or coordinator away, a transaction that can only abort) is a failed
         commit: CommitAborted, and the worker reads everything again from the last commit."""
-        fatal = authorization_cause(exc) or refusal_cause(exc)
+        fatal: KafkaFailure | None = authorization_cause(exc) or refusal_cause(exc)
         kind, count = self._streak
         # A rebalance that fenced the commit (CommitFailed) is what a restore is for: it never counts.
         passing = exc.retriable or isinstance(exc, CommitFailed)

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from codec import compiled
 from core.offsets import OffsetLedger
@@ -65,7 +66,7 @@ class Worker:
         self.cadence = CommitCadence(config.commit_interval_s, config.commit_max_records)
         self.outcomes = OutcomeCounts()  # routed since the last commit; in self.stats once committed
         self.router = Router(config, config.windows.reward, self.outcomes, self.ledger, self._send,
-                             lambda topic, key: self._delivery.producer.partition_for(topic, key))
+                             self._partition_for)
         self.metrics: LoopObserver | None = None
         self.snapshot = Snapshot(self.stats)
         self.last_tick = 0.0  # monotonic time of the loop's last iteration (liveness)
@@ -262,6 +263,10 @@ class Worker:
             self.stats.records_in += accepted
             self.cadence.uncommitted += accepted
 
+    def _partition_for(self, topic: str, key: bytes) -> int | None:
+        assert self._delivery is not None  # the router runs only once the loop has its delivery
+        return self._delivery.producer.partition_for(topic, key)
+
     def _send(self, outs: list[OutputRecord]) -> None:
         assert self._delivery is not None
         self._delivery.send(outs)
@@ -456,8 +461,7 @@ class Worker:
         t0, n0 = self._progress_base
         rate = (self.stats.samples_published - n0) / max(mono - t0, 1e-9)
         self._progress_base = (mono, self.stats.samples_published)
-        log_event(
-            log, "progress",
+        fields: dict[str, Any] = dict(
             groups_published=self.stats.groups_published,
             groups_uncommitted=self.outcomes.groups_published,  # in the open transaction
             samples_per_s=f"{rate:.1f}",
@@ -467,5 +471,7 @@ class Worker:
             open_bytes=self.store.open_bytes,
             lag=sum(self.partition_lag().values()),
             commits=self.stats.commits,
-            **({"expiry_blocked": blocked} if (blocked := self._expiry_blocked()) else {}),
         )
+        if blocked := self._expiry_blocked():
+            fields["expiry_blocked"] = blocked
+        log_event(log, "progress", **fields)

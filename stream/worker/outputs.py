@@ -72,7 +72,7 @@ def train_records(
     if all(m.record.value is not None and m.record.partition == first.partition
            and m.record.topic == first.topic for m in members):
         sources = [m.record for m in members]
-        values = encode_train_samples(shared, [src.value for src in sources],  # type: ignore[misc]
+        values = encode_train_samples(shared, [src.value for src in sources if src.value is not None],
                                       stats.raw, stats.rewards, [src.offset for src in sources])
         return [OutputRecord(topic, key, value, (), src, partition)
                 for value, src in zip(values, sources, strict=True)]

@@ -66,6 +66,7 @@ def read_changelog(consumer: AssignedConsumer, topic: str, partition: int, *, st
     for rec in _records(consumer, tp, begin, end, stall_s):
         count += 1
         if rec.key == POSITION_KEY:
+            assert rec.value is not None  # a position record is never a tombstone
             entry = decode_changelog(rec.value)
             assert isinstance(entry, PartitionPosition)
             position = entry.next_offset

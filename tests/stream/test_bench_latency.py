@@ -11,7 +11,8 @@ from collections import deque
 import pytest
 from kafka import TopicPartition
 
-from stream.clients import Connection, make_consumer, make_producer
+from stream.clients import Connection
+from stream.kafka.kafka_python import raw_consumer, raw_producer
 from stream.tools.bench.latency import measure_latency
 from stream.tools.bench.workloads import Workload
 
@@ -33,8 +34,8 @@ class _DelayingForwarder(threading.Thread):
         self.forwarded = 0
 
     def run(self) -> None:
-        consumer = make_consumer(self.conn, group_id=None, fetch_max_wait_ms=10)
-        producer = make_producer(self.conn, linger_ms=0)
+        consumer = raw_consumer(self.conn, group_id=None, fetch_max_wait_ms=10)
+        producer = raw_producer(self.conn, linger_ms=0)
         tps = [TopicPartition(self.input_topic, p) for p in consumer.partitions_for_topic(self.input_topic)]
         consumer.assign(tps)
         consumer.seek_to_end(*tps)

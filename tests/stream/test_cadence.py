@@ -84,13 +84,14 @@ def test_caught_up_needs_a_short_poll_and_less_than_a_poll_left(kafka_bootstrap,
     """On a real consumer: what `backlog` reads from kafka-python's subscription state is the lag."""
     import time
 
-    from stream.clients import Connection, make_producer
+    from stream.clients import Connection
     from stream.kafka import TopicPartition, client_for
+    from stream.kafka.kafka_python import raw_producer
     from stream.worker.cadence import POLL_RECORDS, caught_up
 
     conn = Connection(kafka_bootstrap)
     topic = topic_factory(1)
-    producer = make_producer(conn)
+    producer = raw_producer(conn)
     for i in range(POLL_RECORDS + 200):
         producer.send(topic, key=b"k", value=b"%d" % i)
     producer.flush()

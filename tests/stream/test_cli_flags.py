@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from stream.cli import app
 from stream.clients import BadBootstrap, Connection, bootstrap_addresses
 from stream.config import ConfigError, TopicNames, WorkerConfig
+from stream.kafka.kafka_python import client_settings
 from tests.stream.test_cli_help import options_of
 
 runner = CliRunner()
@@ -181,7 +182,7 @@ def test_a_bad_bootstrap_address_is_named(text, says):
 
 def test_a_connection_spells_its_addresses_one_way():
     assert Connection("localhost, [::1]").bootstrap_servers == "localhost:9092,[::1]:9092"
-    assert Connection("localhost").client_settings()["bootstrap_servers"] == ["localhost:9092"]
+    assert client_settings(Connection("localhost"))["bootstrap_servers"] == ["localhost:9092"]
 
 
 @pytest.mark.parametrize("path", [("synth",), ("dlq", "stats"), ("topics", "create"), ("tail",), ("run",)],

@@ -24,9 +24,10 @@ from codec import DeadLetterReason as R
 from codec import Sample, encode_sample, group_key
 from core.records import DeadLettered, InputRecord
 from stream.cli import app
-from stream.clients import Connection, make_producer
+from stream.clients import Connection
 from stream.config import WorkerConfig
 from stream.kafka import client_for
+from stream.kafka.kafka_python import raw_producer
 from stream.producer import RolloutProducer
 from stream.tools.dlq import headers as H
 from stream.tools.dlq.cursor import CursorState, cursor_name, resume_state
@@ -448,7 +449,7 @@ def dlq_records(
 
 
 def produce(bootstrap, records) -> None:
-    producer = make_producer(Connection(bootstrap))
+    producer = raw_producer(Connection(bootstrap))
     try:
         for r in records:
             producer.send(r.topic, key=r.key, value=r.value, headers=r.headers)

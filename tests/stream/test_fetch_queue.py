@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 
-from stream.clients import Connection, make_producer
+from stream.clients import Connection
 from stream.kafka import TopicPartition, client_for
+from stream.kafka.kafka_python import raw_producer
 
 RECORDS, RECORD_BYTES = 200, 64 * 1024  # 12.5 MiB: a dozen times the queue this test gives librdkafka
 
@@ -20,7 +21,7 @@ def test_a_slow_consumer_reads_a_backlog_larger_than_its_fetch_queue_without_idl
 ):
     conn = Connection(kafka_bootstrap)
     topic = topic_factory(1)
-    producer = make_producer(conn)
+    producer = raw_producer(conn)
     for i in range(RECORDS):
         producer.send(topic, key=b"k", value=bytes([i % 256]) * RECORD_BYTES)
     producer.flush()

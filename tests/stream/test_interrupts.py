@@ -22,8 +22,9 @@ import pytest
 from codec import DeadLetterReason as R
 from codec import Sample, encode_sample, group_key
 from core.records import DeadLettered, InputRecord
-from stream.clients import Connection, make_producer
+from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
+from stream.kafka.kafka_python import raw_producer
 from stream.tools.dlq import headers as H
 from stream.tools.dlq.cursor import cursor_name
 from stream.tools.dlq.selection import Selection
@@ -363,7 +364,7 @@ def test_ctrl_c_during_dlq_replay_says_where_it_stopped_and_the_next_run_resumes
     kafka_bootstrap, topic_factory
 ):
     input_topic, dlq = topic_factory(1, prefix="rpi-in"), topic_factory(1, prefix="rpi-dlq")
-    producer = make_producer(Connection(kafka_bootstrap))
+    producer = raw_producer(Connection(kafka_bootstrap))
     try:
         for r in dead_letters(dlq, input_topic, 200):
             producer.send(r.topic, key=r.key, value=r.value, headers=r.headers)

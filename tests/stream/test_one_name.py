@@ -16,8 +16,9 @@ from codec import DeadLetterReason as R
 from codec import Sample, encode_sample, group_key
 from core.records import DeadLettered, InputRecord
 from stream.cli import app
-from stream.clients import Connection, make_producer
+from stream.clients import Connection
 from stream.config import WorkerConfig
+from stream.kafka.kafka_python import raw_producer
 from stream.tools.dlq.record import readable_header
 from stream.worker.outputs import dead_letter_records
 from tests.stream.helpers import new_topics, running_worker, wait_until
@@ -121,7 +122,7 @@ def test_dlq_show_writes_the_original_timestamp_as_a_time_and_json_keeps_the_hea
     sample = Sample(group_index=3, index=30, rollout_id=30, reward=1.0, group_size=2, run_id="n",
                     tokens=[1, 2, 3, 4], response_length=2, loss_mask=[1, 0], rollout_log_probs=[-0.5, -1.0])
     source = InputRecord("rollouts", 0, 41, 1_700_000_000_000, group_key(sample), encode_sample(sample), ())
-    producer = make_producer(Connection(kafka_bootstrap))
+    producer = raw_producer(Connection(kafka_bootstrap))
     try:
         for r in dead_letter_records(DeadLettered(R.INCOMPLETE_GROUP, "test", "n/3", (source,),
                                                   1_700_000_300_000), topic):

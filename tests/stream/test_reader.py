@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 
 from codec import Sample, TrainSample, encode_train_sample
 from stream.cli import app
-from stream.clients import Connection, make_admin, make_consumer, make_producer
+from stream.clients import Connection
 from stream.config import WorkerConfig
+from stream.kafka.kafka_python import raw_admin, raw_consumer, raw_producer
 from stream.producer import RolloutProducer
 from stream.reader import (
     Batch,
@@ -79,7 +80,7 @@ def interleave(groups: Sequence[Sequence[object]], rng: random.Random, width: in
 
 def publish(bootstrap: str, topic: str, records: Sequence[TrainSample | tuple[bytes, bytes]]) -> None:
     """Send train samples keyed by group (or raw (key, value) pairs) in this order."""
-    producer = make_producer(Connection(bootstrap), linger_ms=0)
+    producer = raw_producer(Connection(bootstrap), linger_ms=0)
     try:
         for rec in records:
             if isinstance(rec, TrainSample):
@@ -395,7 +396,7 @@ def test_ranks_realign_on_the_lowest_committed_batch(kafka_bootstrap, topic_fact
         r.commit()
     # Rank 1 committed the same batch (its group gets rank 0's commit, metadata included) ...
     conn = Connection(kafka_bootstrap)
-    admin = make_admin(conn)
+    admin = raw_admin(conn)
     try:
         tps = [TopicPartition(topic, p) for p in (0, 1)]
         rank0 = rank_group_id(unique_group_id, 0)
@@ -403,7 +404,7 @@ def test_ranks_realign_on_the_lowest_committed_batch(kafka_bootstrap, topic_fact
     finally:
         admin.close()
     assert all("batch=1 " in om.metadata for om in batch1.values())
-    committer = make_consumer(conn, group_id=rank_group_id(unique_group_id, 1))
+    committer = raw_consumer(conn, group_id=rank_group_id(unique_group_id, 1))
     try:
         committer.commit(dict(batch1))
     finally:

@@ -9,8 +9,9 @@ from collections import defaultdict
 import pytest
 
 from codec import TrainSample, encode_train_sample
-from stream.clients import Connection, make_producer
+from stream.clients import Connection
 from stream.kafka import TopicPartition, client_for
+from stream.kafka.kafka_python import raw_producer
 from stream.reader import TrainDataReader
 from tests.stream.test_reader import publish, train_sample
 
@@ -68,7 +69,7 @@ def test_paused_partitions_never_starve_a_partition_with_unread_records(kafka_bo
     and resumed once the others catch up. Every unpaused partition behind its end keeps making progress
     (kafka-python alone parked a resumed partition's records for good: stream.kafka.kafka_python)."""
     topic = topic_factory(PARTITIONS)
-    producer = make_producer(Connection(kafka_bootstrap), linger_ms=5)
+    producer = raw_producer(Connection(kafka_bootstrap), linger_ms=5)
     for i in range(3000):
         producer.send(topic, key=None, value=b"x" * 200, partition=i % PARTITIONS)
     producer.flush()

@@ -29,7 +29,7 @@ from kafka import TopicPartition
 from kafka.admin import UserScramCredentialUpsertion
 from kafka.errors import CoordinatorNotAvailableError
 
-from stream.clients import Connection, make_admin, make_consumer
+from stream.clients import Connection
 from stream.config import TopicNames
 from stream.kafka import (
     AuthenticationRefused,
@@ -41,7 +41,7 @@ from stream.kafka import (
     check_connection,
     client_for,
 )
-from stream.kafka.kafka_python import kafka_acl
+from stream.kafka.kafka_python import kafka_acl, raw_admin, raw_consumer
 from stream.names import changelog_topic_name
 from stream.producer import RolloutProducer
 from stream.security import SecretStr, SecuritySettings
@@ -152,7 +152,7 @@ class User:
 def new_user(cluster: Cluster, tmp_path: Path, prefix: str) -> User:
     """A SCRAM-SHA-512/256 user with no ACL at all, its password in a 0600 file."""
     name, password = f"{prefix}-{uuid.uuid4().hex[:6]}", secrets.token_urlsafe(18)
-    admin = make_admin(cluster.admin)
+    admin = raw_admin(cluster.admin)
     try:
         for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):  # one credential per user and request
             result = admin.alter_user_scram_credentials(
@@ -252,7 +252,7 @@ def send_rollouts(conn: Connection, topic: str, groups: int, start: int = 0, see
 
 def committed_values(conn: Connection, topic: str, timeout: float = 15.0, want: int = 0) -> list[bytes]:
     """Every committed record value of `topic` (read_committed), waiting up to `timeout` for `want`."""
-    consumer = make_consumer(conn, group_id=None)
+    consumer = raw_consumer(conn, group_id=None)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(tps)
@@ -273,7 +273,7 @@ def committed_values(conn: Connection, topic: str, timeout: float = 15.0, want: 
 
 
 def committed_offsets(conn: Connection, group_id: str, topic: str) -> dict[int, int]:
-    admin = make_admin(conn)
+    admin = raw_admin(conn)
     deadline = time.monotonic() + 20
     try:
         while True:
@@ -483,7 +483,7 @@ def revoke(cluster: Cluster, user: User, permission: Permission) -> None:
     """Delete one ACL the user was granted, as an operator would while its clients run."""
     from kafka.admin import ACLFilter
 
-    admin = make_admin(cluster.admin)
+    admin = raw_admin(cluster.admin)
     try:
         acl = kafka_acl(permission.acl(user.principal))
         admin.delete_acls(
@@ -737,7 +737,7 @@ def test_mtls_client_certificate_from_the_cluster_ca_is_accepted(cluster):
         material.security("worker"), ssl_certfile=material.client.cert, ssl_keyfile=material.client.key
     )
     check_connection(Connection(cluster.bootstrap, security=settings))
-    admin = make_admin(Connection(cluster.bootstrap, security=settings))
+    admin = raw_admin(Connection(cluster.bootstrap, security=settings))
     admin.close()
     # a host name the certificate lists works with verification on
     check_connection(Connection(cluster.bootstrap.replace("127.0.0.1", "localhost"), security=settings))

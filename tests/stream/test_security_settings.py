@@ -16,7 +16,7 @@ from stream.clients import Connection
 from stream.commands.connection import SecurityOptions, security_from_options
 from stream.config import TopicNames, WorkerConfig
 from stream.kafka import AuthorizationFailed, authorization_cause
-from stream.kafka.kafka_python import translate
+from stream.kafka.kafka_python import client_settings, security_settings, translate
 from stream.security import (
     MASK,
     SecretStr,
@@ -66,13 +66,13 @@ def test_secret_values_are_masked_everywhere_they_could_be_printed(pki):
         str(settings),
         repr(conn),
         str(settings.describe()),
-        repr(conn.client_settings()),
-        "%s" % (conn.client_settings(),),  # noqa: UP031 - the %-formatting logging uses
+        repr(client_settings(conn)),
+        "%s" % (client_settings(conn),),  # noqa: UP031 - the %-formatting logging uses
     ]
     for text in texts:
         assert PASSWORD not in text
     assert settings.describe()["sasl_password"] == MASK
-    assert conn.client_settings()["sasl_plain_password"] == PASSWORD  # what kafka-python gets is the real one
+    assert client_settings(conn)["sasl_plain_password"] == PASSWORD  # what kafka-python gets is the real one
     assert settings.sasl_password.get_secret_value() == PASSWORD
 
 
@@ -163,7 +163,7 @@ def test_files_are_checked_when_the_settings_are_used(tmp_path, pki):
     ca, client = pki
     settings = SecuritySettings.from_values({"protocol": "SSL", "ssl_cafile": str(tmp_path / "nope.pem")})
     with pytest.raises(SecurityConfigError, match="cannot load the TLS CA file .*nope.pem.*No such file"):
-        settings.client_settings()
+        security_settings(settings)
     wrong_key = SecuritySettings.from_values(
         {
             "protocol": "SSL",
@@ -173,7 +173,7 @@ def test_files_are_checked_when_the_settings_are_used(tmp_path, pki):
         }
     )
     with pytest.raises(SecurityConfigError, match="cannot load the TLS client certificate"):
-        wrong_key.client_settings()
+        security_settings(wrong_key)
     good = SecuritySettings.from_values(
         {
             "protocol": "SSL",
@@ -183,7 +183,7 @@ def test_files_are_checked_when_the_settings_are_used(tmp_path, pki):
             "ssl_check_hostname": "false",
         }
     )
-    settings_for_kafka = good.client_settings()
+    settings_for_kafka = security_settings(good)
     assert settings_for_kafka["security_protocol"] == "SSL"
     assert settings_for_kafka["ssl_context"].check_hostname is False
     assert settings_for_kafka["ssl_context"].verify_mode.name == "CERT_REQUIRED"  # the chain is still checked
@@ -227,7 +227,7 @@ def test_oauthbearer_reads_its_token_file_at_every_login(tmp_path):
     settings = SecuritySettings.from_values(
         {"protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_file": str(token)}
     )
-    provider = settings.client_settings()["sasl_oauth_token_provider"]
+    provider = security_settings(settings)["sasl_oauth_token_provider"]
     assert provider.token() == "eyJ.first"
     token.write_text("eyJ.refreshed")
     assert provider.token() == "eyJ.refreshed"

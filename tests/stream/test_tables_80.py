@@ -23,7 +23,8 @@ from codec import DeadLetterReason as R
 from codec import Sample, TrainSample, encode_sample, group_key
 from core.assembly import GroupInfo
 from core.records import DeadLettered, InputRecord
-from stream.clients import Connection, make_producer
+from stream.clients import Connection
+from stream.kafka.kafka_python import raw_producer
 from stream.layout import PIPE_WIDTH, Fit, Flow, output_console, titled
 from stream.worker.outputs import dead_letter_records
 
@@ -629,7 +630,7 @@ def filled_dlq(kafka_bootstrap):  # one per test and client: a replay moves the 
         admin.create_topics([NewTopic(input_topic, 1, 1), NewTopic(dlq, 1, 1)])
     finally:
         admin.close()
-    producer = make_producer(Connection(kafka_bootstrap))
+    producer = raw_producer(Connection(kafka_bootstrap))
     try:
         for failure in failures(input_topic):
             for r in dead_letter_records(failure, dlq):

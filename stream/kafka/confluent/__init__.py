@@ -27,6 +27,7 @@ from confluent_kafka import Consumer
 from confluent_kafka import Producer as _RdProducer
 from confluent_kafka.admin import AdminClient
 
+from stream.clients import Connection
 from stream.kafka.confluent.admin import _Admin
 from stream.kafka.confluent.assigned_consumer import _AssignedConsumer
 from stream.kafka.confluent.errors import _translated, translate
@@ -48,11 +49,11 @@ FETCH_QUEUE_BACKOFF_MS = 20
 
 
 class ConfluentClient:
-    """Builds librdkafka clients for one `stream.clients.Connection`."""
+    """Builds librdkafka clients for one Connection."""
 
     name = "confluent"
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
     def _consumer_settings(self, client_id: str | None, max_record_bytes: int, isolation: str,

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import (
+
+# confluent_kafka.admin imports these without re-exporting them (no __all__): mypy sees them as private.
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
     AclOperation,
     AclPermissionType,
@@ -61,7 +63,7 @@ class _Admin:
             try:
                 desc = futures[name].result(TIMEOUT_S)
             except KafkaException as exc:
-                out.append(TopicInfo(name, None, translate(exc)))  # type: ignore[arg-type]
+                out.append(TopicInfo(name, None, translate(exc)))
                 continue
             out.append(TopicInfo(name, len(desc.partitions), None,
                                  _ops(desc.authorized_operations) if authorized_operations else None,
@@ -85,7 +87,7 @@ class _Admin:
                 future.result(timeout_s)
                 out[name] = None
             except KafkaException as exc:
-                out[name] = translate(exc)  # type: ignore[assignment]
+                out[name] = translate(exc)
         for name in out:
             if out[name] is None:
                 self._wait_for_leaders(name, timeout_s)
@@ -158,7 +160,7 @@ class _Admin:
             try:
                 self._a.create_acls([binding])[binding].result(TIMEOUT_S)
             except KafkaException as exc:
-                failed.append((spec, translate(exc)))  # type: ignore[arg-type]
+                failed.append((spec, translate(exc)))
         return failed
 
     def may_create_topic(self, name: str) -> bool:

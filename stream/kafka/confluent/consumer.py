@@ -68,7 +68,9 @@ class _Consumer:
             error = m.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    self._end[(m.topic(), m.partition())] = m.offset()
+                    eof_topic, eof_partition, end = m.topic(), m.partition(), m.offset()
+                    assert eof_topic is not None and eof_partition is not None and end is not None  # named
+                    self._end[(eof_topic, eof_partition)] = end
                     continue
                 if self._irrelevant(error):
                     continue
@@ -76,7 +78,9 @@ class _Consumer:
                     return {}
                 raise translate(KafkaException(error))
             if m.partition() != partition or m.topic() != topic:
-                topic, partition = m.topic(), m.partition()
+                next_topic, next_partition = m.topic(), m.partition()
+                assert next_topic is not None and next_partition is not None  # a record names its partition
+                topic, partition = next_topic, next_partition
                 batch = out.setdefault(TopicPartition(topic, partition), [])
             batch.append(_new(Rec, (topic, partition, m.offset(), m.timestamp()[1], m.key(), m.value(),
                                     m.headers())))

@@ -3,7 +3,8 @@ that mean a partition's leader or a group's coordinator is moving."""
 
 from __future__ import annotations
 
-from typing import Any
+from types import TracebackType
+from typing import Literal, overload
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -14,11 +15,12 @@ from stream.kafka.errors import (
     KafkaFailure,
     ProducerFenced,
     RecordRefused,
+    Resource,
     TopicExists,
     UnknownTopic,
 )
 
-_AUTH = {
+_AUTH: dict[int, Resource] = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
     KafkaError.GROUP_AUTHORIZATION_FAILED: "group",
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional_id",
@@ -44,15 +46,20 @@ _COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AV
                        KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._TIMED_OUT}
 
 
+@overload
+def translate(exc: Exception | KafkaError) -> Exception: ...
+@overload
+def translate(exc: BaseException) -> BaseException: ...
 def translate(exc: BaseException | KafkaError) -> BaseException:
     """librdkafka's error (a KafkaException, or a KafkaError) as the seam's; anything else unchanged."""
     error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
     if not isinstance(error, KafkaError):
-        return exc  # type: ignore[return-value]
+        assert isinstance(exc, BaseException)  # a KafkaError is translated below
+        return exc
     code, kind, text = error.code(), error.name(), error.str()
     out: KafkaFailure
     if code in _AUTH:
-        out = AuthorizationFailed(text, resource=_AUTH[code], kind=kind)  # type: ignore[arg-type]
+        out = AuthorizationFailed(text, resource=_AUTH[code], kind=kind)
     elif code in _FENCED:
         out = ProducerFenced(text, kind=kind)
     elif code in _COMMIT:
@@ -76,7 +83,8 @@ class _Translated:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, typ: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         if isinstance(exc, KafkaException):
             raise translate(exc) from exc
         return False

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka import Producer as _RdProducer
 
 from stream.kafka.bounded import Hung, call_within
@@ -29,9 +29,12 @@ class _Future:
     __slots__ = ("_done", "_error", "_message", "_producer")
 
     def __init__(self, producer: _Producer) -> None:
-        self._done, self._error, self._message, self._producer = False, None, None, producer
+        self._done = False
+        self._error: BaseException | None = None
+        self._message: Message | None = None
+        self._producer = producer
 
-    def _report(self, error: KafkaError | None, message: Any) -> None:
+    def _report(self, error: KafkaError | None, message: Message) -> None:
         # Called for every record (on poll/flush): the Written is made only when asked for.
         self._done = True
         if error is not None:
@@ -58,7 +61,10 @@ class _Future:
         if self._error is not None:
             raise self._error
         m = self._message
-        return Written(m.topic(), m.partition(), m.offset())
+        assert m is not None  # delivered without an error
+        topic, partition, offset = m.topic(), m.partition(), m.offset()
+        assert topic is not None and partition is not None and offset is not None  # as for every delivery
+        return Written(topic, partition, offset)
 
 
 class _Producer:

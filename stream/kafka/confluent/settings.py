@@ -7,6 +7,8 @@ import logging
 import time
 from typing import Any
 
+from stream.clients import Connection
+
 
 class _OncePerInterval(logging.Filter):
     """librdkafka repeats a failing connect every backoff (tens a second while a broker is down): one line of
@@ -14,7 +16,8 @@ class _OncePerInterval(logging.Filter):
 
     def __init__(self, interval_s: float = 10.0) -> None:
         super().__init__()
-        self.interval_s, self.last = interval_s, {}
+        self.interval_s = interval_s
+        self.last: dict[str, float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = record.getMessage().split(" ", 1)[0]
@@ -45,8 +48,8 @@ class _SessionWatch:
         librdkafka_log.log(level, msg, *args)
 
 
-def settings_for(conn: Any, client_id: str | None = None) -> dict[str, Any]:
-    """librdkafka properties for a `stream.clients.Connection` (address, client id, TLS/SASL)."""
+def settings_for(conn: Connection, client_id: str | None = None) -> dict[str, Any]:
+    """librdkafka properties for a Connection (address, client id, TLS/SASL)."""
     sec = conn.security
     out: dict[str, Any] = {
         "bootstrap.servers": conn.bootstrap_servers,
@@ -68,6 +71,7 @@ def settings_for(conn: Any, client_id: str | None = None) -> dict[str, Any]:
         out["sasl.mechanism"] = sec.sasl_mechanism
         if sec.sasl_mechanism == "OAUTHBEARER":
             path = sec.sasl_oauth_token_file
+            assert path is not None  # SecuritySettings requires it for OAUTHBEARER
 
             def token(_config: str) -> tuple[str, float]:
                 # Read at every (re)authentication, so a sidecar can refresh the file.
@@ -75,6 +79,7 @@ def settings_for(conn: Any, client_id: str | None = None) -> dict[str, Any]:
 
             out["oauth_cb"] = token
         else:
+            assert sec.sasl_password is not None  # SecuritySettings requires it for the other mechanisms
             out["sasl.username"] = sec.sasl_username
             out["sasl.password"] = sec.sasl_password.get_secret_value()
     return out

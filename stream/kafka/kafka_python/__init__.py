@@ -23,6 +23,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
+from stream.clients import MAX_RECORD_BYTES, Connection
 from stream.kafka.kafka_python.admin import _Admin, kafka_acl
 from stream.kafka.kafka_python.consumer import (
     REJOIN_AFTER_S,
@@ -48,7 +49,8 @@ FETCH_MAX_BYTES = 16 * 1024 * 1024
 RECONNECT_BACKOFF_MAX_MS = 5000
 
 
-def raw_consumer(conn: Any, *, max_record_bytes: int = 64 << 20, **overrides: Any) -> KafkaConsumer:
+def raw_consumer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES,
+                 **overrides: Any) -> KafkaConsumer:
     """kafka-python's own consumer with the project's settings: for tests and benchmarks that want a client
     independent of the seam (the product itself uses `KafkaPythonClient`)."""
     settings = {"group_id": None, **overrides}
@@ -59,23 +61,24 @@ def raw_consumer(conn: Any, *, max_record_bytes: int = 64 << 20, **overrides: An
                                              isolation=isolation, tuning=settings)
 
 
-def raw_producer(conn: Any, *, max_record_bytes: int = 64 << 20, **overrides: Any) -> KafkaProducer:
+def raw_producer(conn: Connection, *, max_record_bytes: int = MAX_RECORD_BYTES,
+                 **overrides: Any) -> KafkaProducer:
     """kafka-python's own producer with the project's settings (see `raw_consumer`)."""
     return KafkaPythonClient(conn).producer(max_record_bytes=max_record_bytes, **overrides)._p
 
 
-def raw_admin(conn: Any, **overrides: Any) -> KafkaAdminClient:
+def raw_admin(conn: Connection, **overrides: Any) -> KafkaAdminClient:
     """kafka-python's own admin client with the project's settings (see `raw_consumer`)."""
     return KafkaAdminClient(**client_settings(conn), **overrides)
 
 
 # ---- the client --------------------------------------------------------------------------------------------
 class KafkaPythonClient:
-    """Builds kafka-python clients for one `stream.clients.Connection`."""
+    """Builds kafka-python clients for one Connection."""
 
     name = "kafka-python"
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
     def _base(self, client_id: str | None) -> dict[str, Any]:

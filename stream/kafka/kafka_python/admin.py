@@ -113,7 +113,7 @@ class _Admin:
         for acl, error in result.get("failed", []):
             spec = acls[kacls.index(acl)] if acl in kacls else None
             if spec is not None:
-                failed.append((spec, translate(error) if isinstance(error, BaseException)
+                failed.append((spec, translate(error) if isinstance(error, Exception)
                                else KafkaFailure(str(error))))
         return failed
 

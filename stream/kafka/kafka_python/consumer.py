@@ -34,7 +34,8 @@ class _Consumer:
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
         _unpark_resumed(self._c)
         with _translated:
-            return self._c.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+            polled: Polled = self._c.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        return polled
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         self._c.pause(*[_ktp(tp) for tp in partitions])
@@ -47,7 +48,8 @@ class _Consumer:
 
     def position(self, tp: TopicPartition) -> int:
         with _translated:
-            return self._c.position(_ktp(tp))
+            position: int = self._c.position(_ktp(tp))
+        return position
 
     def fetch_position(self, tp: TopicPartition) -> int:
         state = self._c._subscription.assignment.get(_ktp(tp))
@@ -107,11 +109,11 @@ class _Consumer:
 def _unpark_resumed(consumer: KafkaConsumer) -> None:
     fetcher = getattr(consumer, "_fetcher", None)
     current = getattr(fetcher, "_next_partition_records", None)
-    if current is not None and not current:  # spent: nothing left to return from it
+    if fetcher is not None and current is not None and not current:  # spent: nothing left to return from it
         fetcher._next_partition_records = None
 
 
-class _Listener(AsyncConsumerRebalanceListener):
+class _Listener(AsyncConsumerRebalanceListener):  # type: ignore[misc]  # kafka-python has no type hints
     """Runs the seam's listener on kafka-python's IO thread while the loop waits in poll()."""
 
     def __init__(self, owner: _GroupConsumer, listener: RebalanceListener) -> None:

@@ -3,7 +3,8 @@ block that calls kafka-python."""
 
 from __future__ import annotations
 
-from typing import Any
+from types import TracebackType
+from typing import Literal, overload
 
 import kafka.errors as ke
 
@@ -14,11 +15,12 @@ from stream.kafka.errors import (
     KafkaFailure,
     ProducerFenced,
     RecordRefused,
+    Resource,
     TopicExists,
     UnknownTopic,
 )
 
-_AUTH = {
+_AUTH: dict[type[ke.KafkaError], Resource] = {
     ke.TopicAuthorizationFailedError: "topic",
     ke.GroupAuthorizationFailedError: "group",
     ke.TransactionalIdAuthorizationFailedError: "transactional_id",
@@ -26,6 +28,10 @@ _AUTH = {
 }
 
 
+@overload
+def translate(exc: Exception) -> Exception: ...
+@overload
+def translate(exc: BaseException) -> BaseException: ...
 def translate(exc: BaseException) -> BaseException:
     """kafka-python's exception as the seam's (stream.kafka.errors); anything else unchanged."""
     if isinstance(exc, KafkaFailure) or not isinstance(exc, ke.KafkaError):
@@ -37,8 +43,8 @@ def translate(exc: BaseException) -> BaseException:
         exc, kind = nested, type(nested).__name__
     out: KafkaFailure
     if isinstance(exc, ke.AuthorizationError):
-        resource = next((r for cls, r in _AUTH.items() if isinstance(exc, cls)), "unknown")
-        out = AuthorizationFailed(text, resource=resource, kind=kind)  # type: ignore[arg-type]
+        resource: Resource = next((r for cls, r in _AUTH.items() if isinstance(exc, cls)), "unknown")
+        out = AuthorizationFailed(text, resource=resource, kind=kind)
     elif isinstance(exc, (ke.ProducerFencedError, ke.InvalidProducerEpochError)):
         out = ProducerFenced(text, kind=kind)
     elif isinstance(exc, (ke.CommitFailedError, ke.RebalanceInProgressError, ke.IllegalGenerationError,
@@ -72,7 +78,8 @@ class _Translated:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, typ: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         if isinstance(exc, ke.KafkaError):
             raise translate(exc) from exc
         return False

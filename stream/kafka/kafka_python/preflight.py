@@ -26,6 +26,7 @@ from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from stream.clients import BrokerUnreachable, Connection, bootstrap_addresses, format_address
 from stream.kafka.errors import AuthenticationRefused, ConnectionCheckFailed, ListenerMismatch, TlsRefused
+from stream.kafka.kafka_python.settings import security_settings
 from stream.security import SecuritySettings
 
 __all__ = [
@@ -256,7 +257,7 @@ class _Session:
                 f"SASL handshake with {self.server} failed (error {response.error_code})"
             )
         self.step = "SaslAuthenticate"
-        mechanism = get_sasl_mechanism(s.sasl_mechanism)(host=self.host, **s.client_settings())
+        mechanism = get_sasl_mechanism(s.sasl_mechanism)(host=self.host, **security_settings(s))
         refused = f"authentication failed for {user} with {s.sasl_mechanism} at {self.server}"
         hint = (
             "check the user name and password (--sasl-password-file, KAFKA_SASL_PASSWORD)"

@@ -34,12 +34,14 @@ class _Future:
         self._f = future
 
     def done(self) -> bool:
-        return self._f.is_done
+        done: bool = self._f.is_done
+        return done
 
     def exception(self) -> BaseException | None:
         if not self._f.is_done or not self._f.failed():
             return None
-        return translate(self._f.exception)
+        failure: BaseException = self._f.exception
+        return translate(failure)
 
     def get(self, timeout: float | None = None) -> Written:
         with _translated:
@@ -121,7 +123,8 @@ class _Producer:
         partitions = self.partitions_for(topic)
         if not partitions:
             return None
-        return partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]
+        index: int = (murmur2(key) & 0x7FFFFFFF) % len(partitions)
+        return partitions[index]
 
     def flush(self, timeout: float | None = None) -> None:
         with _translated:

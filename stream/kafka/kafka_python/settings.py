@@ -4,9 +4,13 @@ OAUTHBEARER tokens read from a file, raw request bytes kept out of its debug log
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from kafka.net.sasl.oauth import AbstractTokenProvider
+
+from stream.clients import Connection
+from stream.security import SecuritySettings
 
 
 class _MaskedStr(str):
@@ -17,10 +21,10 @@ class _MaskedStr(str):
         return repr("**********")
 
 
-class _FileTokenProvider(AbstractTokenProvider):
+class _FileTokenProvider(AbstractTokenProvider):  # type: ignore[misc]  # kafka-python has no type hints
     """OAUTHBEARER: the token is read from a file at every (re)authentication, so a sidecar can refresh it."""
 
-    def __init__(self, path: Any) -> None:
+    def __init__(self, path: Path) -> None:
         super().__init__()
         self.path = path
 
@@ -39,8 +43,8 @@ def _quiet_wire_logs() -> None:
             logger.setLevel(logging.INFO)
 
 
-def security_settings(security: Any) -> dict[str, Any]:
-    """kafka-python keyword arguments for a `stream.security.SecuritySettings`."""
+def security_settings(security: SecuritySettings) -> dict[str, Any]:
+    """kafka-python keyword arguments for a SecuritySettings."""
     out: dict[str, Any] = {"security_protocol": security.protocol}
     if security.uses_tls:
         out["ssl_context"] = security.ssl_context()
@@ -58,7 +62,7 @@ def security_settings(security: Any) -> dict[str, Any]:
     return out
 
 
-def client_settings(conn: Any) -> dict[str, Any]:
-    """kafka-python keyword arguments for a `stream.clients.Connection` (address, client id, security)."""
+def client_settings(conn: Connection) -> dict[str, Any]:
+    """kafka-python keyword arguments for a Connection (address, client id, security)."""
     return {"bootstrap_servers": conn.bootstrap_servers.split(","), "client_id": conn.client_id,
             **security_settings(conn.security)}

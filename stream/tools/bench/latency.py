@@ -146,7 +146,9 @@ def measure_latency(
             if pause > 0:
                 time.sleep(max(pause, PACE_S))  # then the groups due meanwhile go at once, each timed as sent
             producer.send_all_in_transaction(records)
-            sent[records[0].key] = time.monotonic()
+            key = records[0].key
+            assert key is not None  # every planned group is keyed
+            sent[key] = time.monotonic()
         producer.flush(timeout=60)
         deadline = time.monotonic() + drain_s
         # Wait for these groups by key: the observer also sees other keys (a process still working through

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -100,7 +100,7 @@ def _wide_table(results: Sequence[WorkloadResult]) -> Table:
 def _split_tables(results: Sequence[WorkloadResult]) -> Group:
     """The wide table as two (throughput, latency) with one-line headers and a legend: fits 80 columns."""
     rates = Table(padding=(0, 1))
-    for name, justify in (
+    rate_columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("workload", "left"),
         ("mode", "left"),
         ("stage/s", "right"),
@@ -109,18 +109,20 @@ def _split_tables(results: Sequence[WorkloadResult]) -> Group:
         ("MB/s", "right"),
         ("ratio", "right"),
         ("loop µs", "right"),
-    ):
-        rates.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    )
+    for name, justify in rate_columns:
+        rates.add_column(name, justify=justify, no_wrap=True)
     latency = Table(padding=(0, 1))
-    for name, justify in (
+    latency_columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("workload", "left"),
         ("mode", "left"),
         ("p50 ms", "right"),
         ("p99 ms", "right"),
         ("pass p99 ms", "right"),
         ("at /s", "right"),
-    ):
-        latency.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    )
+    for name, justify in latency_columns:
+        latency.add_column(name, justify=justify, no_wrap=True)
     for r in results:
         rates.add_row(
             r.workload.label(),

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.tools.bench.passthrough import Passthrough
@@ -30,6 +30,9 @@ from stream.tools.bench.procstat import (
     thread_cpu_seconds,
 )
 from stream.worker.allocator import reuse_freed_buffers
+
+if TYPE_CHECKING:  # imported when a stage runs: the passthrough process needs neither the worker nor torch
+    from stream.worker import Worker
 
 __all__ = ["RunSpec", "main"]
 
@@ -88,20 +91,20 @@ class _Target:
                 topics=TopicNames(spec.input_topic, spec.output_topic, spec.dead_letter_topic),
                 group_id=spec.group_id,
                 group_timeout_s=spec.group_timeout_s,
-                delivery=spec.delivery,  # type: ignore[arg-type]
+                delivery=spec.delivery,  # type: ignore[arg-type]  # a str from the spec: WorkerConfig checks it
                 commit_interval_s=spec.commit_interval_s,
                 commit_max_records=spec.commit_max_records,
                 instance_id=spec.group_id,
                 progress_interval_s=3600.0,
             )
-            self.obj: Any = Worker(config, conn)
+            self.obj: Worker | Passthrough = Worker(config, conn)
         else:
             self.obj = Passthrough(
                 conn,
                 group_id=spec.group_id,
                 input_topic=spec.input_topic,
                 output_topic=spec.output_topic,
-                delivery=spec.delivery,  # type: ignore[arg-type]
+                delivery=spec.delivery,  # type: ignore[arg-type]  # a str from the spec the suite wrote
                 commit_interval_s=spec.commit_interval_s,
                 commit_max_records=spec.commit_max_records,
                 max_record_bytes=MAX_RECORD_BYTES,
@@ -109,17 +112,17 @@ class _Target:
             )
 
     def records_in(self) -> int:
-        return self.obj.stats.records_in if self.stage else self.obj.records_in
+        return self.obj.records_in if isinstance(self.obj, Passthrough) else self.obj.stats.records_in
 
     def committed(self) -> dict[int, int]:
-        return dict(self.obj.ledger.committed if self.stage else self.obj.committed)
+        return dict(self.obj.committed if isinstance(self.obj, Passthrough) else self.obj.ledger.committed)
 
     def commits(self) -> int:
-        return self.obj.stats.commits if self.stage else self.obj.commits
+        return self.obj.commits if isinstance(self.obj, Passthrough) else self.obj.stats.commits
 
     def read_to(self) -> dict[int, int]:
         """Per partition, the offset after the last record taken (the stage's; {} for the passthrough)."""
-        if not self.stage:
+        if isinstance(self.obj, Passthrough):
             return {}
         ledger = self.obj.ledger
         return {p: n for p in list(ledger.partitions) if (n := ledger.next_offset(p)) is not None}
@@ -127,18 +130,20 @@ class _Target:
     def open_groups(self, limit: int = 5) -> list[str]:
         """The first few open windows as `key@partition: complete/size rollouts` (the stage's; [] otherwise).
         Read from the monitor thread: counters only, no walk over a window the loop may be changing."""
-        if not self.stage:
+        if isinstance(self.obj, Passthrough):
             return []
         windows = list(itertools.islice(self.obj.store.open.values(), limit))
         return [f"{w.key}@{w.partition}: {w.complete_rollouts}/{w.group_size}" for w in windows]
 
     def open_windows(self) -> tuple[int, int]:
-        if not self.stage:
+        if isinstance(self.obj, Passthrough):
             return 0, 0
         return self.obj.store.open_count(), self.obj.store.open_bytes
 
     def summary(self) -> dict[str, Any]:
-        return self.obj.stats.summary() if self.stage else {"records_in": self.obj.records_in}
+        if isinstance(self.obj, Passthrough):
+            return {"records_in": self.obj.records_in}
+        return self.obj.stats.summary()
 
 
 def _emit(obj: dict[str, Any]) -> None:

@@ -179,9 +179,9 @@ class _Bench:
     def workload(self, w: Workload, delivery: str, client: str | None = None) -> WorkloadResult:
         """Stage and passthrough on `w`, both on `client` (default: the connection's)."""
         if client is not None and client != self.conn.client:
-            other = _Bench(self.s, self.progress, self.security)
-            other.conn = replace(self.conn, client=client)
-            return other.workload(w, delivery)
+            on_client = _Bench(self.s, self.progress, self.security)
+            on_client.conn = replace(self.conn, client=client)
+            return on_client.workload(w, delivery)
         topics = create_topics(self.conn, self.s.partitions)
         try:
             pre = preload(self.conn, topics.names.input, w)

@@ -24,7 +24,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from stream.security import SecretStr, SecuritySettings
+from stream.security import SaslMechanism, SecretStr, SecuritySettings
 from stream.tools.broker.pki import CertificateAuthority, IssuedCertificate, issue, new_ca
 
 __all__ = [
@@ -72,11 +72,12 @@ class SecureMaterial:
     def properties_file(self, user: str) -> Path:
         return self.directory / f"{user}.properties"
 
-    def security(self, user: str = ADMIN_USER, mechanism: str = "SCRAM-SHA-512") -> SecuritySettings:
+    def security(self, user: str = ADMIN_USER,
+                 mechanism: SaslMechanism = "SCRAM-SHA-512") -> SecuritySettings:
         """Client settings that log in as `user` over SASL_SSL, trusting only this CA."""
         return SecuritySettings(
             protocol="SASL_SSL",
-            sasl_mechanism=mechanism,  # type: ignore[arg-type]
+            sasl_mechanism=mechanism,
             sasl_username=user,
             sasl_password=self.password(user),
             ssl_cafile=self.ca.cert,

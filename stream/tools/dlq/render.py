@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-from rich.console import Group, RenderableType
+from rich.console import Group, JustifyMethod, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -138,13 +138,14 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
     )
     distinct = f", {doc['distinct_groups']} groups in all" if doc["distinct_groups"] is not None else ""
     groups = Table()
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("group", "left"),
         ("records", "right"),
         ("reasons", "left"),
         ("first failure", "left"),
-    ):
-        groups.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    )
+    for name, justify in columns:
+        groups.add_column(name, justify=justify, no_wrap=True)
     blocks: list[RenderableType] = []
     for g in doc["top_groups"]:
         groups.add_row(
