@@ -69,7 +69,8 @@ lint: venv
 # The core and codec tests run twice: on the Python sources (the reference, and what runs where nothing is
 # compiled), then with everything else on the compiled modules. Both runs spread over worker processes
 # (pytest-xdist), which share one broker; a file's tests stay in one worker (tests/conftest.py). Most
-# Kafka tests wait on the broker more than they compute, so more workers than the 2 cores pays.
+# Kafka tests wait on the broker more than they compute; on 2 cores 3 workers took a third of one
+# process's time and 4 were no faster (docs/development.md).
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: lint jars promtool compose compiled

@@ -76,6 +76,7 @@ def _check_reachable(bootstrap: str, timeout_s: float = 15.0) -> None:
 
 
 _SHARED_BROKER_DIR = "kafka-shared"
+_SHARED_BROKER_KIND = "local broker (Maven jars), shared by the xdist workers"
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -89,18 +90,6 @@ def _shared_broker_dir(config: pytest.Config) -> Path:
     return (base.parent if _is_xdist_worker(config) else base) / _SHARED_BROKER_DIR
 
 
-def _shared_local_broker(data_dir: Path) -> str:
-    """The run's one broker, started by whichever worker asks first; the controller stops it."""
-    last: PortInUse | None = None
-    for _attempt in range(3):  # a free port can be taken between asking and binding
-        try:
-            return LocalBroker(port=free_port(), data_dir=data_dir).ensure_running(timeout=90.0)
-        except PortInUse as exc:
-            last = exc
-    assert last is not None
-    raise last
-
-
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The xdist controller stops the broker its workers shared (and names it in the summary line)."""
     if _is_xdist_worker(session.config):
@@ -111,20 +100,23 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     broker = LocalBroker(data_dir=data_dir)
     status = broker.status()
     if status.running and not _SESSION.bootstrap:
-        _SESSION.kind, _SESSION.bootstrap = "local broker (Maven jars), shared by the xdist workers", (
-            status.bootstrap or "")
+        _SESSION.kind, _SESSION.bootstrap = _SHARED_BROKER_KIND, status.bootstrap or ""
     broker.stop(timeout=20.0)
 
 
-def _local_broker(data_dir: Path) -> tuple[str, Callable[[], None]]:
+def _local_broker(data_dir: Path, *, shared: bool = False) -> tuple[str, Callable[[], None] | None]:
+    """A LocalBroker on a free port in `data_dir`, and how to stop it. `shared`: the run's one broker for
+    every xdist worker, started by whichever asks first (ensure_running) and stopped by the controller."""
     last: PortInUse | None = None
     for _attempt in range(3):  # a free port can be taken between asking and binding
         broker = LocalBroker(port=free_port(), data_dir=data_dir)
         try:
-            bootstrap = broker.start(timeout=90.0)
+            bootstrap = broker.ensure_running(timeout=90.0) if shared else broker.start(timeout=90.0)
         except PortInUse as exc:
             last = exc
             continue
+        if shared:
+            return bootstrap, None
 
         def stop(broker: LocalBroker = broker) -> None:
             broker.stop(timeout=20.0)
@@ -193,8 +185,8 @@ def kafka_bootstrap(
             _SESSION.kind = "testcontainers apache/kafka"
             bootstrap, stop = _docker_broker()
         elif _is_xdist_worker(request.config):
-            _SESSION.kind = "local broker (Maven jars), shared by the xdist workers"
-            bootstrap = _shared_local_broker(_shared_broker_dir(request.config))
+            _SESSION.kind = _SHARED_BROKER_KIND
+            bootstrap, stop = _local_broker(_shared_broker_dir(request.config), shared=True)
         else:
             _SESSION.kind = "local broker (Maven jars)"
             bootstrap, stop = _local_broker(tmp_path_factory.mktemp("kafka"))
