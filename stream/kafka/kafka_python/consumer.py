@@ -13,6 +13,7 @@ from kafka import TopicPartition as KTP
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.structs import OffsetAndMetadata
 
+from stream.kafka.errors import BrokerUnavailable
 from stream.kafka.kafka_python.convert import _ktp, _offsets
 from stream.kafka.kafka_python.errors import _translated
 from stream.kafka.seam import Committed, Offsets, Polled, RebalanceListener, TopicPartition
@@ -33,8 +34,17 @@ class _Consumer:
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
         _unpark_resumed(self._c)
-        with _translated:
-            polled: Polled = self._c.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        deadline = time.monotonic() + timeout_s
+        try:
+            with _translated:
+                polled: Polled = self._c.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except BrokerUnavailable:
+            # kafka-python sometimes raises a refused connection out of poll while the broker is away;
+            # librdkafka only reports it. The client reconnects with backoff on its own, so this is a poll
+            # that found nothing: it waits out its timeout (no spinning) and the caller's broker watch
+            # says the broker is gone.
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return {}
         return polled
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:

@@ -50,3 +50,28 @@ def test_a_refusal_is_found_behind_the_transaction_that_can_only_abort():
 def test_a_broker_away_or_a_missing_acl_is_not_a_refusal_of_the_records(failure):
     assert refusal_cause(failure) is None
     assert isinstance(failure, (BrokerUnavailable, AuthorizationFailed))
+
+
+class _RefusingKafkaConsumer:
+    """kafka-python's KafkaConsumer as it behaves for a moment while its only broker is down."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    def poll(self, timeout_ms: int, max_records: int | None = None) -> dict:
+        self.polls += 1
+        raise ke.KafkaConnectionError("KafkaConnectionError: 111 ECONNREFUSED")
+
+
+def test_a_refused_connection_out_of_kafka_pythons_poll_is_an_empty_poll_that_waits_its_timeout():
+    """librdkafka only reports a broker that went away; kafka-python at times raises it out of poll. The
+    seam's poll is the same on both: nothing polled, after the timeout (a loop around it does not spin)."""
+    import time
+
+    from stream.kafka.kafka_python.consumer import _Consumer
+
+    raw = _RefusingKafkaConsumer()
+    consumer = _Consumer(raw)  # type: ignore[arg-type]
+    started = time.monotonic()
+    assert consumer.poll(0.2) == {}
+    assert time.monotonic() - started >= 0.19 and raw.polls == 1
