@@ -1,0 +1,115 @@
+"""Admission-log records: one single-partition topic per train-data topic, `<train-data>.admission`.
+
+Every paced producer appends its requests here and every party folds the log from its start with the same
+pure rule (`core.admission`), so all of them reach the same decision on every request without a
+coordinator: the log's order is the agreement (docs/pacing.md). A group is named by the offset of the
+request that admitted it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["AdmissionRecord", "Cancel", "Hello", "Release", "Renew", "Request", "Resolved", "Sent",
+           "TrainerMark", "decode_admission", "encode_admission"]
+
+
+class Hello(msgspec.Struct, kw_only=True, tag="hello", tag_field="type"):
+    """A producer process starts `session`: any earlier session of the same producer id has ended."""
+
+    producer: str
+    session: str
+    schema_version: int = 1
+
+
+class Request(msgspec.Struct, kw_only=True, tag="request", tag_field="type"):
+    """May one group start at `weight_version`? The limits travel with it, so every party judges it alike."""
+
+    producer: str
+    session: str
+    trainer: str  # the trainer group whose batches the group is for
+    weight_version: int
+    max_policy_lag: int | None
+    max_unconsumed_groups: int | None
+    versions_per_batch: int = 1
+    schema_version: int = 1
+
+
+class Cancel(msgspec.Struct, kw_only=True, tag="cancel", tag_field="type"):
+    """The producer stopped waiting for `request`: whichever of grant and cancel is first in the log wins."""
+
+    producer: str
+    session: str
+    request: int
+    schema_version: int = 1
+
+
+class Sent(msgspec.Struct, kw_only=True, tag="sent", tag_field="type"):
+    """Every record of the group admitted by `request` is acknowledged by the broker."""
+
+    producer: str
+    session: str
+    request: int
+    schema_version: int = 1
+
+
+class Renew(msgspec.Struct, kw_only=True, tag="renew", tag_field="type"):
+    """The session is alive (about once a second)."""
+
+    producer: str
+    session: str
+    schema_version: int = 1
+
+
+class Release(msgspec.Struct, kw_only=True, tag="release", tag_field="type"):
+    """Admitted groups that will never be sent (`requests`), or the whole session (None: closed)."""
+
+    producer: str
+    session: str
+    requests: list[int] | None = None
+    schema_version: int = 1
+
+
+class Resolved(msgspec.Struct, kw_only=True, tag="resolved", tag_field="type"):
+    """Admitted groups the stage dead-lettered or dropped: they will never reach the trainer."""
+
+    requests: list[int]
+    reason: str
+    schema_version: int = 1
+
+
+class TrainerMark(msgspec.Struct, kw_only=True, tag="mark", tag_field="type"):
+    """Rank 0 of a trainer group: where it is and which admitted groups it has consumed.
+
+    `consumed` maps a batch index to the admitted groups taken into that batch (trained or skipped); `doomed`
+    lists queued groups certain to be skipped. Both are cumulative since `committed_batch`, so a mark that
+    is lost loses nothing. A new `session` is a restarted reader that resumed at batch `resumed_from`.
+    """
+
+    trainer: str
+    session: str
+    weight_version: int | None
+    batch_version: int | None
+    batches: int  # batches taken by this trainer so far (the next batch's index)
+    groups_per_batch: int
+    max_weight_staleness: int | None
+    consumed: dict[int, list[int]] = msgspec.field(default_factory=dict)
+    doomed: list[int] = msgspec.field(default_factory=list)
+    committed_batch: int | None = None
+    resumed_from: int | None = None
+    schema_version: int = 1
+
+
+AdmissionRecord = Hello | Request | Cancel | Sent | Renew | Release | Resolved | TrainerMark
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AdmissionRecord)
+
+
+def encode_admission(record: AdmissionRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_admission(data: bytes | memoryview) -> AdmissionRecord:
+    """Raises msgspec.DecodeError (or ValidationError) for bytes that are not an admission record."""
+    return _decoder.decode(data)

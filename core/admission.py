@@ -1,0 +1,323 @@
+"""The admission log's rule, pure: every party folds the same records in the same order and reaches the
+same decision on every request (docs/pacing.md).
+
+A paced producer appends a `Request` and waits until the fold decides it. A request is admitted when,
+with it added, **every** outstanding group that can still train is judged within its own `k`:
+
+    for all i in (O \\ H) + {R}:   base_i + ((|O \\ H| + 1 - 1) // g) * vpb_i - w_i <= k_i
+
+O: the trainer's outstanding groups (admitted, not yet consumed, dead-lettered or released); H: those
+certain never to train (the trainer's version is already more than `max_weight_staleness` past them, or
+unsent groups of a session that stopped renewing); g: groups per batch; base_i: the highest version the
+trainer's next batch can be judged at (`core.pacing.next_batch_version`). The worst place any group of
+O \\ H can take is behind all the others, `(|O \\ H| - 1) // g` batches after the next one; checking it for
+every group, not only the new one, is what makes the bound hold whatever order the groups are consumed in,
+however many producers ask and whenever their answers arrive. A batch moves base by at most vpb and
+consumes g groups, so it never makes the left side grow. With `k <= max_weight_staleness`, no admitted
+group is skipped as stale.
+
+Time is the log's own (`log_ms`, broker LogAppendTime): a session not renewed for `suspect_ms` has its
+unsent groups counted in H, and after `lease_ms` they are forgotten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from codec.admission import (
+    AdmissionRecord,
+    Cancel,
+    Hello,
+    Release,
+    Renew,
+    Request,
+    Resolved,
+    Sent,
+    TrainerMark,
+)
+from core.pacing import next_batch_version
+
+__all__ = ["AdmissionLog", "AdmissionSnapshot", "Decision", "Outcome"]
+
+SUSPECT_MS = 3_000
+LEASE_MS = 30_000
+
+
+class Outcome(Enum):
+    ADMITTED = "admitted"
+    TOO_OLD = "too_old"  # the trainer's next batch is already more than k versions past it: final
+    CANCELLED = "cancelled"  # the producer's Cancel came before any grant
+    REVOKED = "revoked"  # its session ended (restarted, closed, lease expired) before it was decided
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    request: int  # the request's offset: the admitted group's id
+    outcome: Outcome
+    at: int  # the offset of the record whose fold decided it
+
+
+@dataclass(slots=True)
+class _Group:
+    trainer: str
+    producer: str
+    session: str
+    weight_version: int
+    max_policy_lag: int | None
+    versions_per_batch: int
+    sent: bool = False
+    # log time its session stopped renewing (or restarted) while it was unsent: from then on it is in H
+    # for good, even if the session comes back, and it is forgotten when the lease runs out
+    revoked_ms: int | None = None
+    forget_at_ms: int = 0  # when revoked: `lease_ms` after its session last renewed
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: Request
+    log_ms: int
+
+
+@dataclass(slots=True)
+class _Trainer:
+    session: str
+    weight_version: int | None
+    batch_version: int | None
+    batches: int
+    groups_per_batch: int
+    max_weight_staleness: int | None
+    updated_ms: int
+    # groups consumed in batches the trainer has not committed (-1: doomed, not in a batch yet): a restarted
+    # reader reads them again, so they count again
+    uncommitted: dict[int, dict[int, _Group]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Session:
+    session: str
+    renewed_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSnapshot:
+    """What `rollout-stream lag` and the metrics show of the log."""
+
+    folded_through: int  # the last offset folded (-1: none)
+    clock_ms: int
+    pending: int
+    oldest_pending_ms: int | None  # by the log's clock
+    outstanding: dict[str, int]  # per trainer group
+    unsent: int
+    sessions: dict[str, str]  # producer -> "ok" | "suspected"
+    trainer_mark_age_ms: dict[str, int]
+
+
+class AdmissionLog:
+    """The fold. `apply` each record of the log in offset order; it returns the requests it decided."""
+
+    def __init__(self, suspect_ms: int = SUSPECT_MS, lease_ms: int = LEASE_MS) -> None:
+        if not 0 < suspect_ms <= lease_ms:
+            raise ValueError(f"need 0 < suspect_ms <= lease_ms, got {suspect_ms} and {lease_ms}")
+        self.suspect_ms, self.lease_ms = suspect_ms, lease_ms
+        self.next_offset = 0
+        self.clock_ms = 0
+        self.groups: dict[int, _Group] = {}
+        self.pending: dict[int, _Pending] = {}  # in offset order
+        self.sessions: dict[str, _Session] = {}  # by producer id: its current session
+        self.trainers: dict[str, _Trainer] = {}
+        self.decided: dict[int, Decision] = {}  # the newest decisions, for a waiter that reads them late
+        self.late_sent = 0  # groups reported sent after they were revoked: they may train unaccounted
+
+    # ---- the fold ------------------------------------------------------------------------------
+    def apply(self, offset: int, log_ms: int, record: AdmissionRecord) -> list[Decision]:
+        if offset < self.next_offset:
+            return []  # folded already (a follower re-reading after a reconnect)
+        self.next_offset = offset + 1
+        self.clock_ms = max(self.clock_ms, log_ms)
+        decisions: list[Decision] = []
+        self._record(offset, log_ms, record, decisions)
+        self._expire(offset, decisions)
+        self._scan(offset, decisions)
+        for d in decisions:
+            self.decided[d.request] = d
+        if len(self.decided) > 100_000:  # bounded: waiters read their answer within seconds
+            for key in list(self.decided)[: len(self.decided) // 2]:
+                del self.decided[key]
+        return decisions
+
+    def _record(self, offset: int, log_ms: int, record: AdmissionRecord, out: list[Decision]) -> None:
+        if isinstance(record, Hello):
+            current = self.sessions.get(record.producer)
+            if current is not None and current.session != record.session:
+                self._end_session(record.producer, offset, out, forget_unsent=False)
+            self.sessions[record.producer] = _Session(record.session, self.clock_ms)
+        elif isinstance(record, Request):
+            if not self._renew(record.producer, record.session, implicit=True):
+                out.append(Decision(offset, Outcome.REVOKED, offset))
+                return
+            self.pending[offset] = _Pending(record, log_ms)
+        elif isinstance(record, Cancel):
+            if self.pending.pop(record.request, None) is not None:
+                out.append(Decision(record.request, Outcome.CANCELLED, offset))
+        elif isinstance(record, Sent):
+            self._renew(record.producer, record.session)
+            group = self.groups.get(record.request)
+            if group is not None and group.session == record.session:
+                group.sent = True
+                self.late_sent += group.revoked_ms is not None
+        elif isinstance(record, Renew):
+            self._renew(record.producer, record.session)
+        elif isinstance(record, Release):
+            if record.requests is None:
+                current = self.sessions.get(record.producer)
+                if current is not None and current.session == record.session:
+                    self._end_session(record.producer, offset, out, forget_unsent=True)
+            else:
+                for request in record.requests:
+                    group = self.groups.get(request)
+                    if group is not None and group.session == record.session and not group.sent:
+                        del self.groups[request]
+        elif isinstance(record, Resolved):
+            for request in record.requests:
+                self.groups.pop(request, None)
+        elif isinstance(record, TrainerMark):
+            self._mark(record)
+
+    def _renew(self, producer: str, session: str, *, implicit: bool = False) -> bool:
+        current = self.sessions.get(producer)
+        if current is None and implicit:
+            self.sessions[producer] = current = _Session(session, self.clock_ms)
+        if current is None or current.session != session:
+            return False
+        current.renewed_ms = self.clock_ms
+        return True
+
+    def _end_session(self, producer: str, offset: int, out: list[Decision], *, forget_unsent: bool) -> None:
+        """Its pending requests are revoked. Its unsent groups are forgotten when it closed (`Release`: it
+        sent nothing more) or revoked when it went away (some may have been delivered without a `Sent`).
+        Sent groups may still train: they stay."""
+        ended = self.sessions.pop(producer)
+        for request, p in list(self.pending.items()):
+            if p.request.producer == producer and p.request.session == ended.session:
+                del self.pending[request]
+                out.append(Decision(request, Outcome.REVOKED, offset))
+        for request, group in list(self.groups.items()):
+            if group.producer == producer and group.session == ended.session and not group.sent:
+                if forget_unsent:
+                    del self.groups[request]
+                elif group.revoked_ms is None:
+                    group.revoked_ms, group.forget_at_ms = self.clock_ms, ended.renewed_ms + self.lease_ms
+
+    def _mark(self, mark: TrainerMark) -> None:
+        t = self.trainers.get(mark.trainer)
+        if t is None or t.session != mark.session:
+            old = t
+            t = self.trainers[mark.trainer] = _Trainer(mark.session, mark.weight_version, mark.batch_version,
+                                                       mark.batches, mark.groups_per_batch,
+                                                       mark.max_weight_staleness, self.clock_ms)
+            if old is not None:  # a restarted reader reads again what its predecessor had not committed
+                resumed = mark.resumed_from if mark.resumed_from is not None else -1
+                for batch, groups in old.uncommitted.items():
+                    if batch >= resumed or batch == -1:
+                        self.groups.update(groups)
+        t.weight_version, t.batch_version = mark.weight_version, mark.batch_version
+        t.batches, t.groups_per_batch = mark.batches, max(1, mark.groups_per_batch)
+        t.max_weight_staleness, t.updated_ms = mark.max_weight_staleness, self.clock_ms
+        doomed = t.uncommitted.setdefault(-1, {})
+        for batch, requests in mark.consumed.items():
+            held = t.uncommitted.setdefault(batch, {})
+            for request in requests:
+                group = self.groups.pop(request, None) or doomed.pop(request, None)
+                if group is not None:
+                    held[request] = group
+        for request in mark.doomed:
+            group = self.groups.pop(request, None)
+            if group is not None:
+                doomed[request] = group
+        if mark.committed_batch is not None:
+            for batch in [b for b in t.uncommitted if 0 <= b < mark.committed_batch]:
+                del t.uncommitted[batch]
+
+    def _expire(self, offset: int, out: list[Decision]) -> None:
+        suspected = {(p, s.session): s.renewed_ms for p, s in self.sessions.items()
+                     if self.clock_ms - s.renewed_ms >= self.suspect_ms}
+        for request, group in list(self.groups.items()):
+            renewed = suspected.get((group.producer, group.session))
+            if group.revoked_ms is None and not group.sent and renewed is not None:
+                group.revoked_ms, group.forget_at_ms = self.clock_ms, renewed + self.lease_ms
+            if group.revoked_ms is not None and self.clock_ms >= group.forget_at_ms:
+                del self.groups[request]
+        for producer, s in list(self.sessions.items()):
+            if self.clock_ms - s.renewed_ms >= self.lease_ms:
+                self._end_session(producer, offset, out, forget_unsent=False)
+
+    def _scan(self, offset: int, out: list[Decision]) -> None:
+        for request, p in list(self.pending.items()):
+            r = p.request
+            if self._too_old(r):
+                del self.pending[request]
+                out.append(Decision(request, Outcome.TOO_OLD, offset))
+            elif self.admissible(r):
+                del self.pending[request]
+                self.groups[request] = _Group(r.trainer, r.producer, r.session, r.weight_version,
+                                              r.max_policy_lag, r.versions_per_batch)
+                out.append(Decision(request, Outcome.ADMITTED, offset))
+
+    # ---- the rule ------------------------------------------------------------------------------
+    def _never_trains(self, group: _Group, t: _Trainer) -> bool:
+        """In H: certain never to train, so it takes no place in a batch."""
+        if group.revoked_ms is not None:
+            return True
+        s, v = t.max_weight_staleness, t.weight_version
+        return s is not None and v is not None and v - group.weight_version > s
+
+    def _base(self, t: _Trainer, vpb: int, start: int) -> int:
+        base = next_batch_version(t.weight_version, t.batch_version, vpb, any_batch=t.batches > 0,
+                                  start=start)
+        assert base is not None  # start is given
+        return base
+
+    def _too_old(self, r: Request) -> bool:
+        t = self.trainers.get(r.trainer)
+        if t is None or r.max_policy_lag is None or t.weight_version is None:
+            return False
+        return self._base(t, r.versions_per_batch, r.weight_version) - r.weight_version > r.max_policy_lag
+
+    def admissible(self, r: Request) -> bool:
+        t = self.trainers.get(r.trainer)
+        mine = [g for g in self.groups.values() if g.trainer == r.trainer]
+        if r.max_unconsumed_groups is not None and len(mine) >= r.max_unconsumed_groups:
+            return False
+        if t is None:
+            return r.max_policy_lag is None
+        new = _Group(r.trainer, r.producer, r.session, r.weight_version, r.max_policy_lag,
+                     r.versions_per_batch, sent=True)
+        live = [g for g in mine if not self._never_trains(g, t)] + [new]
+        behind = (len(live) - 1) // t.groups_per_batch  # batches after the next one, for the last in line
+        start = max(g.weight_version for g in live)  # a trainer without a version yet: assumed at the newest
+        for g in live:
+            if g.max_policy_lag is None:
+                continue
+            vpb = g.versions_per_batch
+            if self._base(t, vpb, start) + behind * vpb - g.weight_version > g.max_policy_lag:
+                return False
+        return True
+
+    # ---- what is shown -------------------------------------------------------------------------
+    def snapshot(self) -> AdmissionSnapshot:
+        outstanding: dict[str, int] = {}
+        for g in self.groups.values():
+            outstanding[g.trainer] = outstanding.get(g.trainer, 0) + 1
+        oldest = min((p.log_ms for p in self.pending.values()), default=None)
+        return AdmissionSnapshot(
+            folded_through=self.next_offset - 1,
+            clock_ms=self.clock_ms,
+            pending=len(self.pending),
+            oldest_pending_ms=None if oldest is None else self.clock_ms - oldest,
+            outstanding=outstanding,
+            unsent=sum(not g.sent for g in self.groups.values()),
+            sessions={p: "suspected" if self.clock_ms - s.renewed_ms >= self.suspect_ms else "ok"
+                      for p, s in self.sessions.items()},
+            trainer_mark_age_ms={name: self.clock_ms - t.updated_ms for name, t in self.trainers.items()},
+        )
