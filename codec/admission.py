@@ -2,8 +2,9 @@
 
 Every paced producer appends its requests here and every party folds the log from its start with the same
 pure rule (`core.admission`), so all of them reach the same decision on every request without a
-coordinator: the log's order is the agreement (docs/pacing.md). A group is named by the offset of the
-request that admitted it.
+coordinator: the log's order is the agreement (docs/pacing.md). An admitted group is named by the offset of
+the request that admitted it until it is sent, then by its group key (`run_id/group_index`), which is what
+the stage and the trainer see.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ class Cancel(msgspec.Struct, kw_only=True, tag="cancel", tag_field="type"):
 
 
 class Sent(msgspec.Struct, kw_only=True, tag="sent", tag_field="type"):
-    """Every record of the group admitted by `request` is acknowledged by the broker."""
+    """Every record of the group admitted by `request`, keyed `key`, is acknowledged by the broker."""
 
     producer: str
     session: str
     request: int
+    key: str
     schema_version: int = 1
 
 
@@ -71,9 +73,9 @@ class Release(msgspec.Struct, kw_only=True, tag="release", tag_field="type"):
 
 
 class Resolved(msgspec.Struct, kw_only=True, tag="resolved", tag_field="type"):
-    """Admitted groups the stage dead-lettered or dropped: they will never reach the trainer."""
+    """Groups the stage dead-lettered or dropped (by group key): they will never reach the trainer."""
 
-    requests: list[int]
+    keys: list[str]
     reason: str
     schema_version: int = 1
 
@@ -81,9 +83,9 @@ class Resolved(msgspec.Struct, kw_only=True, tag="resolved", tag_field="type"):
 class TrainerMark(msgspec.Struct, kw_only=True, tag="mark", tag_field="type"):
     """Rank 0 of a trainer group: where it is and which admitted groups it has consumed.
 
-    `consumed` maps a batch index to the admitted groups taken into that batch (trained or skipped); `doomed`
-    lists queued groups certain to be skipped. Both are cumulative since `committed_batch`, so a mark that
-    is lost loses nothing. A new `session` is a restarted reader that resumed at batch `resumed_from`.
+    `consumed` maps a batch index to the keys of the groups taken into that batch (trained or skipped);
+    `doomed` lists the keys of queued groups certain to be skipped. Both are cumulative since
+    `committed_batch`, so a mark that is lost loses nothing. A new `session` is a restarted reader that resumed at batch `resumed_from`.
     """
 
     trainer: str
@@ -93,8 +95,8 @@ class TrainerMark(msgspec.Struct, kw_only=True, tag="mark", tag_field="type"):
     batches: int  # batches taken by this trainer so far (the next batch's index)
     groups_per_batch: int
     max_weight_staleness: int | None
-    consumed: dict[int, list[int]] = msgspec.field(default_factory=dict)
-    doomed: list[int] = msgspec.field(default_factory=list)
+    consumed: dict[int, list[str]] = msgspec.field(default_factory=dict)
+    doomed: list[str] = msgspec.field(default_factory=list)
     committed_batch: int | None = None
     resumed_from: int | None = None
     schema_version: int = 1

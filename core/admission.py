@@ -67,6 +67,7 @@ class _Group:
     max_policy_lag: int | None
     versions_per_batch: int
     sent: bool = False
+    key: str | None = None  # its group key, once sent
     # log time its session stopped renewing (or restarted) while it was unsent: from then on it is in H
     # for good, even if the session comes back, and it is forgotten when the lease runs out
     revoked_ms: int | None = None
@@ -128,6 +129,10 @@ class AdmissionLog:
         self.trainers: dict[str, _Trainer] = {}
         self.decided: dict[int, Decision] = {}  # the newest decisions, for a waiter that reads them late
         self.late_sent = 0  # groups reported sent after they were revoked: they may train unaccounted
+        self.by_key: dict[str, int] = {}  # a sent group's request, by group key
+        # keys the trainer consumed (batch index, -1: doomed) or the stage resolved (None) before their
+        # `Sent` was folded, with the log time: matched when it is, forgotten after a lease (unpaced groups)
+        self.unmatched: dict[str, tuple[str, int | None, int]] = {}
 
     # ---- the fold ------------------------------------------------------------------------------
     def apply(self, offset: int, log_ms: int, record: AdmissionRecord) -> list[Decision]:
@@ -163,9 +168,13 @@ class AdmissionLog:
         elif isinstance(record, Sent):
             self._renew(record.producer, record.session)
             group = self.groups.get(record.request)
-            if group is not None and group.session == record.session:
-                group.sent = True
+            if group is not None and group.session == record.session and not group.sent:
+                group.sent, group.key = True, record.key
+                self.by_key[record.key] = record.request
                 self.late_sent += group.revoked_ms is not None
+                early = self.unmatched.pop(record.key, None)
+                if early is not None:
+                    self._consumed(early[0], record.key, early[1])
         elif isinstance(record, Renew):
             self._renew(record.producer, record.session)
         elif isinstance(record, Release):
@@ -179,8 +188,8 @@ class AdmissionLog:
                     if group is not None and group.session == record.session and not group.sent:
                         del self.groups[request]
         elif isinstance(record, Resolved):
-            for request in record.requests:
-                self.groups.pop(request, None)
+            for key in record.keys:
+                self._consumed(None, key, None)
         elif isinstance(record, TrainerMark):
             self._mark(record)
 
@@ -224,22 +233,38 @@ class AdmissionLog:
         t.weight_version, t.batch_version = mark.weight_version, mark.batch_version
         t.batches, t.groups_per_batch = mark.batches, max(1, mark.groups_per_batch)
         t.max_weight_staleness, t.updated_ms = mark.max_weight_staleness, self.clock_ms
-        doomed = t.uncommitted.setdefault(-1, {})
-        for batch, requests in mark.consumed.items():
-            held = t.uncommitted.setdefault(batch, {})
-            for request in requests:
-                group = self.groups.pop(request, None) or doomed.pop(request, None)
-                if group is not None:
-                    held[request] = group
-        for request in mark.doomed:
-            group = self.groups.pop(request, None)
-            if group is not None:
-                doomed[request] = group
+        for batch, keys in mark.consumed.items():
+            for key in keys:
+                self._consumed(mark.trainer, key, batch)
+        for key in mark.doomed:
+            self._consumed(mark.trainer, key, -1)
         if mark.committed_batch is not None:
             for batch in [b for b in t.uncommitted if 0 <= b < mark.committed_batch]:
-                del t.uncommitted[batch]
+                for group in t.uncommitted.pop(batch).values():
+                    if group.key is not None:
+                        self.by_key.pop(group.key, None)
+
+    def _consumed(self, trainer: str | None, key: str, batch: int | None) -> None:
+        """The group keyed `key` was taken into `batch` of `trainer` (-1: doomed; None: resolved by the
+        stage). It stops counting; one the trainer has not committed is kept in case it restarts."""
+        request = self.by_key.get(key)
+        t = self.trainers.get(trainer) if trainer is not None else None
+        group = self.groups.pop(request, None) if request is not None else None
+        if group is None and t is not None and request is not None and batch != -1:
+            group = t.uncommitted.get(-1, {}).pop(request, None)  # doomed first, now in its batch
+        if group is None:
+            if request is None:
+                self.unmatched[key] = (trainer or "", batch, self.clock_ms)
+            return
+        assert request is not None
+        if batch is None or t is None:
+            self.by_key.pop(key, None)
+            return
+        t.uncommitted.setdefault(batch, {})[request] = group
 
     def _expire(self, offset: int, out: list[Decision]) -> None:
+        for key in [k for k, (_, _, ms) in self.unmatched.items() if self.clock_ms - ms >= self.lease_ms]:
+            del self.unmatched[key]
         suspected = {(p, s.session): s.renewed_ms for p, s in self.sessions.items()
                      if self.clock_ms - s.renewed_ms >= self.suspect_ms}
         for request, group in list(self.groups.items()):
@@ -248,6 +273,8 @@ class AdmissionLog:
                 group.revoked_ms, group.forget_at_ms = self.clock_ms, renewed + self.lease_ms
             if group.revoked_ms is not None and self.clock_ms >= group.forget_at_ms:
                 del self.groups[request]
+                if group.key is not None:
+                    self.by_key.pop(group.key, None)
         for producer, s in list(self.sessions.items()):
             if self.clock_ms - s.renewed_ms >= self.lease_ms:
                 self._end_session(producer, offset, out, forget_unsent=False)

@@ -45,6 +45,12 @@ class Log:
             self.decided[d.request] = d.outcome
         return offset
 
+    def sent(self, *requests: int, producer: str = "p", session: str = "s1") -> list[str]:
+        """Each group's records acknowledged (`Sent`); their group keys."""
+        for r in requests:
+            self.append(Sent(producer=producer, session=session, request=r, key=f"k{r}"))
+        return [f"k{r}" for r in requests]
+
 
 def mark(trainer="t", session="r1", v=0, b=None, batches=0, g=2, s=1, **kw) -> TrainerMark:
     return TrainerMark(trainer=trainer, session=session, weight_version=v, batch_version=b, batches=batches,
@@ -58,10 +64,10 @@ def request(producer="p", session="s1", w=0, k=1, n=None, trainer="t") -> Reques
 
 def test_every_record_survives_the_wire():
     records = [Hello(producer="p", session="s"), request(), Cancel(producer="p", session="s", request=3),
-               Sent(producer="p", session="s", request=3), Renew(producer="p", session="s"),
+               Sent(producer="p", session="s", request=3, key="run/3"), Renew(producer="p", session="s"),
                Release(producer="p", session="s", requests=[1, 2]), Release(producer="p", session="s"),
-               Resolved(requests=[4], reason="shared_reward_violation"),
-               mark(consumed={0: [1, 2]}, doomed=[5])]
+               Resolved(keys=["run/4"], reason="shared_reward_violation"),
+               mark(consumed={0: ["run/1", "run/2"]}, doomed=["run/5"])]
     for r in records:
         assert decode_admission(encode_admission(r)) == r
     with pytest.raises(msgspec.DecodeError):
@@ -86,9 +92,9 @@ def test_the_bound_holds_for_every_group_ahead_not_only_the_new_one():
     # before one of the four and push that one into the third batch: it waits.
     fifth = log.append(request(w=1))
     assert fifth not in log.decided
-    log.append(mark(v=0, b=0, batches=1, consumed={0: first[:2]}))
+    log.append(mark(v=0, b=0, batches=1, consumed={0: log.sent(*first[:2])}))
     assert fifth not in log.decided  # still three places for two w=0 groups and it
-    log.append(mark(v=1, b=1, batches=2, consumed={1: first[2:]}))
+    log.append(mark(v=1, b=1, batches=2, consumed={1: log.sent(*first[2:])}))
     assert log.decided[fifth] is Outcome.ADMITTED
 
 
@@ -108,7 +114,7 @@ def test_max_unconsumed_groups_counts_groups_that_will_never_train():
     third = log.append(request(w=6, k=None, n=2))
     assert log.decided[stale] is Outcome.ADMITTED and log.decided[second] is Outcome.ADMITTED
     assert third not in log.decided  # two outstanding, however sure one is to be skipped
-    log.append(mark(v=6, b=6, batches=1, consumed={0: [stale]}))
+    log.append(mark(v=6, b=6, batches=1, consumed={0: log.sent(stale)}))
     assert log.decided[third] is Outcome.ADMITTED
 
 
@@ -127,7 +133,7 @@ def test_a_restarted_producer_loses_its_waiting_requests_and_its_unsent_groups_t
     log = Log()
     log.append(mark(v=0, g=1, s=0))
     sent, unsent = log.append(request(w=0, k=0)), None
-    log.append(Sent(producer="p", session="s1", request=sent))
+    log.sent(sent)
     waiting = log.append(request(w=0, k=0))
     assert waiting not in log.decided  # k=0, g=1: one group ahead is already one batch too many
     log.append(Hello(producer="p", session="s2"))
@@ -147,7 +153,7 @@ def test_a_session_that_stops_renewing_gives_up_its_unsent_places_at_once():
     log.append(Renew(producer="live", session="l"), after_ms=1_000)  # 3 s without a word from "dead"
     assert log.decided[blocked] is Outcome.ADMITTED
     assert log.fold.groups[held].revoked_ms is not None
-    log.append(Sent(producer="dead", session="d", request=held))  # back too late: counted, never trusted
+    log.sent(held, producer="dead", session="d")  # back too late: counted, never trusted
     assert log.fold.late_sent == 1 and log.fold.groups[held].revoked_ms is not None
 
 
@@ -169,7 +175,8 @@ def test_a_restarted_trainer_counts_again_what_it_had_not_committed():
     log = Log()
     log.append(mark(v=0, g=1, s=1))
     a, b = log.append(request(w=0, k=None, n=2)), log.append(request(w=0, k=None, n=2))
-    log.append(mark(v=1, b=0, batches=2, consumed={0: [a], 1: [b]}, committed_batch=1))
+    ka, kb = log.sent(a, b)
+    log.append(mark(v=1, b=0, batches=2, consumed={0: [ka], 1: [kb]}, committed_batch=1))
     assert not log.fold.groups
     log.append(mark(session="r2", v=1, b=0, batches=1, resumed_from=1))
     assert set(log.fold.groups) == {b}  # batch 1 is read again; batch 0 was committed
@@ -179,7 +186,7 @@ def test_resolved_and_released_groups_stop_counting():
     log = Log()
     log.append(mark())
     a, b = log.append(request(k=None, n=2)), log.append(request(k=None, n=2))
-    log.append(Resolved(requests=[a], reason="missing_members"))
+    log.append(Resolved(keys=log.sent(a), reason="missing_members"))
     log.append(Release(producer="p", session="s1", requests=[b]))
     assert not log.fold.groups
 
@@ -211,7 +218,7 @@ class Trainer:
     version: int = 0
     batch_version: int | None = None
     batches: int = 0
-    consumed: dict[int, list[int]] = field(default_factory=dict)  # not yet in a mark
+    consumed: dict[int, list[str]] = field(default_factory=dict)  # not yet in a mark
 
 
 ACTIONS = ("request", "request", "request", "send", "send", "batch", "mark", "mark", "renew", "tick", "kill")
@@ -270,7 +277,8 @@ def simulate(seed: int, producers: int, g: int, staleness: int, steps: int, *, c
             r = p.admitted.pop(rng.randrange(len(p.admitted)))
             if log.fold.groups.get(r) is not None and log.fold.groups[r].revoked_ms is None:
                 pool.append(r)  # a live producer sends only while its lease holds
-                log.append(Sent(producer=p.name, session=p.session, request=r), after_ms=rng.randrange(0, 50))
+                log.append(Sent(producer=p.name, session=p.session, request=r, key=f"k{r}"),
+                           after_ms=rng.randrange(0, 50))
         elif action == "batch" and len(pool) >= g:
             rng.shuffle(pool)
             taken, pool[:] = pool[:g], pool[g:]
@@ -278,7 +286,7 @@ def simulate(seed: int, producers: int, g: int, staleness: int, steps: int, *, c
                 assert trainer.version - weight[r] <= staleness, (
                     f"admitted group {r} (w={weight[r]}) judged at {trainer.version}")
                 judged += 1
-            trainer.consumed.setdefault(trainer.batches, []).extend(taken)
+            trainer.consumed.setdefault(trainer.batches, []).extend(f"k{r}" for r in taken)
             trainer.batch_version, trainer.batches = trainer.version, trainer.batches + 1
             trainer.version += 1  # one step, one version (versions_per_batch = 1)
         elif action == "mark":
@@ -312,10 +320,32 @@ def test_with_a_trainer_consuming_every_request_is_answered():
     while len([r for r in asked if r in log.decided]) < len(asked):
         taken, pool = pool[:g], pool[g:]
         assert len(taken) == g
-        log.append(mark(v=version, b=version, batches=batch + 1, g=g, s=1, consumed={batch: taken}))
+        keys = [log.sent(r, producer=f"p{asked.index(r) % 3}", session=f"s{asked.index(r) % 3}")[0]
+                for r in taken]
+        log.append(mark(v=version, b=version, batches=batch + 1, g=g, s=1, consumed={batch: keys}))
         batch += 1
         version += 1
         log.append(mark(v=version, b=version - 1, batches=batch, g=g, s=1))
         pool += [r for r in asked if log.decided.get(r) is Outcome.ADMITTED and r not in pool
                  and r in log.fold.groups]
     assert {log.decided[r] for r in asked} <= {Outcome.ADMITTED, Outcome.TOO_OLD}
+
+
+def test_a_group_consumed_or_resolved_before_its_sent_record_is_matched_when_that_comes():
+    log = Log()
+    log.append(mark(g=1))
+    a, b = log.append(request(k=None, n=2)), log.append(request(k=None, n=2))
+    log.append(mark(g=1, b=0, batches=1, consumed={0: ["ka"]}))
+    log.append(Resolved(keys=["kb"], reason="missing_members"))
+    assert set(log.fold.groups) == {a, b}  # nothing names them yet
+    log.append(Sent(producer="p", session="s1", request=a, key="ka"))
+    log.append(Sent(producer="p", session="s1", request=b, key="kb"))
+    assert not log.fold.groups and not log.fold.unmatched
+
+
+def test_keys_nobody_asked_for_are_forgotten_after_a_lease():
+    log = Log(lease_ms=30_000)
+    log.append(mark(g=1, b=0, batches=1, consumed={0: ["unpaced/1"]}))
+    assert "unpaced/1" in log.fold.unmatched
+    log.append(mark(g=1, b=0, batches=1), after_ms=30_000)
+    assert not log.fold.unmatched
