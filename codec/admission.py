@@ -85,7 +85,8 @@ class TrainerMark(msgspec.Struct, kw_only=True, tag="mark", tag_field="type"):
 
     `consumed` maps a batch index to the keys of the groups taken into that batch (trained or skipped);
     `doomed` lists the keys of queued groups certain to be skipped. Both are cumulative since
-    `committed_batch`, so a mark that is lost loses nothing. A new `session` is a restarted reader that resumed at batch `resumed_from`.
+    `committed_batch`, so a mark that is lost loses nothing. A new `session` is a restarted reader that
+    resumed at batch `resumed_from`.
     """
 
     trainer: str
