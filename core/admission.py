@@ -151,6 +151,19 @@ class AdmissionLog:
                 del self.decided[key]
         return decisions
 
+    def tick(self, offset: int, log_ms: int) -> list[Decision]:
+        """A record that is not an admission record (undecodable): only the clock moves."""
+        if offset < self.next_offset:
+            return []
+        self.next_offset = offset + 1
+        self.clock_ms = max(self.clock_ms, log_ms)
+        decisions: list[Decision] = []
+        self._expire(offset, decisions)
+        self._scan(offset, decisions)
+        for d in decisions:
+            self.decided[d.request] = d
+        return decisions
+
     def _record(self, offset: int, log_ms: int, record: AdmissionRecord, out: list[Decision]) -> None:
         if isinstance(record, Hello):
             current = self.sessions.get(record.producer)

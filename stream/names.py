@@ -28,6 +28,12 @@ def changelog_topic_name(group_id: str, input_topic: str) -> str:
     return f"{safe}-{input_topic}-windows-changelog"[:249]
 
 
+def admission_topic(train_data_topic: str) -> str:
+    """The single-partition log where paced producers ask for room behind the trainers of one train-data
+    topic, and the trainers say what they consumed (docs/pacing.md)."""
+    return f"{train_data_topic}.admission"[:249]
+
+
 def progress_topic(train_data_topic: str) -> str:
     """The compacted topic where trainers, paced producers and workers of one train-data topic say where they
     are (docs/pacing.md)."""

@@ -13,7 +13,7 @@ from codec import Sample, encode_sample, group_key
 from core.pacing import Admission, PacingLimits
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.kafka import SendFuture, check_connection, client_for
-from stream.names import progress_topic
+from stream.names import admission_topic, progress_topic
 from stream.pacing import AdmissionGate, PacingError, PacingStats
 from stream.security import SecuritySettings
 from stream.topics import require_topics
@@ -80,7 +80,8 @@ class RolloutProducer:
         self.gate: AdmissionGate | None = None
         if limits.active:
             assert trainer_group_id is not None
-            self.gate = AdmissionGate(conn, topic=topic, progress_topic=progress_topic(train_data_topic),
+            self.gate = AdmissionGate(conn, topic=topic, admission_topic=admission_topic(train_data_topic),
+                                      progress_topic=progress_topic(train_data_topic),
                                       trainer_group=trainer_group_id, limits=limits, producer_id=producer_id,
                                       stale_after_s=trainer_stale_after_s)
 
@@ -110,11 +111,10 @@ class RolloutProducer:
         """Encode and send one sample; its outcome is known after `flush()`. A send the client already knows
         failed (e.g. no Write ACL on the topic) raises at once: samples are never dropped silently."""
         key = group_key(sample)
-        future = self._producer.send(self.topic, encode_sample(sample), key, timestamp_ms=timestamp_ms,
-                                     headers=headers)
         if self.gate is not None:
-            self.gate.sent(key, future)  # counted until the trainer consumed the group
-        return future
+            self.gate.before_send(key)  # a new group takes its admission and is named in the log first
+        return self._producer.send(self.topic, encode_sample(sample), key, timestamp_ms=timestamp_ms,
+                                   headers=headers)
 
     def send_raw(
         self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None

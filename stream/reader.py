@@ -54,7 +54,7 @@ from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
 from stream.logs import log_event
-from stream.names import progress_topic, rank_group_id
+from stream.names import admission_topic, progress_topic, rank_group_id
 from stream.pacing import TrainerProgressPublisher
 from stream.security import SecuritySettings
 
@@ -243,6 +243,8 @@ class _Prefetcher(threading.Thread):
         marks = ReadMarks()
         for p, tp in tps.items():
             marks.start(p, c.position(tp), resume.get(p))
+        if r.progress is not None:  # paced producers count again what was not committed before
+            r.progress.resumed(0 if batch is None else batch + 1)
         self._put(("resumed", batch, None))
         assembler = GroupAssembler(marks, r.stats)
         merger = GroupMerger(partitions, r.partition_idle_ms)
@@ -426,7 +428,8 @@ class TrainDataReader:
         # set_weight_version and commit, and on a heartbeat.
         self.progress = (TrainerProgressPublisher(self.conn, progress_topic(topic), group_id,
                                                   groups_per_batch=groups_per_batch,
-                                                  max_weight_staleness=max_weight_staleness)
+                                                  max_weight_staleness=max_weight_staleness,
+                                                  admission_topic=admission_topic(topic))
                          if publish_progress and rank == 0 else None)
         self._thread = _Prefetcher(self)
         self._thread.start()
@@ -489,7 +492,8 @@ class TrainDataReader:
         assert self.progress is not None
         self.progress.doomed(doomed_through([
             ([(s.source_topic, s.source_partition, s.source_offset) for s in g.samples], v is not None)
-            for (g, _), v in zip(self._buffer, verdicts, strict=True)]))
+            for (g, _), v in zip(self._buffer, verdicts, strict=True)]),
+            [g.key for (g, _), v in zip(self._buffer, verdicts, strict=True) if v is not None])
 
     def _verdict(self, group: AssembledGroup) -> Verdict | None:
         return group_verdict(group, self.weight_version, self.max_weight_staleness)
@@ -556,7 +560,7 @@ class TrainDataReader:
         self._committer.commit(offsets)
         self._committed = self._yielded
         if self.progress is not None:
-            self.progress.publish()
+            self.progress.publish(committed_batch=index + 1)
         return True
 
     def close(self) -> None:

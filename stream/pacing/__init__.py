@@ -1,9 +1,19 @@
-"""Pacing rollouts to the trainer (docs/pacing.md): the progress topic every party writes its state to, and
-the admission gate a paced `RolloutProducer` waits at. The rule itself is pure: `core.pacing`."""
+"""Pacing rollouts to the trainer (docs/pacing.md): the admission log paced producers ask for room on and
+trainers report to, and the progress topic every party writes its state to for display. The rule itself
+is pure: `core.admission`."""
 
-from stream.pacing.gate import AdmissionGate, PacingError, PacingStats, PacingTimeout, WeightsTooOld
+from stream.pacing.admission_log import AdmissionFollower, AdmissionWriter, ensure_admission_topic
+from stream.pacing.gate import (
+    AdmissionGate,
+    AdmissionRevoked,
+    PacingError,
+    PacingStats,
+    PacingTimeout,
+    WeightsTooOld,
+)
 from stream.pacing.progress import ProgressBoard, ProgressWriter, ensure_progress_topic, now_ms
 from stream.pacing.trainer import TrainerProgressPublisher
 
-__all__ = ["AdmissionGate", "PacingError", "PacingStats", "PacingTimeout", "ProgressBoard", "ProgressWriter",
-           "TrainerProgressPublisher", "WeightsTooOld", "ensure_progress_topic", "now_ms"]
+__all__ = ["AdmissionFollower", "AdmissionGate", "AdmissionRevoked", "AdmissionWriter", "PacingError",
+           "PacingStats", "PacingTimeout", "ProgressBoard", "ProgressWriter", "TrainerProgressPublisher",
+           "WeightsTooOld", "ensure_admission_topic", "ensure_progress_topic", "now_ms"]

@@ -1,26 +1,43 @@
-"""The producer's side of pacing: count its groups until the trainer consumed them, and wait for room.
+"""The producer's side of pacing: ask the admission log for room and wait for its answer.
 
-`AdmissionGate` is what `RolloutProducer(..., max_policy_lag=k, max_unconsumed_groups=n)` uses. It reads
-the trainer's progress from a `ProgressBoard`, counts this producer's groups exactly (`core.pacing` rule),
-adds the outstanding counts other paced producers of the same trainer group published, and applies
-`core.pacing.admission` (docs/pacing.md).
+`AdmissionGate` is what `RolloutProducer(..., max_policy_lag=k, max_unconsumed_groups=n)` uses. `admit`
+appends a request to the admission log and waits until the fold (`core.admission`) decides it; every paced
+producer folds the same log, so no two can take the same room, however many there are (docs/pacing.md).
+A group's records are sent only after a `Sent` record names its key, and only while this producer's lease
+holds (it renews it every second), so the log always knows which groups may still reach the trainer.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
+from typing import TypedDict
 
-from codec.progress import ProducerProgress, TrainerProgress
-from core.pacing import Admission, PacingLimits, admission, is_consumed, next_batch_version
+from codec.admission import Cancel, Hello, Release, Renew, Request, Sent
+from codec.progress import ProducerProgress
+from core.admission import SUSPECT_MS, AdmissionLog, Decision, Outcome
+from core.pacing import Admission, PacingLimits, next_batch_version
 from stream.clients import Connection
 from stream.errors import RuntimeFailure
-from stream.kafka import KafkaFailure, SendFuture
-from stream.pacing.progress import ProgressBoard, ProgressWriter, now_ms
+from stream.kafka import Client, KafkaFailure, SendFuture, client_for
+from stream.logs import log_event
+from stream.pacing.admission_log import AdmissionFollower, AdmissionWriter, ensure_admission_topic
+from stream.pacing.progress import ProgressWriter, now_ms
 
-__all__ = ["AdmissionGate", "PacingError", "PacingStats", "PacingTimeout", "WeightsTooOld"]
+__all__ = ["AdmissionGate", "AdmissionRevoked", "PacingError", "PacingStats", "PacingTimeout",
+           "WeightsTooOld"]
+
+log = logging.getLogger("rollout_stream.pacing")
+
+RENEW_S = 1.0
+# A lease is good until SUSPECT_MS after the renewal that was last acknowledged, by the broker's clock; this
+# producer stops sending that much earlier by its own, for the clocks' skew and the renewal's trip.
+LEASE_MARGIN_S = 1.0
+CANCEL_WAIT_S = 10.0  # how long a timed-out admit waits to learn whether its grant or its cancel came first
 
 
 class PacingError(RuntimeFailure):
@@ -35,218 +52,232 @@ class WeightsTooOld(PacingError, ValueError):
     """The weight version asked for is more than max_policy_lag behind the trainer: waiting cannot help."""
 
 
+class AdmissionRevoked(PacingError):
+    """The group's admission lapsed before its first record was sent (this producer stopped renewing its
+    lease for seconds, e.g. a long pause): the log no longer holds its place. Admit it again."""
+
+
+class _Who(TypedDict):
+    producer: str
+    session: str
+
+
 @dataclass
 class PacingStats:
     admitted: int = 0
     waits: int = 0  # admissions that had to wait
     wait_s: float = 0.0  # total time spent waiting in admit
     max_wait_s: float = 0.0
-
-
-@dataclass
-class _Group:
-    """One of this producer's groups: its records' futures, then where the last one landed."""
-
-    futures: list[SendFuture] = field(default_factory=list)  # sent, not yet looked at
-    partition: int | None = None
-    high: int = -1  # the highest offset written so far
-
-    @property
-    def last_offset(self) -> int | None:
-        """Where its last record landed, once every record sent so far is written."""
-        return None if self.futures or self.high < 0 else self.high
+    unpaced_groups: int = 0  # groups sent without an admission
 
 
 class AdmissionGate:
     """Admission of new prompt groups for one producer, paced to one trainer group."""
 
-    def __init__(self, conn: Connection, *, topic: str, progress_topic: str, trainer_group: str,
-                 limits: PacingLimits, producer_id: str | None = None, stale_after_s: float = 60.0,
-                 heartbeat_s: float = 2.0) -> None:
+    def __init__(self, conn: Connection, *, topic: str, admission_topic: str, progress_topic: str,
+                 trainer_group: str, limits: PacingLimits, producer_id: str | None = None,
+                 stale_after_s: float = 60.0, client: Client | None = None) -> None:
         self.topic, self.trainer_group, self.limits = topic, trainer_group, limits
-        self.progress_topic = progress_topic
+        self.admission_topic = admission_topic
         self.producer_id = producer_id or f"producer-{uuid.uuid4().hex[:12]}"
+        self.session = uuid.uuid4().hex[:12]
+        self._me = _Who(producer=self.producer_id, session=self.session)  # who writes each record
         self.stale_after_s = stale_after_s
         self.stats = PacingStats()
+        client = client or client_for(conn)
+        ensure_admission_topic(conn, admission_topic, client)
         self._lock = threading.RLock()
-        self._groups: dict[bytes, _Group] = {}
-        self._started = 0  # distinct groups sent since this producer started
-        self._through: dict[int, int] = {}  # the trainer's consumed watermark, never moving back
+        self._tickets: deque[int] = deque()  # admitted requests no group has taken yet, oldest first
+        self._keys: dict[str, int] = {}  # the request each group key took (the newest 10,000)
         self._newest: int | None = None
         self._waiting = False
-        self._writer = ProgressWriter(conn, progress_topic, heartbeat_s=heartbeat_s,  # creates the topic
-                                      refresh=self.progress)
-        self._board = ProgressBoard(conn, progress_topic)
-        self._board.wait_caught_up(10.0)  # a fresh producer knows where the trainer is before its first admit
+        self._valid_until = 0.0  # monotonic: this producer's lease holds until then
+        self._writer = AdmissionWriter(conn, admission_topic, client)
+        self._follower = AdmissionFollower(conn, admission_topic, client)
+        sent_at = time.monotonic()
+        hello = self._writer.send(Hello(**self._me))
+        self._renewed(sent_at, hello)
+        # A fresh producer knows what the log says (where the trainer is) before its first admit.
+        self._follower.wait_folded(hello.get(0).offset, 10.0)
+        self._progress = ProgressWriter(conn, progress_topic, heartbeat_s=2.0, client=client,
+                                        refresh=self.progress)
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew, name="admission-renew", daemon=True)
+        self._renewer.start()
+
+    # ---- the lease -------------------------------------------------------------------------------
+    def _renewed(self, sent_at: float, future: SendFuture, timeout: float = 10.0) -> None:
+        future.get(timeout)
+        with self._lock:
+            self._valid_until = max(self._valid_until, sent_at + SUSPECT_MS / 1000 - LEASE_MARGIN_S)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(RENEW_S):
+            sent_at = time.monotonic()
+            try:
+                self._renewed(sent_at, self._writer.send(Renew(**self._me)), timeout=RENEW_S * 2)
+            except KafkaFailure as exc:  # the lease runs out unless a later renewal passes
+                log_event(log, "admission.renew_failed", logging.WARNING, topic=self.admission_topic,
+                          error=f"{type(exc).__name__}: {exc}")
 
     # ---- what send() tells the gate -------------------------------------------------------------
     def sending(self) -> threading.RLock:
-        """Held while a whole group is sent: a count taken between two of its records judged the group by
-        the first one's offset and let it count as consumed a batch early (docs/pacing.md)."""
+        """Held while a whole group is sent, so its records go out under one admission."""
         return self._lock
 
-    def sent(self, key: bytes, future: SendFuture) -> None:
+    def before_send(self, key: bytes) -> None:
+        """Called before each record is sent: the first record of a new group takes the oldest admission and
+        names the group in the log (`Sent`) before anything of it reaches the stage."""
+        name = key.decode()
         with self._lock:
-            group = self._groups.get(key)
-            if group is None:
-                group = self._groups[key] = _Group()
-                self._started += 1
-            group.futures.append(future)  # its end is unknown again until this one is written
-
-    # ---- the count -------------------------------------------------------------------------------
-    def _trainer(self) -> TrainerProgress | None:
-        trainer = self._board.trainer(self.trainer_group)
-        if trainer is not None:
-            for p, offset in trainer.consumed_through.get(self.topic, {}).items():
-                if offset > self._through.get(p, -1):
-                    self._through[p] = offset
-        return trainer
-
-    def own_outstanding(self) -> int:
-        """This producer's groups admitted and not yet consumed: sent ones until the trainer's watermark
-        passes their last record, plus those admitted and not sent yet."""
-        with self._lock:
-            self._trainer()
-            poked = False
-            for key, group in list(self._groups.items()):
-                if group.futures:
-                    pending = [f for f in group.futures if not f.done()]
-                    if pending and not poked:
-                        poked = True  # one short wait serves every delivery report (librdkafka needs a poll)
-                        try:
-                            pending[-1].get(0.005)
-                        except KafkaFailure:
-                            pass  # not acknowledged yet, or failed: looked at below
-                    if not all(f.done() for f in group.futures):
-                        continue
-                    written = [f.get(0) for f in group.futures if f.exception() is None]
-                    if not written and group.high < 0:  # every send failed: flush() raises it; nothing
-                        del self._groups[key]  # will be consumed
-                        continue
-                    if written:
-                        group.partition = written[0].partition
-                        group.high = max(group.high, max(w.offset for w in written))
-                    group.futures = []
-                if is_consumed(group.partition, group.last_offset, self._through):
-                    del self._groups[key]
-            generating = max(0, self.stats.admitted - self._started)
-            return len(self._groups) + generating
-
-    def others_outstanding(self) -> int:
-        """What the other live paced producers of this trainer group last published."""
-        cutoff = now_ms() - self.stale_after_s * 1000
-        return sum(p.outstanding for p in self._board.producers()
-                   if p.trainer_group == self.trainer_group and p.producer_id != self.producer_id
-                   and p.updated_ms >= cutoff)
-
-    def decide(self, weight_version: int) -> tuple[Admission, TrainerProgress | None]:
-        with self._lock:
-            trainer = self._trainer()
-            unconsumed = self.own_outstanding() + self.others_outstanding()
-            decision = admission(
-                weight_version,
-                next_version=None if trainer is None else next_batch_version(
-                    trainer.weight_version, trainer.batch_version, self.limits.versions_per_batch,
-                    any_batch=trainer.batch is not None, start=weight_version),
-                groups_per_batch=trainer.groups_per_batch if trainer is not None else 1,
-                unconsumed=unconsumed, limits=self.limits, trainer_known=trainer is not None)
-            return decision, trainer
+            if name in self._keys:
+                return
+            if not self._tickets:
+                self.stats.unpaced_groups += 1  # sent without admit(): the log does not count it
+                self._keys[name] = -1
+                return
+            request = self._tickets[0]
+            if time.monotonic() >= self._valid_until:
+                self._tickets.popleft()
+                self._writer.send(Release(**self._me, requests=[request]))
+                raise AdmissionRevoked(
+                    f"the admission of group {name!r} lapsed: this producer's lease on "
+                    f"{self.admission_topic} was not renewed for {SUSPECT_MS / 1000 - LEASE_MARGIN_S:.0f} s; "
+                    f"admit the group again")
+            self._writer.append(Sent(**self._me, request=request, key=name))
+            self._tickets.popleft()
+            self._keys[name] = request
+            if len(self._keys) > 10_000:
+                del self._keys[next(iter(self._keys))]
 
     # ---- admission -------------------------------------------------------------------------------
+    def _request(self, weight_version: int) -> Request:
+        return Request(**self._me, trainer=self.trainer_group,
+                       weight_version=weight_version, max_policy_lag=self.limits.max_policy_lag,
+                       max_unconsumed_groups=self.limits.max_unconsumed_groups,
+                       versions_per_batch=self.limits.versions_per_batch)
+
     def can_admit(self, weight_version: int) -> bool:
-        """Whether a group at `weight_version` may start now (does not count it: call `admit`)."""
-        return self.decide(weight_version)[0].admitted
+        """Whether a group at `weight_version` would be admitted now (advisory: asks nothing of the log)."""
+        request = self._request(weight_version)
+        return self._follower.read(lambda fold: fold.admissible(request))
 
     def admit(self, weight_version: int, timeout: float | None = None) -> Admission:
-        """Wait until a group at `weight_version` may start and count it as started.
+        """Wait until a group at `weight_version` may start, and hold its place.
 
-        Raises PacingTimeout after `timeout` seconds without room (None: wait forever), WeightsTooOld at
-        once when the version is too old even with nothing ahead of it.
+        Raises PacingTimeout after `timeout` seconds without room (None: wait forever), WeightsTooOld when the
+        trainer's next batch is already too far ahead of the version.
         """
-        if self._board.error is not None:
-            error = self._board.error
-            raise PacingError(f"reading {self.progress_topic} failed: {error}") from error
+        if self._follower.error is not None:
+            error = self._follower.error
+            raise PacingError(f"reading {self.admission_topic} failed: {error}") from error
         started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
-        seen = self._board.updates
-        waited = False
-        while True:
-            with self._lock:  # decided and counted at once: two threads cannot take the same room
-                decision, trainer = self.decide(weight_version)
-                if decision.admitted:
-                    self._count_admitted(weight_version, time.monotonic() - started if waited else None)
-                    return decision
-            bound = self.limits.max_policy_lag
-            base = None if trainer is None else next_batch_version(
-                trainer.weight_version, trainer.batch_version, self.limits.versions_per_batch)
-            if base is not None and bound is not None and base - weight_version > bound:
-                # The next batch alone is judged too far ahead, and versions only move on: no wait helps.
-                assert trainer is not None
-                self._set_waiting(False)
-                if waited:
-                    self._count_wait(time.monotonic() - started)
-                raise WeightsTooOld(
-                    f"weight version {weight_version} would be {base - weight_version} behind trainer group "
-                    f"{self.trainer_group!r} (version {trainer.weight_version}, next batch judged at "
-                    f"{base}) even with no group ahead, more than max_policy_lag {bound}: load newer weights")
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                self._set_waiting(False)
-                self._count_wait(now - started)
-                raise PacingTimeout(self._timeout_message(decision, trainer, now - started))
-            if not waited:
-                waited = True
-                self._set_waiting(True)
-            # Own groups complete without a board update (acknowledgements): look again at least every 0.1 s.
-            step = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
-            seen = self._board.wait_for_change(seen, step)
+        try:
+            request = self._writer.append(self._request(weight_version))
+        except KafkaFailure as exc:
+            raise PacingError(f"cannot append to the admission log {self.admission_topic}: {exc}") from exc
+        decision = self._follower.wait_for(request, 0.0)
+        if decision is None:
+            self._set_waiting(True)
+            decision = self._follower.wait_for(request, timeout)
+        if decision is None:  # out of time: cancel, and see which of the two the log has first
+            self._writer.send(Cancel(**self._me, request=request))
+            decision = self._follower.wait_for(request, CANCEL_WAIT_S)
+        waited = time.monotonic() - started
+        self._set_waiting(False)
+        if decision is not None and decision.outcome is Outcome.ADMITTED:
+            return self._admitted(request, weight_version, waited, decision)
+        if waited >= 0.001:
+            self._count_wait(waited)
+        if decision is None:
+            raise PacingTimeout(f"admit on {self.admission_topic}: no decision on request {request} after "
+                                f"{waited:.1f}s and a cancel (is the admission log readable?)")
+        if decision.outcome is Outcome.TOO_OLD:
+            raise WeightsTooOld(self._too_old_message(weight_version))
+        if decision.outcome is Outcome.CANCELLED:
+            raise PacingTimeout(self._timeout_message(waited))
+        raise PacingError(f"request {request} was revoked: this producer's session on {self.admission_topic} "
+                          f"ended (another process started with producer id {self.producer_id!r}?)")
 
-    def _count_admitted(self, weight_version: int, waited_s: float | None) -> None:
-        self.stats.admitted += 1
-        if self._newest is None or weight_version > self._newest:
-            self._newest = weight_version
-        if waited_s is not None:
-            self._count_wait(waited_s)
-        self._waiting = False
+    def _admitted(self, request: int, weight_version: int, waited: float, decision: Decision) -> Admission:
+        with self._lock:
+            self._tickets.append(request)
+            self.stats.admitted += 1
+            if self._newest is None or weight_version > self._newest:
+                self._newest = weight_version
+        if decision.at > request:
+            self._count_wait(waited)
         self._publish()
+        return Admission(None, self.outstanding(), None)
 
     def _count_wait(self, seconds: float) -> None:
-        self.stats.waits += 1
-        self.stats.wait_s += seconds
-        self.stats.max_wait_s = max(self.stats.max_wait_s, seconds)
+        with self._lock:
+            self.stats.waits += 1
+            self.stats.wait_s += seconds
+            self.stats.max_wait_s = max(self.stats.max_wait_s, seconds)
 
-    def _timeout_message(self, decision: Admission, trainer: TrainerProgress | None, waited: float) -> str:
-        head = f"admit waited {waited:.1f}s for room behind trainer group {self.trainer_group!r}: "
-        if trainer is None:
-            return head + (f"it has published no progress on {self.progress_topic} (is a TrainDataReader "
-                           f"with group_id {self.trainer_group!r} running on this train-data topic?)")
-        age = (now_ms() - trainer.updated_ms) / 1000
-        where = (f"last progress {age:.0f}s ago at weight version {trainer.weight_version}, "
-                 f"{trainer.consumed_groups} group(s) consumed")
-        if age > self.stale_after_s:
-            return head + f"the trainer is stale ({where}; gone or stuck?)"
-        return head + f"{decision.explain(self.limits)} ({where})"
+    # ---- what is said ------------------------------------------------------------------------------
+    def outstanding(self) -> int:
+        """This producer's groups the log counts (admitted, and not yet consumed, resolved or released)."""
+        def mine(fold: AdmissionLog) -> int:
+            return sum(g.producer == self.producer_id for g in fold.groups.values())
+        return self._follower.read(mine)
+
+    def _too_old_message(self, weight_version: int) -> str:
+        def where(fold: AdmissionLog) -> tuple[int | None, int | None]:
+            t = fold.trainers.get(self.trainer_group)
+            return (None, None) if t is None else (t.weight_version, next_batch_version(
+                t.weight_version, t.batch_version, self.limits.versions_per_batch, any_batch=t.batches > 0))
+        version, base = self._follower.read(where)
+        return (f"weight version {weight_version} would be {(base or 0) - weight_version} behind trainer "
+                f"group {self.trainer_group!r} (version {version}, next batch judged at {base}) even with no "
+                f"group ahead, more than max_policy_lag {self.limits.max_policy_lag}: load newer weights")
+
+    def _timeout_message(self, waited: float) -> str:
+        def state(fold: AdmissionLog) -> str:
+            head = f"admit waited {waited:.1f}s for room behind trainer group {self.trainer_group!r}: "
+            t = fold.trainers.get(self.trainer_group)
+            if t is None:
+                return head + (f"it has said nothing on {self.admission_topic} (is a TrainDataReader with "
+                               f"group_id {self.trainer_group!r} running on this train-data topic?)")
+            age = (fold.clock_ms - t.updated_ms) / 1000
+            ahead = sum(g.trainer == self.trainer_group for g in fold.groups.values())
+            where = f"last word {age:.0f}s ago at weight version {t.weight_version}"
+            if age > self.stale_after_s:
+                return head + f"the trainer is stale ({where}; gone or stuck?)"
+            return head + (f"{ahead} group(s) admitted and not yet consumed would put one of them past its "
+                           f"bound (max_policy_lag {self.limits.max_policy_lag}, max_unconsumed_groups "
+                           f"{self.limits.max_unconsumed_groups}; {where})")
+        return self._follower.read(state)
 
     def _set_waiting(self, waiting: bool) -> None:
         with self._lock:
-            if waiting != self._waiting:
-                self._waiting = waiting
-                self._publish()
+            if waiting == self._waiting:
+                return
+            self._waiting = waiting
+        self._publish()
 
     def _publish(self) -> None:
-        self._writer.publish(self.progress())
+        self._progress.publish(self.progress())
 
     def progress(self) -> ProducerProgress:
-        with self._lock:
-            return ProducerProgress(
-                producer_id=self.producer_id, trainer_group=self.trainer_group, topic=self.topic,
-                newest_weight_version=self._newest, admitted=self.stats.admitted,
-                outstanding=self.own_outstanding(), waiting=self._waiting, wait_s=round(self.stats.wait_s, 3),
-                updated_ms=now_ms())
+        return ProducerProgress(
+            producer_id=self.producer_id, trainer_group=self.trainer_group, topic=self.topic,
+            newest_weight_version=self._newest, admitted=self.stats.admitted, outstanding=self.outstanding(),
+            waiting=self._waiting, wait_s=round(self.stats.wait_s, 3), updated_ms=now_ms())
 
     def close(self) -> None:
+        """Release what this producer holds: its sent groups still count until the trainer consumes them."""
+        self._stop.set()
+        self._renewer.join(timeout=5)
         try:
-            self._writer.retire(self.progress())
+            self._writer.append(Release(**self._me))
+        except KafkaFailure as exc:  # the lease then runs out on its own
+            log_event(log, "admission.release_failed", logging.WARNING, topic=self.admission_topic,
+                      error=f"{type(exc).__name__}: {exc}")
+        try:
+            self._progress.retire(self.progress())
         finally:
+            self._progress.close()
             self._writer.close()
-            self._board.close()
+            self._follower.close()
