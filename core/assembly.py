@@ -244,6 +244,15 @@ class GroupMerger:
         return self.queues[partition].popleft()
 
 
+    def due_ms(self) -> int | None:
+        """When the head group could next leave by the idle rule (its timestamp + idle), if one waits on
+        an empty partition: the reader looks again then instead of at its next poll."""
+        heads = [q[0].merge_key for q in self.queues.values() if q]
+        if not heads or self.idle_ms is None or all(self.queues.values()):
+            return None
+        return min(heads)[0] + self.idle_ms
+
+
 def fetch_paused(backlog: int, limit: int, paused: bool) -> bool:
     """Whether a partition's fetching stays paused: from `limit` merged-but-waiting groups until half."""
     if backlog >= limit:

@@ -139,6 +139,13 @@ class GroupAssembler:
         return added.group
 
 
+# How long the merge waits on a partition read to its end before it passes a group of another one (the
+# idle rule in the module docstring). Ranks agree on the order as long as a record is readable within this
+# long of its timestamp: the stage commits every 0.1 s. Paced, the last group of each batch waits this long,
+# so it must also stay well under a training step (docs/reader.md, docs/pacing.md).
+PARTITION_IDLE_MS = 500
+
+
 # ---- the background thread: Kafka → assembler → merger → queue ----------------------------------
 _Item = tuple[str, Any, Any]
 
@@ -250,7 +257,8 @@ class _Prefetcher(threading.Thread):
         merger = GroupMerger(partitions, r.partition_idle_ms)
         paused: set[int] = set()
         while not self.stop.is_set():
-            polled = c.poll(0.1)
+            due = merger.due_ms()  # a group waiting on an empty partition leaves at its due time, not later
+            polled = c.poll(0.1 if due is None else min(0.1, max(0.0, (due - time.time() * 1000) / 1000)))
             for tp, records in polled.items():
                 mark = resume.get(tp.partition)
                 for rec in records:
@@ -367,7 +375,7 @@ class TrainDataReader:
         pad_token_id: int = 0,
         start: Start = "committed",
         idle_timeout_s: float | None = None,
-        partition_idle_ms: int | None = 2000,
+        partition_idle_ms: int | None = PARTITION_IDLE_MS,
         max_record_bytes: int = MAX_RECORD_BYTES,
         layout: Layout = "tensors",
         balance_data: bool = False,

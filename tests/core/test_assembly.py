@@ -218,13 +218,18 @@ def test_the_merge_waits_for_an_empty_partition_unless_it_is_read_and_the_group_
     group = as_group(make_group(0, [1]), 0, timestamp_ms=5000)
     merger.push(group)
     assert merger.backlog(0) == 1 and merger.backlog(1) == 0
+    assert merger.due_ms() == 6000  # when the idle rule could let it pass: the reader looks again then
     assert merger.pop(5500, lambda p: True) is None  # partition 1 is read, but the group is too recent
     assert merger.pop(7000, lambda p: False) is None  # old enough, but partition 1 may hold an earlier one
     assert merger.pop(7000, lambda p: True) is group
     assert merger.pop(7000, lambda p: True) is None
+    assert merger.due_ms() is None  # nothing waits
+    merger.push(group)
+    merger.push(as_group(make_group(1, [1]), 1, timestamp_ms=5001))
+    assert merger.due_ms() is None  # no partition is empty: the merge does not wait on time
     never = GroupMerger([0, 1], idle_ms=None)
     never.push(group)
-    assert never.pop(10**12, lambda p: True) is None
+    assert never.pop(10**12, lambda p: True) is None and never.due_ms() is None
 
 
 def test_fetching_pauses_at_the_limit_and_resumes_below_half():

@@ -111,7 +111,7 @@ def simulate(bootstrap: str, *, paced: bool, producers: int = PRODUCERS, threads
     with running_worker(config) as worker:
         server = serve_metrics(worker, free_port(), host="127.0.0.1") if paced else None
         reader = TrainDataReader(bootstrap, topics.output, trainer_group, groups_per_batch=GROUPS_PER_BATCH,
-                                 max_weight_staleness=STALENESS, start="earliest", partition_idle_ms=200)
+                                 max_weight_staleness=STALENESS, start="earliest")
         reader.set_weight_version(0)
         clients = [RolloutProducer(bootstrap, topics.input, producer_id=f"p{i}-{topics.input}", **pacing())
                    for i in range(producers)]

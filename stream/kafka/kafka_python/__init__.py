@@ -99,6 +99,9 @@ class KafkaPythonClient:
             "fetch_max_bytes": FETCH_MAX_BYTES,
             "max_poll_records": 500,
             "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+            # As librdkafka's consumers (fetch.wait.max.ms): the broker holds an empty fetch this long, and
+            # a reader's view of where a quiet partition ends is that old (500 ms by default).
+            "fetch_max_wait_ms": 100,
             **tuning,
         }
         with _translated:
