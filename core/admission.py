@@ -42,6 +42,9 @@ __all__ = ["AdmissionLog", "AdmissionSnapshot", "Decision", "Outcome"]
 
 SUSPECT_MS = 3_000
 LEASE_MS = 30_000
+# A sent group neither consumed nor resolved after this long is given up on (`expired`): its `Resolved` was
+# lost (the stage stopped between its commit and that record) or the pipeline has stalled for minutes.
+SENT_EXPIRY_MS = 15 * 60_000
 
 
 class Outcome(Enum):
@@ -67,6 +70,7 @@ class _Group:
     max_policy_lag: int | None
     versions_per_batch: int
     sent: bool = False
+    sent_ms: int = 0
     key: str | None = None  # its group key, once sent
     # log time its session stopped renewing (or restarted) while it was unsent: from then on it is in H
     # for good, even if the session comes back, and it is forgotten when the lease runs out
@@ -117,10 +121,13 @@ class AdmissionSnapshot:
 class AdmissionLog:
     """The fold. `apply` each record of the log in offset order; it returns the requests it decided."""
 
-    def __init__(self, suspect_ms: int = SUSPECT_MS, lease_ms: int = LEASE_MS) -> None:
-        if not 0 < suspect_ms <= lease_ms:
-            raise ValueError(f"need 0 < suspect_ms <= lease_ms, got {suspect_ms} and {lease_ms}")
-        self.suspect_ms, self.lease_ms = suspect_ms, lease_ms
+    def __init__(self, suspect_ms: int = SUSPECT_MS, lease_ms: int = LEASE_MS,
+                 sent_expiry_ms: int = SENT_EXPIRY_MS) -> None:
+        if not 0 < suspect_ms <= lease_ms <= sent_expiry_ms:
+            raise ValueError(f"need 0 < suspect_ms <= lease_ms <= sent_expiry_ms, got {suspect_ms}, "
+                             f"{lease_ms} and {sent_expiry_ms}")
+        self.suspect_ms, self.lease_ms, self.sent_expiry_ms = suspect_ms, lease_ms, sent_expiry_ms
+        self.expired = 0  # sent groups given up on (SENT_EXPIRY_MS)
         self.next_offset = 0
         self.clock_ms = 0
         self.groups: dict[int, _Group] = {}
@@ -182,7 +189,7 @@ class AdmissionLog:
             self._renew(record.producer, record.session)
             group = self.groups.get(record.request)
             if group is not None and group.session == record.session and not group.sent:
-                group.sent, group.key = True, record.key
+                group.sent, group.key, group.sent_ms = True, record.key, self.clock_ms
                 self.by_key[record.key] = record.request
                 self.late_sent += group.revoked_ms is not None
                 early = self.unmatched.pop(record.key, None)
@@ -284,8 +291,10 @@ class AdmissionLog:
             renewed = suspected.get((group.producer, group.session))
             if group.revoked_ms is None and not group.sent and renewed is not None:
                 group.revoked_ms, group.forget_at_ms = self.clock_ms, renewed + self.lease_ms
-            if group.revoked_ms is not None and self.clock_ms >= group.forget_at_ms:
+            lapsed = group.sent and self.clock_ms - group.sent_ms >= self.sent_expiry_ms
+            if lapsed or (group.revoked_ms is not None and self.clock_ms >= group.forget_at_ms):
                 del self.groups[request]
+                self.expired += lapsed
                 if group.key is not None:
                     self.by_key.pop(group.key, None)
         for producer, s in list(self.sessions.items()):

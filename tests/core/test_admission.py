@@ -349,3 +349,15 @@ def test_keys_nobody_asked_for_are_forgotten_after_a_lease():
     assert "unpaced/1" in log.fold.unmatched
     log.append(mark(g=1, b=0, batches=1), after_ms=30_000)
     assert not log.fold.unmatched
+
+
+def test_a_sent_group_nobody_consumes_or_resolves_is_given_up_on_after_the_expiry():
+    log = Log(sent_expiry_ms=600_000)
+    log.append(mark(g=1))
+    lost = log.append(request(k=None, n=1))
+    log.sent(lost)
+    waiting = log.append(request(k=None, n=1))
+    log.append(Renew(producer="p", session="s1"), after_ms=599_000)
+    assert waiting not in log.decided
+    log.append(Renew(producer="p", session="s1"), after_ms=1_000)
+    assert log.decided[waiting] is Outcome.ADMITTED and log.fold.expired == 1
