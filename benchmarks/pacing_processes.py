@@ -107,14 +107,18 @@ def producer_main(a: argparse.Namespace) -> int:
                 time.sleep(0.01)
 
     out = {"id": a.producer_id, "generated": 0, "reloads": 0, "admit_timeouts": 0, "admit_wait_s": 0.0,
-           "versions": {}}
+           "versions": {}, "admit_waits_s": []}
     producer = RolloutProducer(a.bootstrap, a.input_topic, producer_id=a.producer_id, **pacing)
     (rundir / f"ready-{a.producer_id}").write_text("1")
     t0 = wait_go(rundir, a.hard_deadline)
     end = t0 + a.duration
     g = 0
+    next_burst = t0 + a.burst_every if a.burst_every else float("inf")
+    burst_left = 0
     try:
         while time.time() < end:
+            if time.time() >= next_burst:  # every producer at the same instants: a burst of groups at once
+                burst_left, next_burst = a.burst_groups, next_burst + a.burst_every
             w = version()
             if a.paced:
                 admitted = False
@@ -132,10 +136,22 @@ def producer_main(a: argparse.Namespace) -> int:
                 out["admit_wait_s"] += time.monotonic() - began
                 if not admitted:
                     break
-            time.sleep(GENERATE_S)
-            producer.send_many([Sample(group_index=g, rollout_id=r, reward=float(r % 2), tokens=[1, 2, 3],
-                                       response_length=2, weight_versions=[str(w)]) for r in range(ROLLOUTS)],
-                               run_id=a.producer_id)
+                out["admit_waits_s"].append(round(time.monotonic() - began, 4))
+            if burst_left:
+                burst_left -= 1  # a burst's groups are ready at once: no generation time between them
+            else:
+                time.sleep(GENERATE_S)
+            group = [Sample(group_index=g, rollout_id=r, reward=float(r % 2), tokens=[1, 2, 3],
+                            response_length=2, weight_versions=[str(w)]) for r in range(ROLLOUTS)]
+            if a.die_mid_group_at and time.time() >= t0 + a.die_mid_group_at:
+                from stream.producer import numbered_group
+
+                for sample in numbered_group(group, run_id=a.producer_id)[:ROLLOUTS // 2]:
+                    producer.send(sample)  # half a group, then gone without a word (kill -9)
+                producer.flush(timeout=10)
+                (rundir / f"died-{a.producer_id}").write_text(str(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            producer.send_many(group, run_id=a.producer_id)
             out["generated"] += 1
             out["versions"][str(w)] = out["versions"].get(str(w), 0) + 1
             g += 1
@@ -195,13 +211,14 @@ def trainer_main(a: argparse.Namespace) -> int:
         os.replace(tmp, vfile)
 
     idle = None if a.partition_idle_ms < 0 else a.partition_idle_ms
+    kw = {} if idle == -2 else {"partition_idle_ms": idle}  # -2: the reader's default
     reader = R.TrainDataReader(a.bootstrap, a.output_topic, a.trainer_group,
-                               groups_per_batch=GROUPS_PER_BATCH,
-                               max_weight_staleness=STALENESS, partition_idle_ms=idle)
-    version = 0
+                               groups_per_batch=GROUPS_PER_BATCH, max_weight_staleness=STALENESS, **kw)
+    restarted = vfile.exists()  # a trainer restarted after a kill: its committed step and version go on
+    version = int(vfile.read_text()) if restarted else 0
     reader.set_weight_version(version)
     set_version(version)
-    (rundir / "ready-trainer").write_text("1")
+    (rundir / f"ready-trainer{a.incarnation or ''}").write_text("1")
     t0 = wait_go(rundir, a.hard_deadline)
     end = t0 + a.duration
     waits: list[float] = []  # completed next_batch waits, in order
@@ -232,6 +249,10 @@ def trainer_main(a: argparse.Namespace) -> int:
         batch_log.append({"t": round(got - t0, 3), "wait_s": round(waited, 3), "groups": len(batch.groups),
                           "skipped_stale": batch.skipped_stale, "version": version,
                           "partitions": [gi.partition for gi in batch.groups]})
+        with (rundir / "batches.jsonl").open("a") as f:  # survives a kill -9 of this trainer
+            f.write(json.dumps({**batch_log[-1], "at": got, "incarnation": a.incarnation,
+                                "lags": [version - gi.oldest_weight_version for gi in batch.groups
+                                         if gi.oldest_weight_version is not None]}) + "\n")
         time.sleep(STEP_S)  # the training step
         version += 1
         reader.set_weight_version(version)
@@ -268,7 +289,7 @@ def trainer_main(a: argparse.Namespace) -> int:
         },
         "batch_log": batch_log,
     }
-    (rundir / "result-trainer.json").write_text(json.dumps(out))
+    (rundir / f"result-trainer{a.incarnation or ''}.json").write_text(json.dumps(out))
     reader.close()
     return 0
 
@@ -323,8 +344,10 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
     cmds = rundir / "commands.txt"
     sh([CLI, "topics", "create", "--bootstrap-servers", bootstrap, "--input-topic", names["input"],
         "--output-topic", names["output"], "--dead-letter-topic", names["dlq"],
-        "--changelog-group-id", group_id],
+        "--changelog-group-id", group_id, "--partitions", str(a.partitions)],
        cmds)
+    env = {**os.environ, **({"ROLLOUT_STREAM_CLIENT": a.client} if a.client else {})}
+    producers = [f"pm-{tag}-p{i}" for i in range(a.producers)]
     metrics_port = free_port()
     setup_budget = 90.0
     hard_deadline = time.time() + setup_budget + a.duration + 30
@@ -337,7 +360,7 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
         with cmds.open("a") as c:
             c.write("$ " + " ".join(cmd) + "\n")
         print("$", " ".join(cmd), flush=True)
-        procs[name] = subprocess.Popen(cmd, cwd=MAIN, stdout=f, stderr=subprocess.STDOUT)
+        procs[name] = subprocess.Popen(cmd, cwd=MAIN, stdout=f, stderr=subprocess.STDOUT, env=env)
 
     load_before = uptime()
     result: dict = {"label": label, "mode": mode, "partition_idle_ms": idle_ms, "tag": tag,
@@ -347,18 +370,21 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
         spawn("worker", [CLI, "run", "--bootstrap-servers", bootstrap, "--input-topic", names["input"],
                          "--output-topic", names["output"], "--dead-letter-topic", names["dlq"],
                          "--group-id", group_id, "--metrics-port", str(metrics_port),
-                         "--log-level", "warning",
+                         "--log-level", "warning", "--group-timeout", "10",
                          "--progress-interval", "3600"])
         common = ["--rundir", str(rundir), "--bootstrap", bootstrap, "--input-topic", names["input"],
                   "--output-topic", names["output"], "--trainer-group", trainer_group,
                   "--duration", str(a.duration), "--hard-deadline", str(hard_deadline)]
-        spawn("trainer", [PY, str(Path(__file__).resolve()), "trainer", *common,
-                          "--partition-idle-ms", str(idle_ms)])
-        for i in range(3):
+        trainer_cmd = [PY, str(Path(__file__).resolve()), "trainer", *common,
+                       "--partition-idle-ms", str(idle_ms)]
+        spawn("trainer", trainer_cmd)
+        burst = ["--burst-every", str(a.burst_every), "--burst-groups", str(a.burst_groups)]
+        for i, pid in enumerate(producers):
+            dies = ["--die-mid-group-at", str(a.kill_producer_at)] if i == 0 and a.kill_producer_at else []
             spawn(f"producer{i}", [PY, str(Path(__file__).resolve()), "producer", *common, "--producer-id",
-                                   f"pm-{tag}-p{i}", *(["--paced"] if paced else [])])
+                                   pid, *(["--paced"] if paced else []), *burst, *dies])
         # ready: the worker's /readyz, and a ready file from every child
-        need = ["ready-trainer"] + [f"ready-pm-{tag}-p{i}" for i in range(3)]
+        need = ["ready-trainer"] + [f"ready-{pid}" for pid in producers]
         worker_ready = False
         limit = time.time() + setup_budget
         while time.time() < limit:
@@ -379,13 +405,23 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
         t0 = time.time() + 1.0
         (rundir / "go").write_text(repr(t0))
         result["setup_s"] = round(t0 - spawned_at, 1)
+        trainer = "trainer"
+        if a.restart_trainer_at:
+            time.sleep(max(0.0, t0 + a.restart_trainer_at - time.time()))
+            procs["trainer"].kill()  # kill -9: no commit, no goodbye
+            procs["trainer"].wait(timeout=30)
+            result["trainer_killed_at_s"] = round(time.time() - t0, 2)
+            trainer = "trainer1"
+            spawn(trainer, [*trainer_cmd, "--incarnation", "1"])
         # the children end by themselves at t0 + duration; wait for the trainer and producers
-        for name in ["trainer"] + [f"producer{i}" for i in range(3)]:
+        for name in [trainer] + [f"producer{i}" for i in range(len(producers))]:
             procs[name].wait(timeout=max(1.0, hard_deadline - time.time()))
         result["uptime_after"] = uptime()
-        result["trainer"] = json.loads((rundir / "result-trainer.json").read_text())
-        result["producers"] = [json.loads((rundir / f"result-pm-{tag}-p{i}.json").read_text())
-                               for i in range(3)]
+        result["trainer"] = json.loads((rundir / f"result-{trainer}.json").read_text())
+        result["producers"] = [json.loads((rundir / f"result-{pid}.json").read_text())
+                               for pid in producers if (rundir / f"result-{pid}.json").exists()]
+        result["producer_died_mid_group"] = [pid for pid in producers if (rundir / f"died-{pid}").exists()]
+        result["deployment"] = deployment_summary(rundir, result, t0, a.duration)
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result.setdefault("uptime_after", uptime())
@@ -405,6 +441,38 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
         except Exception as exc:
             result["cleanup_error"] = f"{type(exc).__name__}: {exc}"
     return result
+
+
+def deployment_summary(rundir: Path, result: dict, t0: float, duration: float) -> dict:
+    """Over every trainer incarnation (batches.jsonl): trained, skipped stale, the policy-lag histogram and
+    the trainer's idle share in steady state (without each incarnation's first batch and 5 s after a
+    restart); over every producer: admission waits."""
+    lines = [json.loads(x) for x in (rundir / "batches.jsonl").read_text().splitlines()] \
+        if (rundir / "batches.jsonl").exists() else []
+    killed = result.get("trainer_killed_at_s")
+    firsts, steady_waits = set(), []
+    for inc in {b["incarnation"] for b in lines}:
+        firsts.add(id(min((b for b in lines if b["incarnation"] == inc), key=lambda b: b["at"])))
+    for b in lines:
+        after_restart = killed is not None and b["incarnation"] > 0 and b["at"] - t0 < killed + 5
+        if id(b) not in firsts and not after_restart:
+            steady_waits.append(b["wait_s"])
+    steady_wall = duration - (lines[0]["at"] - t0 if lines else duration)  # from the first batch on
+    if killed is not None:  # the restart's gap and the 5 s after it are not steady state
+        restarted = [b["at"] - t0 for b in lines if b["incarnation"] > 0]
+        steady_wall -= max(killed + 5, min(restarted, default=killed + 5)) - killed
+    lags: dict[str, int] = {}
+    for b in lines:
+        for lag in b["lags"]:
+            lags[str(lag)] = lags.get(str(lag), 0) + 1
+    waits = [w for p in result.get("producers", []) for w in p.get("admit_waits_s", [])]
+    return {
+        "trained": sum(b["groups"] for b in lines), "skipped_stale": sum(b["skipped_stale"] for b in lines),
+        "batches": len(lines), "policy_lag": dict(sorted(lags.items(), key=lambda kv: int(kv[0]))),
+        "trainer_idle_share": round(sum(steady_waits) / steady_wall, 4) if steady_wall > 0 else None,
+        "admission_wait_p50_s": pct(waits, 0.5), "admission_wait_p99_s": pct(waits, 0.99),
+        "generated": sum(p["generated"] for p in result.get("producers", [])),
+    }
 
 
 def summary_row(r: dict) -> str:
@@ -477,6 +545,20 @@ def main() -> int:
     ap.add_argument("--partition-idle-ms", type=int, default=2000)
     ap.add_argument("--producer-id")
     ap.add_argument("--paced", action="store_true")
+    ap.add_argument("--incarnation", type=int, default=0, help="the trainer's restarts so far")
+    ap.add_argument("--die-mid-group-at", type=float, default=0.0,
+                    help="a producer sends half a group this many seconds in, then kills itself (-9)")
+    # the deployment's shape (orchestrator; producers get --burst-* too)
+    ap.add_argument("--producers", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=3, help="of the rollouts and train-data topics")
+    ap.add_argument("--client", default=None, help="confluent or kafka-python, for every process")
+    ap.add_argument("--burst-every", type=float, default=0.0,
+                    help="every producer sends --burst-groups groups back to back every this many seconds")
+    ap.add_argument("--burst-groups", type=int, default=5)
+    ap.add_argument("--kill-producer-at", type=float, default=0.0,
+                    help="the first producer dies mid-group this many seconds in (0: never)")
+    ap.add_argument("--restart-trainer-at", type=float, default=0.0,
+                    help="kill -9 the trainer this many seconds in and start it again (0: never)")
     a = ap.parse_args()
     if a.role == "trainer":
         return trainer_main(a)
