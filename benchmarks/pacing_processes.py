@@ -210,8 +210,8 @@ def trainer_main(a: argparse.Namespace) -> int:
         tmp.write_text(str(v))
         os.replace(tmp, vfile)
 
-    idle = None if a.partition_idle_ms < 0 else a.partition_idle_ms
-    kw = {} if idle == -2 else {"partition_idle_ms": idle}  # -2: the reader's default
+    idle = None if a.partition_idle_ms == -1 else a.partition_idle_ms
+    kw = {} if idle == -2 else {"partition_idle_ms": idle}  # -1: None; -2: the reader's default
     reader = R.TrainDataReader(a.bootstrap, a.output_topic, a.trainer_group,
                                groups_per_batch=GROUPS_PER_BATCH, max_weight_staleness=STALENESS, **kw)
     restarted = vfile.exists()  # a trainer restarted after a kill: its committed step and version go on
