@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["AdmissionRecord", "Cancel", "Hello", "Release", "Renew", "Request", "Resolved", "Sent",
-           "TrainerMark", "decode_admission", "encode_admission"]
+__all__ = ["AdmissionRecord", "Cancel", "Delivered", "Hello", "Release", "Renew", "Request", "Resolved",
+           "Sent", "TrainerMark", "decode_admission", "encode_admission"]
 
 
 class Hello(msgspec.Struct, kw_only=True, tag="hello", tag_field="type"):
@@ -46,12 +46,22 @@ class Cancel(msgspec.Struct, kw_only=True, tag="cancel", tag_field="type"):
 
 
 class Sent(msgspec.Struct, kw_only=True, tag="sent", tag_field="type"):
-    """Every record of the group admitted by `request`, keyed `key`, is acknowledged by the broker."""
+    """The group admitted by `request` is named `key` and its first record is about to be sent."""
 
     producer: str
     session: str
     request: int
     key: str
+    schema_version: int = 1
+
+
+class Delivered(msgspec.Struct, kw_only=True, tag="delivered", tag_field="type"):
+    """Every record of the group admitted by `request` is acknowledged: it is whole at the stage. Until
+    then, a producer that stops renewing its lease leaves a group that can never complete."""
+
+    producer: str
+    session: str
+    request: int
     schema_version: int = 1
 
 
@@ -103,7 +113,7 @@ class TrainerMark(msgspec.Struct, kw_only=True, tag="mark", tag_field="type"):
     schema_version: int = 1
 
 
-AdmissionRecord = Hello | Request | Cancel | Sent | Renew | Release | Resolved | TrainerMark
+AdmissionRecord = Hello | Request | Cancel | Sent | Delivered | Renew | Release | Resolved | TrainerMark
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AdmissionRecord)

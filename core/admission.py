@@ -8,7 +8,7 @@ with it added, **every** outstanding group that can still train is judged within
 
 O: the trainer's outstanding groups (admitted, not yet consumed, dead-lettered or released); H: those
 certain never to train (the trainer's version is already more than `max_weight_staleness` past them, or
-unsent groups of a session that stopped renewing); g: groups per batch; base_i: the highest version the
+undelivered groups of a session that stopped renewing); g: groups per batch; base_i: the highest version the
 trainer's next batch can be judged at (`core.pacing.next_batch_version`). The worst place any group of
 O \\ H can take is behind all the others, `(|O \\ H| - 1) // g` batches after the next one; checking it for
 every group, not only the new one, is what makes the bound hold whatever order the groups are consumed in,
@@ -17,7 +17,7 @@ consumes g groups, so it never makes the left side grow. With `k <= max_weight_s
 group is skipped as stale.
 
 Time is the log's own (`log_ms`, broker LogAppendTime): a session not renewed for `suspect_ms` has its
-unsent groups counted in H, and after `lease_ms` they are forgotten.
+undelivered groups counted in H (they can never complete), and after `lease_ms` they are forgotten.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from enum import Enum
 from codec.admission import (
     AdmissionRecord,
     Cancel,
+    Delivered,
     Hello,
     Release,
     Renew,
@@ -71,8 +72,9 @@ class _Group:
     versions_per_batch: int
     sent: bool = False
     sent_ms: int = 0
+    delivered: bool = False  # whole at the stage: it can train even if its producer goes away
     key: str | None = None  # its group key, once sent
-    # log time its session stopped renewing (or restarted) while it was unsent: from then on it is in H
+    # log time its session stopped renewing (or restarted) while it was undelivered: from then on it is in H
     # for good, even if the session comes back, and it is forgotten when the lease runs out
     revoked_ms: int | None = None
     forget_at_ms: int = 0  # when revoked: `lease_ms` after its session last renewed
@@ -113,7 +115,7 @@ class AdmissionSnapshot:
     pending: int
     oldest_pending_ms: int | None  # by the log's clock
     outstanding: dict[str, int]  # per trainer group
-    unsent: int
+    unsent: int  # admitted groups not yet whole at the stage
     sessions: dict[str, str]  # producer -> "ok" | "suspected"
     trainer_mark_age_ms: dict[str, int]
 
@@ -135,7 +137,7 @@ class AdmissionLog:
         self.sessions: dict[str, _Session] = {}  # by producer id: its current session
         self.trainers: dict[str, _Trainer] = {}
         self.decided: dict[int, Decision] = {}  # the newest decisions, for a waiter that reads them late
-        self.late_sent = 0  # groups reported sent after they were revoked: they may train unaccounted
+        self.late_delivered = 0  # groups delivered after they were revoked: they may train unaccounted
         self.by_key: dict[str, int] = {}  # a sent group's request, by group key
         # keys the trainer consumed (batch index, -1: doomed) or the stage resolved (None) before their
         # `Sent` was folded, with the log time: matched when it is, forgotten after a lease (unpaced groups)
@@ -191,10 +193,15 @@ class AdmissionLog:
             if group is not None and group.session == record.session and not group.sent:
                 group.sent, group.key, group.sent_ms = True, record.key, self.clock_ms
                 self.by_key[record.key] = record.request
-                self.late_sent += group.revoked_ms is not None
                 early = self.unmatched.pop(record.key, None)
                 if early is not None:
                     self._consumed(early[0], record.key, early[1])
+        elif isinstance(record, Delivered):
+            self._renew(record.producer, record.session)
+            group = self.groups.get(record.request)
+            if group is not None and group.session == record.session:
+                group.delivered = True
+                self.late_delivered += group.revoked_ms is not None
         elif isinstance(record, Renew):
             self._renew(record.producer, record.session)
         elif isinstance(record, Release):
@@ -223,16 +230,16 @@ class AdmissionLog:
         return True
 
     def _end_session(self, producer: str, offset: int, out: list[Decision], *, forget_unsent: bool) -> None:
-        """Its pending requests are revoked. Its unsent groups are forgotten when it closed (`Release`: it
-        sent nothing more) or revoked when it went away (some may have been delivered without a `Sent`).
-        Sent groups may still train: they stay."""
+        """Its pending requests are revoked. Its undelivered groups are forgotten when it closed (`Release`:
+        it sent nothing more) or revoked when it went away (in H: they can never complete). Delivered groups
+        may still train: they stay."""
         ended = self.sessions.pop(producer)
         for request, p in list(self.pending.items()):
             if p.request.producer == producer and p.request.session == ended.session:
                 del self.pending[request]
                 out.append(Decision(request, Outcome.REVOKED, offset))
         for request, group in list(self.groups.items()):
-            if group.producer == producer and group.session == ended.session and not group.sent:
+            if group.producer == producer and group.session == ended.session and not group.delivered:
                 if forget_unsent:
                     del self.groups[request]
                 elif group.revoked_ms is None:
@@ -289,7 +296,7 @@ class AdmissionLog:
                      if self.clock_ms - s.renewed_ms >= self.suspect_ms}
         for request, group in list(self.groups.items()):
             renewed = suspected.get((group.producer, group.session))
-            if group.revoked_ms is None and not group.sent and renewed is not None:
+            if group.revoked_ms is None and not group.delivered and renewed is not None:
                 group.revoked_ms, group.forget_at_ms = self.clock_ms, renewed + self.lease_ms
             lapsed = group.sent and self.clock_ms - group.sent_ms >= self.sent_expiry_ms
             if lapsed or (group.revoked_ms is not None and self.clock_ms >= group.forget_at_ms):
@@ -365,7 +372,7 @@ class AdmissionLog:
             pending=len(self.pending),
             oldest_pending_ms=None if oldest is None else self.clock_ms - oldest,
             outstanding=outstanding,
-            unsent=sum(not g.sent for g in self.groups.values()),
+            unsent=sum(not g.delivered for g in self.groups.values()),
             sessions={p: "suspected" if self.clock_ms - s.renewed_ms >= self.suspect_ms else "ok"
                       for p, s in self.sessions.items()},
             trainer_mark_age_ms={name: self.clock_ms - t.updated_ms for name, t in self.trainers.items()},

@@ -113,8 +113,11 @@ class RolloutProducer:
         key = group_key(sample)
         if self.gate is not None:
             self.gate.before_send(key)  # a new group takes its admission and is named in the log first
-        return self._producer.send(self.topic, encode_sample(sample), key, timestamp_ms=timestamp_ms,
-                                   headers=headers)
+        future = self._producer.send(self.topic, encode_sample(sample), key, timestamp_ms=timestamp_ms,
+                                     headers=headers)
+        if self.gate is not None:
+            self.gate.after_send(key, sample, future)  # whole at the stage once every record is acknowledged
+        return future
 
     def send_raw(
         self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None
@@ -124,7 +127,11 @@ class RolloutProducer:
 
     def send_group(self, samples: Iterable[Sample]) -> list[SendFuture]:
         with self.gate.sending() if self.gate is not None else nullcontext():
-            return [self.send(s) for s in samples]
+            samples = list(samples)
+            futures = [self.send(s) for s in samples]
+            if self.gate is not None:
+                self.gate.group_sent(sorted({group_key(s) for s in samples}))
+            return futures
 
     def send_many(self, samples: Iterable[Any], *, group_size: int | None = None,
                   run_id: str | None = None) -> list[SendFuture]:
@@ -139,6 +146,8 @@ class RolloutProducer:
 
     def flush(self, timeout: float | None = None) -> None:
         self._producer.flush(timeout=timeout)
+        if self.gate is not None:
+            self.gate.flushed()
 
     def close(self, timeout: float | None = None) -> None:
         try:

@@ -4,7 +4,9 @@
 appends a request to the admission log and waits until the fold (`core.admission`) decides it; every paced
 producer folds the same log, so no two can take the same room, however many there are (docs/pacing.md).
 A group's records are sent only after a `Sent` record names its key, and only while this producer's lease
-holds (it renews it every second), so the log always knows which groups may still reach the trainer.
+holds (it renews it every second); once they are all acknowledged a `Delivered` record says the group is
+whole at the stage. So the log always knows which groups may still reach the trainer: a producer that goes
+away leaves groups that can never complete, and they take no place.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TypedDict
 
-from codec.admission import Cancel, Hello, Release, Renew, Request, Sent
+from codec import Sample
+from codec.admission import Cancel, Delivered, Hello, Release, Renew, Request, Sent
 from codec.progress import ProducerProgress
 from core.admission import SUSPECT_MS, AdmissionLog, Decision, Outcome
 from core.pacing import Admission, PacingLimits, next_batch_version
@@ -38,6 +41,7 @@ RENEW_S = 1.0
 # producer stops sending that much earlier by its own, for the clocks' skew and the renewal's trip.
 LEASE_MARGIN_S = 1.0
 CANCEL_WAIT_S = 10.0  # how long a timed-out admit waits to learn whether its grant or its cancel came first
+DELIVERY_CHECK_S = 0.05  # how soon a group whose records are all acknowledged is reported Delivered
 
 
 class PacingError(RuntimeFailure):
@@ -55,6 +59,27 @@ class WeightsTooOld(PacingError, ValueError):
 class AdmissionRevoked(PacingError):
     """The group's admission lapsed before its first record was sent (this producer stopped renewing its
     lease for seconds, e.g. a long pause): the log no longer holds its place. Admit it again."""
+
+
+@dataclass
+class _Group:
+    """One of this producer's groups on its way: its records' futures, and whether all are handed over."""
+
+    request: int
+    futures: list[SendFuture]
+    rollouts: dict[object, tuple[int, int]]  # rollout -> (its samples, seen so far)
+    group_size: int | None = None
+    whole: bool = False  # every record of it is handed to the client
+
+    def add(self, sample: Sample, future: SendFuture) -> None:
+        self.futures.append(future)
+        rollout = sample.rollout_id if sample.rollout_id is not None else sample.index
+        count, seen = self.rollouts.get(rollout, (sample.sibling_count, 0))
+        self.rollouts[rollout] = (count, seen + 1)
+        self.group_size = sample.group_size
+        if self.group_size is not None and len(self.rollouts) >= self.group_size and all(
+                seen >= count for count, seen in self.rollouts.values()):
+            self.whole = True
 
 
 class _Who(TypedDict):
@@ -89,6 +114,7 @@ class AdmissionGate:
         self._lock = threading.RLock()
         self._tickets: deque[int] = deque()  # admitted requests no group has taken yet, oldest first
         self._keys: dict[str, int] = {}  # the request each group key took (the newest 10,000)
+        self._sending: dict[str, _Group] = {}  # groups named in the log and not yet Delivered
         self._newest: int | None = None
         self._waiting = False
         self._valid_until = 0.0  # monotonic: this producer's lease holds until then
@@ -112,13 +138,39 @@ class AdmissionGate:
             self._valid_until = max(self._valid_until, sent_at + SUSPECT_MS / 1000 - LEASE_MARGIN_S)
 
     def _renew(self) -> None:
-        while not self._stop.wait(RENEW_S):
-            sent_at = time.monotonic()
+        """Renew the lease every RENEW_S; between renewals, say which groups are whole at the stage."""
+        due = time.monotonic() + RENEW_S
+        while not self._stop.wait(DELIVERY_CHECK_S):
+            self._deliveries()
+            if time.monotonic() < due:
+                continue
+            due = (sent_at := time.monotonic()) + RENEW_S
             try:
                 self._renewed(sent_at, self._writer.send(Renew(**self._me)), timeout=RENEW_S * 2)
             except KafkaFailure as exc:  # the lease runs out unless a later renewal passes
                 log_event(log, "admission.renew_failed", logging.WARNING, topic=self.admission_topic,
                           error=f"{type(exc).__name__}: {exc}")
+
+    def _deliveries(self) -> None:
+        with self._lock:
+            whole = [(k, g) for k, g in self._sending.items() if g.whole]
+        if not whole:
+            return
+        pending = [f for _, g in whole for f in g.futures if not f.done()]
+        if pending:  # one short wait serves every delivery report (librdkafka needs a poll)
+            try:
+                pending[-1].get(0.005)
+            except KafkaFailure:
+                pass  # failed: looked at below
+        for key, group in whole:
+            if not all(f.done() for f in group.futures):
+                continue
+            with self._lock:
+                self._sending.pop(key, None)
+            if all(f.exception() is None for f in group.futures):
+                self._writer.send(Delivered(**self._me, request=group.request))
+            # a record that failed never reaches the stage: the group never completes, the stage
+            # dead-letters what did arrive (missing members), and the log counts it until then
 
     # ---- what send() tells the gate -------------------------------------------------------------
     def sending(self) -> threading.RLock:
@@ -147,8 +199,31 @@ class AdmissionGate:
             self._writer.append(Sent(**self._me, request=request, key=name))
             self._tickets.popleft()
             self._keys[name] = request
+            self._sending[name] = _Group(request, [], {})
             if len(self._keys) > 10_000:
                 del self._keys[next(iter(self._keys))]
+
+    def after_send(self, key: bytes, sample: Sample, future: SendFuture) -> None:
+        with self._lock:
+            group = self._sending.get(key.decode())
+            if group is not None:
+                group.add(sample, future)
+
+    def group_sent(self, keys: list[bytes]) -> None:
+        """`send_group` handed these groups' records to the client: each is whole once they are acknowledged
+        (a group given without its size and siblings is whole only here, or at `flushed`)."""
+        with self._lock:
+            for key in keys:
+                group = self._sending.get(key.decode())
+                if group is not None:
+                    group.whole = True
+
+    def flushed(self) -> None:
+        """Every record handed over so far is acknowledged (or failed): each group sent is whole."""
+        with self._lock:
+            for group in self._sending.values():
+                group.whole = True
+        self._deliveries()
 
     # ---- admission -------------------------------------------------------------------------------
     def _request(self, weight_version: int) -> Request:
@@ -271,6 +346,7 @@ class AdmissionGate:
         self._stop.set()
         self._renewer.join(timeout=5)
         try:
+            self.flushed()
             self._writer.append(Release(**self._me))
         except KafkaFailure as exc:  # the lease then runs out on its own
             log_event(log, "admission.release_failed", logging.WARNING, topic=self.admission_topic,

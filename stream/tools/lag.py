@@ -3,7 +3,8 @@
 Producers (newest weight version, groups admitted and outstanding, waiting or not), the stage (input lag of
 its consumer group, open groups as its workers last said), each trainer group (batch, groups consumed,
 weight version, policy lag behind the producers, train-data records it has not committed, groups waiting
-for it). A party whose last record is older than `stale_after_s` is shown as stale (docs/pacing.md).
+for it), and the admission log as its fold says (requests waiting, groups holding room, leases). A party
+whose last record is older than `stale_after_s` is shown as stale (docs/pacing.md).
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from codec.progress import ProducerProgress, StageProgress, TrainerProgress
 from stream.clients import Connection
 from stream.kafka import KafkaFailure, TopicPartition, client_for
 from stream.layout import Fit, Flow
-from stream.names import progress_topic, rank_group_id
-from stream.pacing import ProgressBoard
+from stream.names import admission_topic, progress_topic, rank_group_id
+from stream.pacing import AdmissionFollower, ProgressBoard
 from stream.pacing.positions import ProducerRow, TrainerRow, age_s, producer_row, trainer_row
 from stream.topics import missing_topics
 
-__all__ = ["LagReport", "ProducerRow", "StageRow", "TrainerRow", "lag_report", "render_lag"]
+__all__ = ["AdmissionRow", "LagReport", "ProducerRow", "StageRow", "TrainerRow", "lag_report", "render_lag"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,21 @@ class StageRow:
 
 
 @dataclass(frozen=True)
+class AdmissionRow:
+    """The admission log folded to its end: what paced producers wait on."""
+
+    topic: str
+    records: int  # folded
+    pending_requests: int
+    oldest_pending_s: float | None  # by the log's clock
+    outstanding_groups: dict[str, int]  # per trainer group: admitted, not yet consumed or resolved
+    unsent_groups: int
+    sessions: dict[str, str]  # producer -> ok | suspected (no renewal for 3 s of log time)
+    trainer_mark_age_s: dict[str, float]  # per trainer group, by the log's clock
+    expired_groups: int  # sent groups given up on after 15 minutes
+
+
+@dataclass(frozen=True)
 class LagReport:
     progress_topic: str
     stale_after_s: float
@@ -47,6 +63,7 @@ class LagReport:
     stages: list[StageRow] = field(default_factory=list)
     trainers: list[TrainerRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    admission: AdmissionRow | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,6 +102,31 @@ def _records_behind(conn: Connection, topic: str, groups: dict[str, str]) -> dic
     return out
 
 
+def _admission(conn: Connection, topic: str, wait_s: float, notes: list[str]) -> AdmissionRow | None:
+    """Fold the admission log to its end (at most `wait_s`)."""
+    if missing_topics(conn, [topic]):
+        return None
+    client = client_for(conn)
+    consumer = client.assigned_consumer(client_id=conn.client_id, max_record_bytes=1 << 20)
+    try:
+        end = consumer.end_offsets([TopicPartition(topic, 0)])[TopicPartition(topic, 0)]
+    finally:
+        consumer.close()
+    follower = AdmissionFollower(conn, topic, client)
+    try:
+        if end > 0 and not follower.wait_folded(end - 1, wait_s):
+            notes.append(f"{topic} was not folded to its end within {wait_s:g}s")
+        snap = follower.snapshot()
+        expired = follower.read(lambda fold: fold.expired)
+    finally:
+        follower.close()
+    return AdmissionRow(
+        topic, snap.folded_through + 1, snap.pending,
+        None if snap.oldest_pending_ms is None else round(snap.oldest_pending_ms / 1000, 1),
+        snap.outstanding, snap.unsent, snap.sessions,
+        {t: round(ms / 1000, 1) for t, ms in snap.trainer_mark_age_ms.items()}, expired)
+
+
 def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_group_id: str,
                stale_after_s: float = 60.0, wait_s: float = 10.0) -> LagReport:
     """Read the progress topic to its end (at most `wait_s`) and the offsets, and say where everyone is."""
@@ -119,7 +161,8 @@ def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_g
     trainer_rows = [trainer_row(t, producer_rows, behind.get(t.group_id), now, stale_ms) for t in trainers]
     if not trainers and not notes:
         notes.append("no trainer has published progress (a TrainDataReader publishes it from rank 0)")
-    return LagReport(topic, stale_after_s, producer_rows, stage_rows, trainer_rows, notes)
+    admission = _admission(conn, admission_topic(output_topic), wait_s, notes)
+    return LagReport(topic, stale_after_s, producer_rows, stage_rows, trainer_rows, notes, admission)
 
 
 # ---- rendering -------------------------------------------------------------------------------------
@@ -167,9 +210,23 @@ def _stacked(rows: list[tuple[str, ...]]) -> Group:
     return Group(*lines)
 
 
+def _admission_line(a: AdmissionRow) -> str:
+    held = ", ".join(f"{n} for {escape(t)}" for t, n in sorted(a.outstanding_groups.items())) or "none"
+    suspected = sum(state == "suspected" for state in a.sessions.values())
+    marks = ", ".join(f"{escape(t)} {age:g}s ago"
+                      for t, age in sorted(a.trainer_mark_age_s.items())) or "none"
+    oldest = "" if a.oldest_pending_s is None else f" (oldest {a.oldest_pending_s:g}s)"
+    return (f"admission log {escape(a.topic)}: {a.pending_requests} request(s) waiting{oldest}; groups "
+            f"holding room: {held} ({a.unsent_groups} not sent yet); producers: "
+            f"{len(a.sessions) - suspected} renewing, {suspected} suspected; trainer marks: {marks}"
+            + (f"; {a.expired_groups} sent group(s) given up on" if a.expired_groups else ""))
+
+
 def render_lag(report: LagReport) -> RenderableType:
     """One table (a block per party where it does not fit), then the notes."""
     rows = _rows(report)
     parts: list[RenderableType] = [Fit(_table(rows), _stacked(rows))] if rows else []
+    if report.admission is not None:
+        parts.append(Flow(_admission_line(report.admission), indent=2))
     parts += [Flow(note, style="dim") for note in report.notes]
     return Group(*parts)

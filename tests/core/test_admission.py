@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from codec.admission import (
     Cancel,
+    Delivered,
     Hello,
     Release,
     Renew,
@@ -45,10 +46,12 @@ class Log:
             self.decided[d.request] = d.outcome
         return offset
 
-    def sent(self, *requests: int, producer: str = "p", session: str = "s1") -> list[str]:
-        """Each group's records acknowledged (`Sent`); their group keys."""
+    def sent(self, *requests: int, producer: str = "p", session: str = "s1", whole: bool = True) -> list[str]:
+        """Each group named (`Sent`) and, `whole`, all its records acknowledged (`Delivered`); the keys."""
         for r in requests:
             self.append(Sent(producer=producer, session=session, request=r, key=f"k{r}"))
+            if whole:
+                self.append(Delivered(producer=producer, session=session, request=r))
         return [f"k{r}" for r in requests]
 
 
@@ -64,7 +67,8 @@ def request(producer="p", session="s1", w=0, k=1, n=None, trainer="t") -> Reques
 
 def test_every_record_survives_the_wire():
     records = [Hello(producer="p", session="s"), request(), Cancel(producer="p", session="s", request=3),
-               Sent(producer="p", session="s", request=3, key="run/3"), Renew(producer="p", session="s"),
+               Sent(producer="p", session="s", request=3, key="run/3"),
+               Delivered(producer="p", session="s", request=3), Renew(producer="p", session="s"),
                Release(producer="p", session="s", requests=[1, 2]), Release(producer="p", session="s"),
                Resolved(keys=["run/4"], reason="shared_reward_violation"),
                mark(consumed={0: ["run/1", "run/2"]}, doomed=["run/5"])]
@@ -154,7 +158,7 @@ def test_a_session_that_stops_renewing_gives_up_its_unsent_places_at_once():
     assert log.decided[blocked] is Outcome.ADMITTED
     assert log.fold.groups[held].revoked_ms is not None
     log.sent(held, producer="dead", session="d")  # back too late: counted, never trusted
-    assert log.fold.late_sent == 1 and log.fold.groups[held].revoked_ms is not None
+    assert log.fold.late_delivered == 1 and log.fold.groups[held].revoked_ms is not None
 
 
 def test_a_revoked_group_counts_toward_max_unconsumed_groups_until_the_lease_runs_out():
@@ -279,6 +283,8 @@ def simulate(seed: int, producers: int, g: int, staleness: int, steps: int, *, c
                 pool.append(r)  # a live producer sends only while its lease holds
                 log.append(Sent(producer=p.name, session=p.session, request=r, key=f"k{r}"),
                            after_ms=rng.randrange(0, 50))
+                log.append(Delivered(producer=p.name, session=p.session, request=r),
+                           after_ms=rng.randrange(0, 50))
         elif action == "batch" and len(pool) >= g:
             rng.shuffle(pool)
             taken, pool[:] = pool[:g], pool[g:]
@@ -335,11 +341,10 @@ def test_a_group_consumed_or_resolved_before_its_sent_record_is_matched_when_tha
     log = Log()
     log.append(mark(g=1))
     a, b = log.append(request(k=None, n=2)), log.append(request(k=None, n=2))
-    log.append(mark(g=1, b=0, batches=1, consumed={0: ["ka"]}))
-    log.append(Resolved(keys=["kb"], reason="missing_members"))
+    log.append(mark(g=1, b=0, batches=1, consumed={0: [f"k{a}"]}))
+    log.append(Resolved(keys=[f"k{b}"], reason="missing_members"))
     assert set(log.fold.groups) == {a, b}  # nothing names them yet
-    log.append(Sent(producer="p", session="s1", request=a, key="ka"))
-    log.append(Sent(producer="p", session="s1", request=b, key="kb"))
+    log.sent(a, b)
     assert not log.fold.groups and not log.fold.unmatched
 
 
@@ -361,3 +366,18 @@ def test_a_sent_group_nobody_consumes_or_resolves_is_given_up_on_after_the_expir
     assert waiting not in log.decided
     log.append(Renew(producer="p", session="s1"), after_ms=1_000)
     assert log.decided[waiting] is Outcome.ADMITTED and log.fold.expired == 1
+
+
+def test_a_group_half_sent_when_its_producer_went_away_takes_no_place_but_counts():
+    log = Log(suspect_ms=3_000)
+    log.append(mark(v=0, g=1, s=0))
+    half = log.append(request(producer="dead", session="d", w=0, k=0, n=2))
+    log.sent(half, producer="dead", session="d", whole=False)  # its first records left, then it was killed
+    blocked = log.append(request(producer="live", session="l", w=0, k=0, n=2))
+    assert blocked not in log.decided
+    log.append(Renew(producer="live", session="l"), after_ms=3_000)
+    assert log.decided[blocked] is Outcome.ADMITTED  # it can never complete: it is in H
+    third = log.append(request(producer="live", session="l", w=0, k=None, n=2))
+    assert third not in log.decided  # ... and still counts toward n until the stage resolves it
+    log.append(Resolved(keys=[f"k{half}"], reason="missing_members"))
+    assert half not in log.fold.groups and log.fold.snapshot().outstanding == {"t": 1}

@@ -262,10 +262,15 @@ def test_a_producer_whose_trainer_is_gone_times_out_and_says_so(kafka_bootstrap,
         [mine] = [p for p in report["producers"] if p["trainer_group"] == trainer_group]
         assert (mine["admitted"], mine["outstanding"], mine["newest_weight_version"]) == (1, 1, 3)
         assert trainer["groups_waiting"] == (0 if mine["stale"] else 1)
+        admission = report["admission"]  # the log, folded: the one group holds room, the producer renews
+        assert admission["outstanding_groups"] == {trainer_group: 1}, admission
+        assert admission["pending_requests"] == 0 and admission["unsent_groups"] == 0, admission
+        assert list(admission["sessions"].values()) == ["ok"], admission
         table = CliRunner().invoke(app, [*args, "--stale-after", "1"], env={"COLUMNS": "200"})
         assert table.exit_code == 0, (table.stdout, table.stderr, table.exception)
         [row] = [line for line in table.stdout.splitlines() if line.startswith("│ trainer ")]
         assert row.strip("│ ").split("│")[-1].strip() == "stale"
+        assert f"groups holding room: 1 for {trainer_group}" in table.stdout, table.stdout
 
 
 def test_groups_the_reader_will_skip_stop_counting_before_their_batch_completes(kafka_bootstrap, kafka_client,
