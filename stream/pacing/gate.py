@@ -219,10 +219,12 @@ class AdmissionGate:
                     group.whole = True
 
     def flushed(self) -> None:
-        """Every record handed over so far is acknowledged (or failed): each group sent is whole."""
+        """Every record handed over so far is acknowledged (or failed): a group sent without its size is
+        whole now (one with it is whole when its records add up: a flush can come in the middle of it)."""
         with self._lock:
             for group in self._sending.values():
-                group.whole = True
+                if group.group_size is None:
+                    group.whole = True
         self._deliveries()
 
     # ---- admission -------------------------------------------------------------------------------
