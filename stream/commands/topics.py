@@ -19,8 +19,8 @@ from stream.commands.options import (
     fail,
     grouped_options,
 )
-from stream.names import changelog_topic_name, progress_topic
-from stream.pacing import ensure_progress_topic
+from stream.names import admission_topic, changelog_topic_name, progress_topic
+from stream.pacing import ensure_admission_topic, ensure_progress_topic
 from stream.topics import TopicSettings, ensure_changelog, ensure_topics, unreplicated_warning
 
 topics_app = typer.Typer(cls=CommandGroup, help="Manage the stage's Kafka topics.", no_args_is_help=True)
@@ -54,8 +54,8 @@ def create(
         "needs no CREATE permission.", show_default=False)] = None,
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
-    """Create the rollout, train-data and dead-letter topics, and the train-data topic's progress topic for
-    pacing (existing topics are left unchanged)."""
+    """Create the rollout, train-data and dead-letter topics, and the train-data topic's admission log and
+    progress topic for pacing (existing topics are left unchanged)."""
     if (partitions < 1 or (replication_factor or 1) < 1 or (min_insync_replicas or 1) < 1
             or max_message_mib < 1 or dead_letter_retention_days <= 0):
         fail(
@@ -78,6 +78,10 @@ def create(
     made = ensure_progress_topic(conn, progress, replication_factor=replication_factor,
                                  min_insync_replicas=min_insync_replicas)
     print(f"{progress}: {'created' if made else 'exists'}")
+    admission = admission_topic(output_topic)  # where paced producers ask for room behind the trainer
+    made = ensure_admission_topic(conn, admission, replication_factor=replication_factor,
+                                  min_insync_replicas=min_insync_replicas)
+    print(f"{admission}: {'created' if made else 'exists'}")
     if (warning := unreplicated_warning(conn, names)) is not None:
         print(f"warning: {warning}", file=sys.stderr)
 

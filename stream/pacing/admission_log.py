@@ -97,13 +97,17 @@ class AdmissionWriter:
                                                                max_record_bytes=1 << 20, linger_ms=0)
         self._lock = threading.Lock()
 
-    def send(self, record: AdmissionRecord) -> SendFuture:
+    def send(self, record: AdmissionRecord, timeout: float = 10.0) -> SendFuture:
+        """Append and wait until the broker has it (or `timeout`): the future of its acknowledgement. Every
+        record is flushed at once: whoever wrote it goes on only once the log may hold it."""
         with self._lock:
-            return self._producer.send(self.topic, encode_admission(record), partition=0)
+            future = self._producer.send(self.topic, encode_admission(record), partition=0)
+            self._producer.flush(timeout=timeout)
+            return future
 
     def append(self, record: AdmissionRecord, timeout: float = 10.0) -> int:
         """Append and wait for the broker; the record's offset."""
-        return self.send(record).get(timeout).offset
+        return self.send(record, timeout).get(timeout).offset
 
     def close(self, timeout: float = 10.0) -> None:
         with self._lock:

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from stream.kafka import AclSpec
-from stream.names import changelog_topic_name, progress_topic, rank_group_prefix, transactional_id_prefix
+from stream.names import (
+    admission_topic,
+    changelog_topic_name,
+    progress_topic,
+    rank_group_prefix,
+    transactional_id_prefix,
+)
 
 __all__ = [
     "Permission",
@@ -114,11 +120,12 @@ def worker_permissions(
 def producer_permissions(*, input_topic: str, idempotent_write: bool = False,
                          paced_to_output_topic: str | None = None) -> list[Permission]:
     """What a rollout producer (stream.producer.RolloutProducer, `rollout-stream synth`) needs; paced to a
-    trainer of `paced_to_output_topic` (docs/pacing.md), also its progress topic."""
+    trainer of `paced_to_output_topic` (docs/pacing.md), also its admission log and progress topic."""
     out = [Permission("topic", input_topic, "Write", "publish rollout samples")]
     if paced_to_output_topic is not None:
-        progress = progress_topic(paced_to_output_topic)
-        out += [Permission("topic", progress, "Read", "read the trainer's progress (pacing)"),
+        admission, progress = admission_topic(paced_to_output_topic), progress_topic(paced_to_output_topic)
+        out += [Permission("topic", admission, "Read", "fold the admission log (pacing)"),
+                Permission("topic", admission, "Write", "ask for room, name and renew its groups (pacing)"),
                 Permission("topic", progress, "Write", "publish this producer's progress (pacing)")]
     if idempotent_write:
         out.append(
@@ -134,8 +141,10 @@ def reader_permissions(*, output_topic: str, group_id: str) -> list[Permission]:
         Permission(
             "group", rank_group_prefix(group_id), "Read", "commit each rank's position", prefixed=True
         ),
+        Permission("topic", admission_topic(output_topic), "Write",
+                   "say which groups the trainer group consumed, for paced producers (docs/pacing.md)"),
         Permission("topic", progress_topic(output_topic), "Write",
-                   "publish the trainer group's progress for paced producers (docs/pacing.md)"),
+                   "publish the trainer group's progress (docs/pacing.md)"),
     ]
 
 

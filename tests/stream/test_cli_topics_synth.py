@@ -59,10 +59,14 @@ def test_topics_create_then_exists_with_large_record_limits_and_long_dead_letter
             "--output-topic", names[1], "--dead-letter-topic", names[2], "--partitions", "2"]
     first = cli(*args)
     progress = f"{names[1]}.progress"  # for pacing (docs/pacing.md): compacted, one partition
-    assert first.stdout.splitlines() == [f"{n}: created" for n in [*names, progress]]
+    admission = f"{names[1]}.admission"  # pacing's log: every record kept, stamped by the broker
+    assert first.stdout.splitlines() == [f"{n}: created" for n in [*names, progress, admission]]
     second = cli(*args)
-    assert second.stdout.splitlines() == [f"{n}: exists" for n in [*names, progress]]
+    assert second.stdout.splitlines() == [f"{n}: exists" for n in [*names, progress, admission]]
     assert topic_configs(kafka_bootstrap, [progress])[progress]["cleanup.policy"] == "compact"
+    log = topic_configs(kafka_bootstrap, [admission])[admission]
+    assert (log["cleanup.policy"], log["message.timestamp.type"], log["partitions"]) == (
+        "delete", "LogAppendTime", "1"), log
 
     configs = topic_configs(kafka_bootstrap, names)
     for name in names:

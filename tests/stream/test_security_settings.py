@@ -341,13 +341,17 @@ def test_producer_and_reader_acls_render_as_kafka_acls_commands():
         "# commit each rank's position",
         "kafka-acls.sh --bootstrap-server b:9093 --command-config '/etc/kafka/admin client.properties' --add "
         "--allow-principal User:trainer --operation Read --group t-rank --resource-pattern-type prefixed",
-        "# publish the trainer group's progress for paced producers (docs/pacing.md)",
+        "# say which groups the trainer group consumed, for paced producers (docs/pacing.md)",
+        "kafka-acls.sh --bootstrap-server b:9093 --command-config '/etc/kafka/admin client.properties' --add "
+        "--allow-principal User:trainer --operation Write --topic train-data.admission",
+        "# publish the trainer group's progress (docs/pacing.md)",
         "kafka-acls.sh --bootstrap-server b:9093 --command-config '/etc/kafka/admin client.properties' --add "
         "--allow-principal User:trainer --operation Write --topic train-data.progress",
     ]
     assert [str(p) for p in producer_permissions(input_topic="rollouts")] == ["WRITE on topic 'rollouts'"]
     assert [str(p) for p in producer_permissions(input_topic="rollouts", paced_to_output_topic="t")] == [
-        "WRITE on topic 'rollouts'", "READ on topic 't.progress'", "WRITE on topic 't.progress'"]
+        "WRITE on topic 'rollouts'", "READ on topic 't.admission'", "WRITE on topic 't.admission'",
+        "WRITE on topic 't.progress'"]
 
 
 def test_runtime_denials_become_one_line_naming_the_permission():
@@ -381,10 +385,11 @@ def test_runtime_denials_become_one_line_naming_the_permission():
     assert explain_denial(translate(KafkaError("other")), conn, config) is None
 
 
-def test_acls_print_for_a_paced_producer_adds_the_progress_topic():
+def test_acls_print_for_a_paced_producer_adds_the_admission_log_and_the_progress_topic():
     args = ["acls", "print", "--principal", "User:rollout", "--role", "producer", "--output-topic", "td"]
     plain = CliRunner().invoke(app, args)
     paced = CliRunner().invoke(app, [*args, "--paced"])
     assert plain.exit_code == paced.exit_code == 0, (plain.output, paced.output)
-    assert "td.progress" not in plain.stdout
-    assert "--operation Read --operation Write --topic td.progress" in paced.stdout
+    assert "td.progress" not in plain.stdout and "td.admission" not in plain.stdout
+    assert "--operation Read --operation Write --topic td.admission" in paced.stdout
+    assert "--operation Write --topic td.progress" in paced.stdout

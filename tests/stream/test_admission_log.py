@@ -1,0 +1,89 @@
+"""The admission log through the Kafka seam, on the in-memory cluster (its clock drives LogAppendTime, so
+leases run out when a test says so): what every gate decides comes from the log alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from codec.admission import Renew
+from core.pacing import PacingLimits
+from stream.clients import Connection
+from stream.errors import ConfigurationError
+from stream.kafka.memory import MemoryClient, MemoryCluster
+from stream.pacing import AdmissionGate, AdmissionWriter, PacingTimeout, ensure_admission_topic
+
+TOPIC = "train-data.admission"
+
+
+def gate(cluster: MemoryCluster, name: str, n: int) -> AdmissionGate:
+    return AdmissionGate(Connection("memory:9092"), topic="rollouts", admission_topic=TOPIC,
+                         progress_topic="train-data.progress", trainer_group="trainer",
+                         limits=PacingLimits(max_unconsumed_groups=n), producer_id=name,
+                         client=MemoryClient(cluster))
+
+
+def test_the_log_is_created_stamped_by_the_broker_and_a_compacted_one_is_refused():
+    cluster = MemoryCluster()
+    conn = Connection("memory:9092")
+    assert ensure_admission_topic(conn, TOPIC, MemoryClient(cluster))
+    admin = MemoryClient(cluster).admin()
+    configs = admin.topic_configs(TOPIC)
+    assert (configs["cleanup.policy"], configs["message.timestamp.type"]) == ("delete", "LogAppendTime")
+    assert not ensure_admission_topic(conn, TOPIC, MemoryClient(cluster))  # there already: left alone
+    cluster.create_topic("td2.admission", 1, **{"cleanup.policy": "compact"})
+    with pytest.raises(ConfigurationError, match="cleanup.policy=delete"):
+        ensure_admission_topic(conn, "td2.admission", MemoryClient(cluster))
+
+
+def test_eight_gates_asking_at_once_for_three_places_get_exactly_three():
+    cluster = MemoryCluster()
+    gates = [gate(cluster, f"p{i}", n=3) for i in range(8)]
+    try:
+        barrier, outcomes = threading.Barrier(len(gates)), []
+
+        def ask(g: AdmissionGate) -> None:
+            barrier.wait()
+            try:
+                g.admit(0, timeout=1.0)
+                outcomes.append("admitted")
+            except PacingTimeout:
+                outcomes.append("timed out")
+
+        threads = [threading.Thread(target=ask, args=(g,)) for g in gates]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert sorted(outcomes) == ["admitted"] * 3 + ["timed out"] * 5
+        # every gate's fold counts the same three, whoever holds them
+        assert {sum(gr.producer in {x.producer_id for x in gates} for gr in g._follower.fold.groups.values())
+                for g in gates} == {3}
+    finally:
+        for g in gates:
+            g.close()
+
+
+def test_a_producer_that_stops_renewing_gives_its_undelivered_group_up_after_three_seconds_of_log_time():
+    cluster = MemoryCluster(clock_ms=1_000_000)
+    frozen, live = gate(cluster, "frozen", n=1), gate(cluster, "live", n=2)
+    try:
+        frozen.admit(0, timeout=5)
+        frozen._stop.set()  # a process that froze: no renewals, nothing delivered
+        frozen._renewer.join(timeout=5)
+        live._stop.set()  # the test writes the log's clock forward itself
+        live._renewer.join(timeout=5)
+        writer = AdmissionWriter(Connection("memory:9092"), TOPIC, MemoryClient(cluster))
+        cluster.clock_ms += 3_000
+        writer.append(Renew(producer="live", session=live.session))
+        deadline = time.monotonic() + 10
+        while not any(g.revoked_ms is not None for g in live._follower.fold.groups.values()):
+            assert time.monotonic() < deadline, live._follower.fold.groups
+            time.sleep(0.02)
+        assert live._follower.snapshot().sessions["frozen"] == "suspected"
+        writer.close()
+    finally:
+        frozen.close()
+        live.close()
