@@ -180,6 +180,9 @@ class AdmissionFollower:
         consumer = self.client.assigned_consumer(client_id=f"{self.conn.client_id}-admission",
                                                  max_record_bytes=1 << 20)
         try:
+            while not consumer.partitions_for_topic(self.topic):
+                if self._stop.wait(0.5):  # not created yet: the first paced party or `topics create` makes it
+                    return
             tp = TopicPartition(self.topic, 0)
             consumer.assign([tp])
             consumer.seek(tp, self.fold.next_offset)

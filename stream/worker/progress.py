@@ -1,9 +1,11 @@
 """The worker and pacing (docs/pacing.md): it says where the stage is on the progress topic, and its metrics
-endpoint exposes where the producers and trainer groups are, from the same topic.
+endpoint exposes where the producers and trainer groups are, from the same topic, and what the admission
+log holds.
 
 Both run beside the loop, from the metrics endpoint (`--metrics-port`): `StageProgressPublisher` writes the
 loop's published snapshot (open groups, input lag) every few seconds; `ProgressCollector` reads the
-progress topic at scrape time, as `rollout-stream lag` shows it.
+progress topic and folds the admission log in threads of their own and shows them at scrape time, as
+`rollout-stream lag` does.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from prometheus_client.registry import Collector
 from codec.progress import StageProgress
 from stream.kafka import KafkaFailure
 from stream.logs import log_event
-from stream.names import progress_topic
-from stream.pacing import ProgressBoard, ProgressWriter, now_ms
+from stream.names import admission_topic, progress_topic
+from stream.pacing import AdmissionFollower, ProgressBoard, ProgressWriter, now_ms
 from stream.pacing.positions import producer_row, trainer_row
 
 __all__ = ["LAG_BUCKETS", "ProgressCollector", "StageProgressPublisher"]
@@ -82,6 +84,8 @@ class ProgressCollector(Collector):
         self.stale_after_s = stale_after_s
         self.board = ProgressBoard(worker.conn, progress_topic(worker.config.topics.output),
                                    client=worker.client)
+        self.admission = AdmissionFollower(worker.conn, admission_topic(worker.config.topics.output),
+                                           worker.client, poll_s=0.2)
 
     def collect(self) -> Iterator[Metric]:
         now = now_ms()
@@ -153,6 +157,45 @@ class ProgressCollector(Collector):
             p_wait.add_metric(labels, 1 if p.waiting else 0)
             p_wait_s.add_metric(labels, p.wait_s)
         yield from (p_version, p_out, p_wait, p_wait_s)
+        yield from self._admission()
+
+    def _admission(self) -> Iterator[Metric]:
+        """The admission log as folded so far (nothing before its first record)."""
+        snap = self.admission.snapshot()
+        if snap.folded_through < 0:
+            return
+        expired, late = self.admission.read(lambda fold: (fold.expired, fold.late_delivered))
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_admission_{name}", doc, value=value)
+
+        yield gauge("log_records", "Records of the admission log folded so far.", snap.folded_through + 1)
+        yield gauge("pending_requests", "Admission requests waiting for room.", snap.pending)
+        if snap.oldest_pending_ms is not None:
+            yield gauge("oldest_pending_seconds", "How long the oldest waiting request has waited, by the "
+                        "log's clock.", snap.oldest_pending_ms / 1000)
+        yield gauge("undelivered_groups", "Admitted groups not yet whole at the stage.", snap.unsent)
+        outstanding = GaugeMetricFamily(f"{PREFIX}_admission_outstanding_groups", "Groups holding room "
+                                        "behind a trainer group: admitted, not yet consumed or resolved.",
+                                        labels=["trainer_group"])
+        for trainer, n in sorted(snap.outstanding.items()):
+            outstanding.add_metric([trainer], n)
+        mark_age = GaugeMetricFamily(f"{PREFIX}_admission_trainer_mark_age_seconds", "Seconds, by the log's "
+                                     "clock, since a trainer group's last mark.", labels=["trainer_group"])
+        for trainer, ms in sorted(snap.trainer_mark_age_ms.items()):
+            mark_age.add_metric([trainer], ms / 1000)
+        sessions = GaugeMetricFamily(f"{PREFIX}_admission_sessions", "Paced producers holding a lease, by "
+                                     "state (suspected: no renewal for 3 s of log time).", labels=["state"])
+        for state in ("ok", "suspected"):
+            sessions.add_metric([state], sum(s == state for s in snap.sessions.values()))
+        yield from (outstanding, mark_age, sessions)
+        yield CounterMetricFamily(f"{PREFIX}_admission_expired_groups", "Sent groups given up on after 15 "
+                                  "minutes neither consumed nor resolved.", value=expired)
+        yield CounterMetricFamily(f"{PREFIX}_admission_late_delivered_groups", "Groups whole at the stage "
+                                  "only after their producer lost its lease (they trained in a place nobody "
+                                  "counted).",
+                                  value=late)
 
     def close(self) -> None:
         self.board.close()
+        self.admission.close()

@@ -180,10 +180,10 @@ def pacing_metrics(port: int, trainer_group: str, trained: int, version: int) ->
     while True:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             text = resp.read().decode()
-        found = {s.name + ("{le=" + s.labels["le"] + "}" if "le" in s.labels else ""): s.value
+        found = {s.name + "".join(f"{{{k}={s.labels[k]}}}" for k in ("le", "state") if k in s.labels): s.value
                  for family in text_string_to_metric_families(text) for s in family.samples
                  if s.labels.get("trainer_group") == trainer_group
-                 or s.name.startswith("rollout_stream_producer")}
+                 or s.name.startswith(("rollout_stream_producer", "rollout_stream_admission"))}
         counted = found.get("rollout_stream_trainer_group_policy_lag_count")
         latest = found.get("rollout_stream_trainer_weight_version")
         if (counted, latest) == (trained, version) or time.monotonic() > deadline:
@@ -216,6 +216,11 @@ def test_pacing_turns_discarded_groups_into_producer_waits(kafka_bootstrap, kafk
     assert m["rollout_stream_trainer_skipped_stale_groups_total"] == 0
     assert m["rollout_stream_trainer_accepted_tokens_per_second"] > 0
     assert m["rollout_stream_producer_wait_seconds_total"] > 0
+    # ... and the admission log, folded: both producers renewing, nothing given up on
+    assert m["rollout_stream_admission_log_records"] > paced.trained_groups, m
+    assert m["rollout_stream_admission_sessions{state=ok}"] == PRODUCERS, m
+    assert m["rollout_stream_admission_expired_groups_total"] == 0, m
+    assert "rollout_stream_admission_trainer_mark_age_seconds" in m, m
 
 
 def test_a_producer_whose_trainer_is_gone_times_out_and_says_so(kafka_bootstrap, kafka_client):
