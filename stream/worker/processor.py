@@ -6,8 +6,9 @@
     commit()        through the delivery: the ledger's resolved positions and the closed-group changes
     revoke/assign/lose  what a rebalance changes (partitions.py), restores from the changelog (restore.py)
 
-The processor owns the window store, the offset ledger, the router and the delivery; the delivery and the
-restorer are lent the ledger (and the store's changes) for each commit or restore, and hold neither.
+The processor owns the window store, the offset ledger, the router and the delivery. The ledger is lent
+for one call, never held: to the store's `take_batch` (which holds each record it takes), to the delivery
+with the store's closed-group changes for each commit, to the restorer with the store for each restore.
 """
 
 from __future__ import annotations
