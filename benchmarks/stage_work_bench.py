@@ -102,14 +102,15 @@ def one_pass(recs: list[ConsumerRecord]) -> float:
 def worker_pass(batches: list[list[ConsumerRecord]], count: int) -> float:
     config = WorkerConfig(bootstrap_servers="unused:9092", topics=TopicNames(), group_id="work-bench")
     worker = Worker(config, Connection("unused:9092"))
-    worker._delivery = _Delivery()
+    processor = worker.processor
+    processor.delivery = _Delivery()
     now = int(time.time() * 1000)
     started = CLOCK()
     for batch in batches:
-        worker._accept_batch(batch, now)
+        processor._take(batch, now)
     worker.store.drain_changes()
     seconds = CLOCK() - started
-    assert worker.outcomes.samples_published == count, worker.outcomes  # routed; nothing commits here
+    assert processor.outcomes.samples_published == count, processor.outcomes  # routed; nothing commits here
     return seconds
 
 

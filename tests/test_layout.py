@@ -200,3 +200,20 @@ assert "confluent_kafka" in sys.modules
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+MAX_WORKER_CLASS_LINES = 200
+
+
+def test_no_class_of_the_worker_is_longer_than_a_page_or_two():
+    """The worker stays a pipeline of parts with one job each (docs/architecture.md): no class in
+    stream/worker/ grows past MAX_WORKER_CLASS_LINES lines, docstring and comments included."""
+    too_long = []
+    for path in sorted((ROOT / "stream" / "worker").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                lines = (node.end_lineno or node.lineno) - first + 1
+                if lines > MAX_WORKER_CLASS_LINES:
+                    too_long.append(f"{path.relative_to(ROOT)}: {node.name} has {lines} lines")
+    assert not too_long, "; ".join(too_long)

@@ -1,4 +1,4 @@
-"""The long-running worker, in named parts (see `stream.worker.loop` for how they fit together)."""
+"""The long-running worker, in named parts (docs/architecture.md: how they fit together)."""
 
 from stream.names import changelog_topic_name
 from stream.worker.delivery import ProduceFailed

@@ -48,9 +48,8 @@ class CommitCadence:
 
     def finished(self, now: float) -> None:
         """The commit begun at `committed` returned: the next one counts from here. Counted from its start, a
-        slow commit made the next one due at once: at half load the stage committed 17.7 times a second and
-        spent 31 % of its time in commits, with no room left to catch up after a stalled one (its p99 over
-        five alternating 6 s phases: median 239 ms, 142 ms counted from here; docs/benchmarks.md)."""
+        slow commit made the next one due at once: the loop spent its time committing, with no room left to
+        catch up after a stalled commit, and the latency's tail grew (docs/benchmarks-archive.md)."""
         self.last = now
 
     def soon(self) -> None:
@@ -61,8 +60,7 @@ class CommitCadence:
         """Wait for records only until the next commit would be due if none came: on a quiet input a finished
         group would otherwise wait a whole poll on top of its commit's time. Behind its input, the early
         commit is not due however long the fetch takes, so the poll waits for records or the interval: polls
-        of 0 ms spun the loop (1,900 empty polls in 0.5 s of a 32K-token drain) on the CPU the fetch
-        needed."""
+        of 0 ms spun the loop through empty polls on the CPU the fetch needed."""
         if self.outputs and not self.behind:
             wait_s = self.last + self.early_s - now
         elif self.outputs or self.uncommitted:
@@ -74,6 +72,6 @@ class CommitCadence:
 
 def caught_up(consumer: Any, returned: int) -> bool:
     """The last poll returned less than it may and less than a poll's worth is left (`consumer.backlog()`,
-    stream.kafka.seam). A poll's count alone is not enough: records of 213 KB come a few per fetch even
+    stream.kafka.seam). A poll's count alone is not enough: 32K-token records come a few per fetch even
     from a long backlog."""
     return returned < POLL_RECORDS and consumer.backlog() < POLL_RECORDS

@@ -5,7 +5,9 @@
 * `AtLeastOnce`: outputs are flushed and acknowledged before the input offsets below them are committed;
   nothing is journaled (a restart re-reads from the committed offsets).
 
-The loop never asks which one it has.
+The processor never asks which one it has. It owns the offset ledger and the window store: it lends the
+ledger to each commit (a delivery resolves what it sent and delivered, and marks what it committed) and
+hands over the closed-group memory changed since the last commit.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import NamedTuple, NoReturn, Protocol
 from codec import changelog_key, encode_changelog
 from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
 from core.offsets import OffsetLedger
-from core.windows import ClosedGroup, WindowStore
+from core.windows import ClosedGroup, WindowKey
 from stream.errors import RuntimeFailure
 from stream.kafka import (
     CommitFailed,
@@ -65,12 +67,17 @@ class Delivery(Protocol):
         """Queue one group's outputs (or its dead letters), in order. CommitAborted when a failure aborted the
         open transaction (the worker restores from the last commit)."""
         ...
-    def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
-        """Commit what is resolved in the `active` partitions; the positions committed. CommitAborted when the
-        worker must restore its state from the last commit."""
+    def commit(self, ledger: OffsetLedger, changes: Changes, active: set[int], timeout: float | None = None
+               ) -> dict[int, int]:
+        """Commit what is resolved in the `active` partitions, with the closed-group memory's `changes` since
+        the last commit; the positions committed. CommitAborted when the worker must restore its state from
+        the last commit."""
         ...
-    def commit_on_revoke(self, active: set[int]) -> None:
+    def commit_on_revoke(self, ledger: OffsetLedger, changes: Changes, active: set[int]) -> None:
         """`commit` from inside the rebalance callback, before the partitions move."""
+        ...
+    def restored(self, partition: int, position: int) -> None:
+        """The partition's restore resumes at `position`."""
         ...
     def abort(self, cause: BaseException | None = None) -> None: ...
     def forget(self, partition: int) -> None:
@@ -79,9 +86,13 @@ class Delivery(Protocol):
     def close(self, timeout: float | None = None) -> None: ...
 
 
+Changes = dict[WindowKey, ClosedGroup | None]
+"""Closed-group memory changed since the last commit (None: forgotten), as `WindowStore.drain_changes`."""
+
+
 class ChangelogWrite(NamedTuple):
     """One changelog record of a transaction: an `Outgoing` record, so a commit's writes go to the producer in
-    one call (a frozen dataclass and a call per write cost the loop 11 µs per closed group)."""
+    one call (a dataclass and a call per write were a visible share of the loop's time per closed group)."""
 
     topic: str
     partition: int
@@ -117,15 +128,8 @@ def _committable(ledger: OffsetLedger, active: set[int]) -> dict[int, int]:
 class AtLeastOnce:
     """Outputs are flushed and acknowledged before the input offsets below them are committed."""
 
-    def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str, ledger: OffsetLedger,
-                 store: WindowStore) -> None:
-        self.producer, self.consumer, self.topic, self.ledger, self.store = (
-            producer,
-            consumer,
-            input_topic,
-            ledger,
-            store,
-        )
+    def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str) -> None:
+        self.producer, self.consumer, self.topic = producer, consumer, input_topic
         self.in_flight: list[tuple[SendFuture, OutputRecord]] = []
 
     @property
@@ -137,7 +141,7 @@ class AtLeastOnce:
             self.in_flight.append((self.producer.send(out.topic, out.value, out.key, partition=out.partition,
                                                       headers=out.headers), out))
 
-    def _flush(self, timeout: float | None = None) -> None:
+    def _flush(self, ledger: OffsetLedger, timeout: float | None = None) -> None:
         if not self.in_flight:
             return
         self.producer.flush(timeout=timeout)
@@ -152,19 +156,23 @@ class AtLeastOnce:
                     f"{out.source.topic}:{out.source.partition}"
                     f"@{out.source.offset}: {error}"
                 )
-            self.ledger.resolve(out.source.partition, (out.source.offset,))
+            ledger.resolve(out.source.partition, (out.source.offset,))
 
-    def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
-        self.store.drain_changes()  # nothing is journaled: a restart re-reads from the committed offsets
-        self._flush(timeout)
-        due = _committable(self.ledger, active)
+    def commit(self, ledger: OffsetLedger, changes: Changes, active: set[int], timeout: float | None = None
+               ) -> dict[int, int]:
+        # `changes` are not journaled: a restart re-reads from the committed offsets
+        self._flush(ledger, timeout)
+        due = _committable(ledger, active)
         if due:
             self.consumer.commit({TopicPartition(self.topic, p): pos for p, pos in due.items()})
-            self.ledger.mark_committed(due)
+            ledger.mark_committed(due)
         return due
 
-    def commit_on_revoke(self, active: set[int]) -> None:
-        self.commit(active)
+    def commit_on_revoke(self, ledger: OffsetLedger, changes: Changes, active: set[int]) -> None:
+        self.commit(ledger, changes, active)
+
+    def restored(self, partition: int, position: int) -> None:
+        """Nothing to note: at-least-once restores nothing (a partition resumes at its committed offset)."""
 
     def abort(self, cause: BaseException | None = None) -> None:
         """Nothing to abort: what was sent stays sent, and is read again from the last commit."""
@@ -179,20 +187,14 @@ class AtLeastOnce:
 class ExactlyOnce:
     """Outputs, dead-letters, changelog records and input offsets commit in one Kafka transaction."""
 
-    def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str, ledger: OffsetLedger,
-                 store: WindowStore, changelog_topic: str) -> None:
-        self.producer, self.consumer, self.topic, self.ledger, self.store = (
-            producer,
-            consumer,
-            input_topic,
-            ledger,
-            store,
-        )
+    def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str, changelog_topic: str
+                 ) -> None:
+        self.producer, self.consumer, self.topic = producer, consumer, input_topic
         self.changelog_topic = changelog_topic
         self.positions: dict[int, int] = {}  # per partition: the read position last written to the changelog
         self._open = False
         # The inputs behind each send of the open transaction, by partition (not the outputs: the producer has
-        # copied them, and a commit's ~1,000 of them were one resolve call each, 0.7 µs per record).
+        # copied them, and one resolve call per output cost the loop time for every record).
         self.pending: list[dict[int, list[int]]] = []
         self.pending_outputs = 0
         self.fatal: BaseException | None = None  # after it, nothing may be committed (see _failed)
@@ -258,16 +260,17 @@ class ExactlyOnce:
         self.abort(exc)
         raise CommitAborted(str(exc)) from exc
 
-    def changelog_writes(self, active: set[int]) -> list[ChangelogWrite]:
+    def changelog_writes(self, ledger: OffsetLedger, changes: Changes, active: set[int]
+                         ) -> list[ChangelogWrite]:
         """Closed-group memory changed since the last commit, and each partition's read position."""
         topic = self.changelog_topic
         writes = [
             ChangelogWrite(topic, k[0], changelog_key(k[1], k[2]),
                            encode_changelog(closed_entry(c)) if c else None)
-            for k, c in self.store.drain_changes().items() if k[0] in active
+            for k, c in changes.items() if k[0] in active
         ]
         for p in active:
-            position = self.ledger.next_offset(p)
+            position = ledger.next_offset(p)
             if position is not None and position != self.positions.get(p):
                 writes.append(ChangelogWrite(topic, p, POSITION_KEY,
                                              encode_changelog(PartitionPosition(position))))
@@ -278,13 +281,13 @@ class ExactlyOnce:
         """The changelog already holds `position` for the partition (its restore resumes there)."""
         self.positions[partition] = position
 
-    def _prepare(self, active: set[int]) -> dict[int, int]:
+    def _prepare(self, ledger: OffsetLedger, changes: Changes, active: set[int]) -> dict[int, int]:
         # Everything sent in this transaction is resolved if (and only if) the transaction commits.
         for inputs in self.pending:
             for partition, offsets in inputs.items():
-                self.ledger.resolve(partition, offsets)
-        due = _committable(self.ledger, active)
-        writes = self.changelog_writes(active)
+                ledger.resolve(partition, offsets)
+        due = _committable(ledger, active)
+        writes = self.changelog_writes(ledger, changes, active)
         if writes or due:
             self._begin()
         if writes:
@@ -295,7 +298,8 @@ class ExactlyOnce:
             )
         return due
 
-    def commit(self, active: set[int], timeout: float | None = None) -> dict[int, int]:
+    def commit(self, ledger: OffsetLedger, changes: Changes, active: set[int], timeout: float | None = None
+               ) -> dict[int, int]:
         stale = sorted({partition for inputs in self.pending for partition in inputs} - active)
         if stale:  # outputs of partitions this worker no longer owns: their new owner produces them again
             cause = CommitAborted(
@@ -306,7 +310,7 @@ class ExactlyOnce:
         if self.fatal is not None:
             raise self.fatal
         try:
-            due = self._prepare(active)
+            due = self._prepare(ledger, changes, active)
             if self._open:
                 self.producer.commit_transaction()
                 self._open = False
@@ -316,12 +320,12 @@ class ExactlyOnce:
             self._failed(exc)
         self.pending, self.pending_outputs = [], 0
         self._streak = ("", 0)
-        self.ledger.mark_committed(due)
+        ledger.mark_committed(due)
         return due
 
-    def commit_on_revoke(self, active: set[int]) -> None:
+    def commit_on_revoke(self, ledger: OffsetLedger, changes: Changes, active: set[int]) -> None:
         # Producer calls block on the producer's own sender thread, not on the consumer's IO thread.
-        self.commit(active)
+        self.commit(ledger, changes, active)
 
     def abort(self, cause: BaseException | None = None) -> None:
         log_event(

@@ -1,9 +1,11 @@
 """Rebuild a partition's window state after assignment (exactly-once): closed-group memory from the
 changelog, open windows by re-reading the input from the committed offset up to the changelog's position
-with outputs suppressed (they are committed already); then continue where the changelog ends."""
+with outputs suppressed (they are committed already); then continue where the changelog ends. The state
+restored is the processor's, lent for the restore: its window store and its offset ledger."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -11,12 +13,17 @@ from dataclasses import dataclass
 from codec import DeadLetterReason, decode_changelog, parse_changelog_key
 from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
 from core.offsets import OffsetLedger
-from core.records import Outcome
-from core.windows import ClosedGroup, WindowKey, WindowStore, distinct
+from core.windows import ClosedGroup, WindowKey, WindowStore, distinct, input_record
 from stream.errors import RuntimeFailure
-from stream.kafka import AssignedConsumer, Client, GroupConsumer, Record, TopicPartition
+from stream.kafka import AssignedConsumer, Client, GroupConsumer, KafkaFailure, Record, TopicPartition
+from stream.logs import log_event
 
-__all__ = ["Restored", "Restorer", "RestoreStalled", "read_changelog"]
+__all__ = ["RESTORE_RETRY_S", "Restored", "Restorer", "RestoreStalled", "read_changelog"]
+
+log = logging.getLogger("rollout_stream.worker")
+
+RESTORE_RETRY_S = 0.5
+"""After a retriable failure, how long a partition's restore waits before it is tried again."""
 
 
 class RestoreStalled(RuntimeFailure, RuntimeError):
@@ -88,29 +95,53 @@ def read_changelog(consumer: AssignedConsumer, topic: str, partition: int, *, st
 
 
 class Restorer:
-    """Restores one partition at a time into the worker's store and ledger."""
+    """Restores one partition at a time into a window store and an offset ledger."""
 
     def __init__(self, client: Client, consumer: GroupConsumer, *, input_topic: str, changelog_topic: str,
-                 store: WindowStore, ledger: OffsetLedger, max_record_bytes: int,
-                 accept: Callable[[Record, int], list[Outcome]], clock: Callable[[], float]) -> None:
+                 max_record_bytes: int, clock: Callable[[], float]) -> None:
         self.client, self.consumer = client, consumer
         self.input_topic, self.changelog_topic = input_topic, changelog_topic
-        self.store, self.ledger, self.max_record_bytes = store, ledger, max_record_bytes
-        self.accept, self.clock = accept, clock
+        self.max_record_bytes, self.clock = max_record_bytes, clock
+        self.retry_after = 0.0  # monotonic time before which no restore is tried (after a failed one)
+
+    def restore_each(self, partitions: list[int], now: float, store: WindowStore, ledger: OffsetLedger
+                     ) -> list[Restored]:
+        """Restore each partition (none before `retry_after`); one that meets a retriable broker failure (a
+        leader or coordinator still moving after a broker restart) stays to restore and is tried again a
+        moment later. The restores done."""
+        done: list[Restored] = []
+        if now < self.retry_after:
+            return done
+        for p in partitions:
+            try:
+                r = self.restore(p, store, ledger)
+            except KafkaFailure as exc:
+                if not exc.retriable:
+                    raise
+                self.retry_after = now + RESTORE_RETRY_S
+                log_event(log, "partition.restore_failed", logging.WARNING, partition=p, error=str(exc),
+                          action=f"restoring it again in {RESTORE_RETRY_S:g} s; its records wait until then")
+                continue
+            done.append(r)
+            log_event(log, "partition.restored", partition=p, closed_groups=r.closed_groups,
+                      changelog_records=r.changelog_records, committed_offset=r.committed_offset,
+                      resume_at=r.resume_at, reread=r.reread,
+                      open_windows=sum(1 for k in store.open if k[0] == p), ms=f"{r.seconds * 1000:.0f}")
+        return done
 
     def _reader(self) -> AssignedConsumer:
         return self.client.assigned_consumer(client_id="rollout-stream-restore",
                                              max_record_bytes=self.max_record_bytes)
 
-    def restore(self, p: int) -> Restored:
+    def restore(self, p: int, store: WindowStore, ledger: OffsetLedger) -> Restored:
         started = time.monotonic()
-        self.store.drop_partition(p)
-        self.ledger.forget(p)
+        store.drop_partition(p)
+        ledger.forget(p)
         reader = self._reader()
         try:
             closed, position, changelog_records = read_changelog(reader, self.changelog_topic, p)
             for wkey, entry in closed.items():
-                self.store.restore_closed(wkey, entry)
+                store.restore_closed(wkey, entry)
             tp = TopicPartition(self.input_topic, p)
             committed = self.consumer.committed(tp)
             start = committed.offset if committed is not None else self.consumer.beginning_offsets([tp])[tp]
@@ -119,15 +150,15 @@ class Restorer:
                 now_ms = int(self.clock() * 1000)
                 for rec in _records(reader, tp, start, position, 60.0):
                     # Same transitions as the first time, outputs suppressed: they are already committed.
-                    self.ledger.hold(p, rec.offset)
-                    for outcome in self.accept(rec, now_ms):
-                        self.ledger.resolve(p, [r.offset for r in outcome.records])
+                    ledger.hold(p, rec.offset)
+                    for outcome in store.take(input_record(rec), now_ms):
+                        ledger.resolve(p, [r.offset for r in outcome.records])
                     reread += 1
-                self.store.discard_changes(p)  # re-created by the re-read: the changelog holds them
+                store.discard_changes(p)  # re-created by the re-read: the changelog holds them
         finally:
             reader.close()
         resume_at = max(start, position or start)
-        self.ledger.mark_committed({p: start})
+        ledger.mark_committed({p: start})
         self.consumer.seek(tp, resume_at)
         return Restored(
             p, len(closed), changelog_records, start, resume_at, reread, time.monotonic() - started

@@ -1,5 +1,7 @@
-"""Where each outcome of the window store goes: published groups (or the zero-variance policy's topic, or
-nowhere), dead-letters, counted duplicates. Counts, logs, and judges the dead-letter limit on the way."""
+"""What each outcome of the window store becomes: the records to write for a published group (to the output
+topic, the zero-variance policy's topic, or nowhere) or a dead-lettered one; nothing for a dropped
+duplicate. Counts and logs on the way; once the outputs are sent, counts the published group and judges the
+dead-letter limit. It returns what to write and never writes it: the processor hands it to the delivery."""
 
 from __future__ import annotations
 
@@ -8,8 +10,7 @@ from collections.abc import Callable
 
 from core.config import RewardConfig
 from core.dead_letter_limit import DeadLetterWindow, LimitExceeded
-from core.offsets import OffsetLedger
-from core.records import DeadLettered, DuplicateDropped, Outcome, Published
+from core.records import DeadLettered, Outcome, Published
 from stream.config import WorkerConfig
 from stream.errors import PolicyStop
 from stream.logs import log_event
@@ -34,60 +35,58 @@ class DeadLetterLimitExceeded(PolicyStop, RuntimeError):
 
 
 class Router:
-    def __init__(
-        self,
-        config: WorkerConfig,
-        reward: RewardConfig,
-        stats: OutcomeCounts,
-        ledger: OffsetLedger,
-        send: Callable[[list[OutputRecord]], None],
-        partition_for: Callable[[str, bytes], int | None],
-    ) -> None:
-        self.config, self.reward, self.stats, self.ledger = config, reward, stats, ledger
-        self.send, self.partition_for = send, partition_for
+    def __init__(self, config: WorkerConfig, reward: RewardConfig, stats: OutcomeCounts) -> None:
+        self.config, self.reward, self.stats = config, reward, stats
         self.dead_letters = DeadLetterWindow(config.dead_letter_limit)  # stop when mostly dead-lettering
         self.limit_exceeded: LimitExceeded | None = None
         self.track_published = False  # set when metrics observe the loop: group latency
         self.published_ts: list[int] = []  # per group published since the last commit: newest member's ts
 
-    def route(self, outcomes: list[Outcome]) -> None:
-        for outcome in outcomes:
-            if isinstance(outcome, Published):
-                self._publish(outcome)
-                self._judge(self.dead_letters.published(len(outcome.members)))
-            elif isinstance(outcome, DeadLettered):
-                self._dead_letter(outcome)
-                self._judge(self.dead_letters.dead_lettered_as(outcome.reason.value, len(outcome.records)))
-            elif isinstance(outcome, DuplicateDropped):
-                self.stats.duplicates += 1
-                self.ledger.resolve(outcome.record.partition, (outcome.record.offset,))
-                log_event(log, "duplicate.dropped", logging.DEBUG, group=outcome.group_key,
-                          partition=outcome.record.partition, offset=outcome.record.offset)
+    def route(self, outcome: Outcome, partition_for: Callable[[str, bytes], int | None]
+              ) -> list[OutputRecord]:
+        """The records to write for one outcome; none when its records are settled without an output (a
+        dropped duplicate, a zero-variance group dropped by policy). `partition_for` is the producer's.
+        Then `sent`, once they are."""
+        if isinstance(outcome, Published):
+            return self._publish(outcome, partition_for)
+        if isinstance(outcome, DeadLettered):
+            return self._dead_letter(outcome)
+        self.stats.duplicates += 1
+        log_event(log, "duplicate.dropped", logging.DEBUG, group=outcome.group_key,
+                  partition=outcome.record.partition, offset=outcome.record.offset)
+        return []
 
-    def _publish(self, group: Published) -> None:
+    def sent(self, outcome: Outcome, outs: list[OutputRecord]) -> None:
+        """The outcome's outputs were sent (or it had none): count a published group, and judge the
+        dead-letter limit."""
+        if isinstance(outcome, Published):
+            if outs:
+                self.stats.groups_published += 1
+                self.stats.samples_published += len(outcome.members)
+                if self.track_published:
+                    self.published_ts.append(max(m.record.timestamp_ms for m in outcome.members))
+            self._judge(self.dead_letters.published(len(outcome.members)))
+        elif isinstance(outcome, DeadLettered):
+            self._judge(self.dead_letters.dead_lettered_as(outcome.reason.value, len(outcome.records)))
+
+    def _publish(self, group: Published, partition_for: Callable[[str, bytes], int | None]
+                 ) -> list[OutputRecord]:
         policy = self.config.zero_variance
         topic = self.config.topics.output
         if group.rewards.zero_variance:
             self.stats.zero_variance_groups += 1
             if policy.mode == "drop":
                 self.stats.zero_variance_dropped += len(group.members)
-                for m in group.members:
-                    self.ledger.resolve(m.record.partition, (m.record.offset,))
                 log_event(
                     log, "group.zero_variance_dropped", group=group.group_key, samples=len(group.members)
                 )
-                return
+                return []
             if policy.mode == "route":
                 assert policy.topic is not None
                 topic = policy.topic
-        partition = self.partition_for(topic, group.group_key.encode())
-        self.send(train_records(group, self.reward, topic, partition))
-        self.stats.groups_published += 1
-        self.stats.samples_published += len(group.members)
-        if self.track_published:
-            self.published_ts.append(max(m.record.timestamp_ms for m in group.members))
+        return train_records(group, self.reward, topic, partition_for(topic, group.group_key.encode()))
 
-    def _dead_letter(self, failure: DeadLettered) -> None:
+    def _dead_letter(self, failure: DeadLettered) -> list[OutputRecord]:
         reason = failure.reason.value
         self.stats.dead_lettered[reason] += len(failure.records)
         first = failure.records[0]
@@ -99,7 +98,7 @@ class Router:
             log_event(log, "dead_letter", logging.WARNING, reason=reason, group=failure.group_key,
                       records=len(failure.records), partition=first.partition, offset=first.offset,
                       message=failure.message[:500])
-        self.send(dead_letter_records(failure, self.config.topics.dead_letter))
+        return dead_letter_records(failure, self.config.topics.dead_letter)
 
     def _judge(self, verdict: LimitExceeded | None) -> None:
         """Past the dead-letter limit: stop taking records; the shutdown commits what was resolved."""

@@ -99,22 +99,25 @@ def test_revoke_commits_before_the_partitions_move(cluster):
     w1 = worker(cluster, "w1")
     steps(w1)  # everything processed, nothing committed yet
     # routed, not yet committed: counted once the commit lands
-    assert w1.outcomes.groups_published == 6 and w1.stats.groups_published == 0 and w1.stats.commits == 0
+    assert w1.processor.outcomes.groups_published == 6 and w1.stats.groups_published == 0 \
+        and w1.stats.commits == 0
     w2 = worker(cluster, "w2")
     steps(w1, w2)  # w2 joins: w1 revokes everything (and commits it), then both are assigned
     assert published(cluster) == expected(range(6))  # committed in on_revoked, before any new owner read
-    assert w1.stats.groups_published == 6 and w1.outcomes.groups_published == 0
+    assert w1.stats.groups_published == 6 and w1.processor.outcomes.groups_published == 0
     assert sum(c.offset for c in cluster.committed("g").values()) == 12
     commit(w1), commit(w2)
     assert published(cluster) == expected(range(6))  # nothing re-published by the new owner
-    assert w2.stats.groups_published == 0 and w1.partitions.assigned and w2.partitions.assigned
+    assert w2.stats.groups_published == 0 and w1.processor.partitions.assigned \
+        and w2.processor.partitions.assigned
 
 
 def test_lost_partitions_abort_the_open_transaction_and_the_new_owner_publishes_once(cluster):
     produce(cluster, [s for gi in range(6) for s in group(gi)])
     w1 = worker(cluster, "w1")
     steps(w1)
-    assert w1._delivery is not None and w1._delivery.open  # outputs sent in an open transaction
+    # outputs sent in an open transaction
+    assert w1.processor.delivery is not None and w1.processor.delivery.open
     w2 = worker(cluster, "w2")
     cluster.kick(w1._consumer)  # w1 stalled past its session: its partitions go to w2
     steps(w2)
@@ -148,28 +151,29 @@ def test_restore_rebuilds_open_windows_from_the_changelog_with_outputs_suppresse
 def test_a_restore_that_meets_a_retriable_failure_is_tried_again(cluster, monkeypatch):
     # After a broker restart a new leader answers offset queries with OFFSET_NOT_AVAILABLE for a while: the
     # worker waits and restores again (in the 3-node chaos test it exited instead).
-    monkeypatch.setattr("stream.worker.loop.RESTORE_RETRY_S", 0.05)
+    monkeypatch.setattr("stream.worker.restore.RESTORE_RETRY_S", 0.05)
     produce(cluster, group(0) + group(1, size=4)[:2])
     w1 = worker(cluster, "w1")
     steps(w1)
     commit(w1)
     w1.close()
     w2 = worker(cluster, "w2")
-    real, failures = w2.restorer.restore, [2]
+    real, failures = w2.processor.restorer.restore, [2]
 
-    def restore(p):
+    def restore(p, *lent):
         if failures[0]:
             failures[0] -= 1
             raise KafkaFailure("Broker: Leader high watermark is not caught up", kind="OFFSET_NOT_AVAILABLE",
                                retriable=True)
-        return real(p)
+        return real(p, *lent)
 
-    monkeypatch.setattr(w2.restorer, "restore", restore)
+    monkeypatch.setattr(w2.processor.restorer, "restore", restore)
     steps(w2, n=2)  # assigned; both partitions' restores fail: they wait, nothing of theirs is processed
-    assert w2.partitions.to_restore == {0, 1} and w2.stats.restores == 0 and w2.store.open_count() == 0
+    assert w2.processor.partitions.to_restore == {0, 1} and w2.stats.restores == 0 \
+        and w2.store.open_count() == 0
     time.sleep(0.06)
     steps(w2)
-    assert not w2.partitions.to_restore and w2.stats.restores == 2 and w2.store.open_count() == 1
+    assert not w2.processor.partitions.to_restore and w2.stats.restores == 2 and w2.store.open_count() == 1
     produce(cluster, group(1, size=4)[2:])
     steps(w2)
     commit(w2)
@@ -180,10 +184,10 @@ def test_a_restore_that_meets_a_failure_that_is_not_retriable_stops_the_worker(c
     produce(cluster, group(0))
     w = worker(cluster)
 
-    def restore(p):
+    def restore(p, *lent):
         raise KafkaFailure("Broker: Topic authorization failed", kind="TOPIC_AUTHORIZATION_FAILED")
 
-    monkeypatch.setattr(w.restorer, "restore", restore)
+    monkeypatch.setattr(w.processor.restorer, "restore", restore)
     with pytest.raises(KafkaFailure, match="authorization"):
         steps(w)
 
@@ -195,7 +199,8 @@ def test_an_aborted_commit_restores_and_publishes_everything_exactly_once(cluste
     cluster.fail_next_commit(BrokerUnavailable("broker went away", kind="KafkaConnectionError"))
     commit(w)  # the commit fails: the transaction is aborted and every partition restored
     assert w.stats.aborts == 1 and published(cluster) == Counter()
-    assert w.stats.groups_published == w.outcomes.groups_published == 0  # nothing counted that was aborted
+    # nothing counted that was aborted
+    assert w.stats.groups_published == w.processor.outcomes.groups_published == 0
     steps(w)
     commit(w)
     assert published(cluster) == expected(range(5))
@@ -204,7 +209,7 @@ def test_an_aborted_commit_restores_and_publishes_everything_exactly_once(cluste
 
 def _refusing_the_fifth_send(monkeypatch, w: Worker, failure: KafkaFailure) -> list[tuple]:
     """The fifth record sent fails with `failure`: the second output of the second group published."""
-    producer = w._delivery.producer
+    producer = w.processor.delivery.producer
     real, sends = producer.send, []
 
     def send(*args, **kwargs):
@@ -228,7 +233,7 @@ def test_a_send_that_fails_in_a_group_aborts_its_transaction_and_the_worker_publ
             w.step()
             if w.stats.aborts:
                 break
-    assert len(sends) == 5 and w.stats.aborts == 1 and w.partitions.to_restore
+    assert len(sends) == 5 and w.stats.aborts == 1 and w.processor.partitions.to_restore
     assert published(cluster) == Counter() and cluster.committed("g") == {}
     assert any("commit.aborted" in r.getMessage() and "broker went away" in r.getMessage()
                for r in caplog.records)
@@ -273,7 +278,7 @@ def test_records_the_broker_refused_stop_the_worker_and_it_commits_nothing(clust
     with pytest.raises(KafkaFailure, match="max.message.bytes"):
         steps(w)
         commit(w)
-    assert w.stats.aborts == 0 and w._delivery.fatal is not None
+    assert w.stats.aborts == 0 and w.processor.delivery.fatal is not None
     with pytest.raises(KafkaFailure, match="max.message.bytes"):
         w.close()
     assert published(cluster) == Counter() and cluster.committed("g") == {}
@@ -289,7 +294,7 @@ def test_a_failure_that_is_not_retriable_restores_until_it_aborts_three_transact
         steps(w)
         cluster.fail_next_commit(KafkaFailure("Broker: Unknown server error", kind="UNKNOWN_SERVER_ERROR"))
         commit(w)  # aborted, every partition restored from the last commit: not (yet) the worker's end
-        assert w.stats.aborts == attempt and w.partitions.to_restore
+        assert w.stats.aborts == attempt and w.processor.partitions.to_restore
     steps(w)
     cluster.fail_next_commit(KafkaFailure("Broker: Unknown server error", kind="UNKNOWN_SERVER_ERROR"))
     with caplog.at_level("ERROR", logger="rollout_stream.delivery"), \
@@ -338,7 +343,7 @@ def test_an_abort_that_failed_is_asked_again_before_the_next_transaction(cluster
     # refused as out of place: either way the next transaction begins and everything is published once.
     produce(cluster, [s for gi in range(3) for s in group(gi)])
     w = worker(cluster)
-    producer = w._delivery.producer
+    producer = w.processor.delivery.producer
     real, aborts = producer.abort_transaction, []
 
     def abort_transaction():
@@ -367,13 +372,14 @@ def test_the_progress_line_names_a_partition_whose_windows_cannot_expire(cluster
     produce(cluster, [group(gi)[0] for gi in range(2)])  # two groups, one member each: windows stay open
     w = worker(cluster, progress_interval_s=0.001)
     steps(w)
-    assert w.store.open_count() == 2 and w._expiry_blocked() == ""  # read up: the clock may expire them
+    # read up: the clock may expire them
+    assert w.store.open_count() == 2 and w.observer.expiry_blocked() == ""
     unknown = min(k[0] for k in w.store.open)
     real = w._consumer.highwater
     monkeypatch.setattr(w._consumer, "highwater", lambda tp: None if tp.partition == unknown else real(tp))
     with caplog.at_level("INFO", logger="rollout_stream.worker"):
         w.step()
-    assert w._expiry_blocked() == f"{unknown}:no_watermark"
+    assert w.observer.expiry_blocked() == f"{unknown}:no_watermark"
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress ")]
     assert progress and f"expiry_blocked={unknown}:no_watermark" in progress[-1]
 
@@ -386,7 +392,7 @@ def test_back_pressure_pauses_at_the_cap_then_reads_on_past_it_when_nothing_clos
     w.back_pressure.stall_s = 0.05
     steps(w)
     assert w.back_pressure.paused and w.store.open_count() == 3
-    assert w._expiry_blocked() == "all:paused"  # the progress line says why nothing expires
+    assert w.observer.expiry_blocked() == "all:paused"  # the progress line says why nothing expires
     produce(cluster, [group(gi)[1] for gi in range(3)])
     steps(w)
     assert w.back_pressure.paused and w.stats.groups_published == 0  # nothing fetched behind the pause
@@ -475,7 +481,7 @@ def test_a_worker_stopped_by_an_error_does_not_leave_its_group(cluster, monkeypa
                 clock=lambda: 1_000.0, claim=InstanceClaim("w3", Path("/nonexistent"), None))
     assert w3.open()
     w3.request_stop()
-    monkeypatch.setattr(w3, "_commit", lambda timeout=None: taken_over())
+    monkeypatch.setattr(w3.processor, "commit", lambda timeout=None: taken_over())
     with pytest.raises(ProducerFenced):  # stopped cleanly, but fenced at its shutdown commit
         w3.close()
     assert asked == ["w2"]
