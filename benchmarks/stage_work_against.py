@@ -7,13 +7,13 @@ runs `benchmarks/stage_work_bench.py` of both commits in fresh processes, one af
 times (a slow spell of the machine then hits both sides), and prints each side's runs, the ratio of the
 medians and each round's ratio.
 
-The earlier commit is checked out in a temporary `git worktree` (removed afterwards) and runs its own
-sources on this checkout's virtual environment, with the compiled hot path off (it had none: its modules
-are not the ones a build here was made from). Both sides get only the arguments every version of the
-bench takes, so each times best of 3 passes on the wall clock; with `--cpu`, on the thread's CPU time
-instead (both sides' `time.perf_counter` is `time.thread_time` there). This machine is a VM whose host
-takes time from it now and then (the `steal` column of /proc/stat: about a quarter of the user time over
-11 hours on 2026-12-03); the wall clock counts that time, the thread's CPU time does not.
+The earlier commit is checked out in a temporary `git worktree` (removed afterwards) and runs its own sources
+on this checkout's virtual environment, with the C extensions off (`ROLLOUT_STREAM_COMPILED=0`: the fresh
+worktree has none built, and this checkout's were built from other sources). Both sides get only the arguments
+every version of the bench takes, so each times best of 3 passes on the wall clock; with `--cpu`, on the
+thread's CPU time instead (both sides' `time.perf_counter` is `time.thread_time` there). This machine is a VM
+whose host takes time from it now and then (the `steal` column of /proc/stat); the wall clock counts that
+time, the thread's CPU time does not.
 
     .venv/bin/python benchmarks/stage_work_against.py                     # against the baseline
     .venv/bin/python benchmarks/stage_work_against.py --cpu --rounds 7           # steadier on a VM
@@ -47,8 +47,8 @@ _ON_CPU_TIME = ("import runpy, sys, time; time.perf_counter = time.thread_time; 
 
 
 def run_bench(checkout: Path, args: list[str], *, compiled: bool, cpu: bool = False) -> float:
-    """µs per sample that `checkout`'s stage_work_bench.py prints for `args` (with this checkout's compiled
-    hot path, which must be built: `make compiled`)."""
+    """µs per sample that `checkout`'s stage_work_bench.py prints for `args` (with this checkout's C
+    extensions, which `make venv` builds)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
     env.pop(COMPILED_ENV, None)
     if not compiled:
@@ -59,8 +59,8 @@ def run_bench(checkout: Path, args: list[str], *, compiled: bool, cpu: bool = Fa
     found = _FIGURE.search(done.stdout)
     if done.returncode or found is None:
         raise SystemExit(f"{checkout / BENCH} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
-    if compiled and "compiled (mypyc)" not in done.stdout:
-        raise SystemExit(f"this checkout ran without its compiled hot path (make compiled):\n{done.stdout}")
+    if compiled and "hot path C extensions)" not in done.stdout:
+        raise SystemExit(f"this checkout ran without its C extensions (make venv):\n{done.stdout}")
     return float(found.group(1))
 
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol, cast
 import msgspec
 import numpy as np
 
-from codec import Sample
+from codec import Sample, compiled
 from core.config import RewardConfig
 
 __all__ = [
@@ -322,12 +322,14 @@ def _round32_all(values: list[float]) -> list[float]:
 _STD_EPSILON = _round32(1e-6)
 
 
-# `_fast_statistics` of the common group in C, built with the compiled hot path (core/_float32_statistics.c);
-# None where it is not built or the Python sources were asked for (codec/compiled.py).
+# `_fast_statistics` of the common group in C (core/_float32_statistics.c); None where it is not built or the
+# Python path was asked for (codec/compiled.py).
 _native_statistics: Callable[[list[float], bool, bool], _Statistics | None] | None
 try:
     from core._float32_statistics import statistics as _native_statistics
-except ImportError:
+except ImportError:  # not built: no C compiler when the package was installed
+    _native_statistics = None
+if not compiled.enabled():
     _native_statistics = None
 
 

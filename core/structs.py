@@ -1,9 +1,7 @@
 """The msgspec structs the hot path keeps by the hundred thousand: frozen, and untracked by the collector.
 
-They live outside the compiled modules (`codec/compiled.py`): mypyc drops a class's keyword arguments, and a
-`msgspec.Struct` compiled with `frozen=True, gc=False` came out mutable and tracked. Tracked, the held
-samples of every open window and the closed-group memory (up to 200,000 groups for an hour) were walked by
-every full collection: 121 ms per pass at 200,000 closed groups (docs/benchmarks.md).
+Tracked, the held samples of every open window and the closed-group memory (up to 200,000 groups for an
+hour) would be walked by every full collection of the garbage collector (docs/benchmarks.md).
 """
 
 from __future__ import annotations

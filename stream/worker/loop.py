@@ -252,7 +252,7 @@ class Worker:
         router, take, ledger = self.router, self.store.take_batch, self.ledger
         accepted, count = 0, len(records)
         try:
-            # The store takes records (compiled) until one decides something; most only join their window.
+            # The store takes records until one decides something; most only join their window.
             while accepted < count:
                 if router.limit_exceeded is not None:  # the rest stays uncommitted, for after the fix
                     self._stop.set()
