@@ -1,8 +1,8 @@
 """The stage's own work per sample, this checkout against an earlier commit, on this machine, alternating.
 
 The target is the stage's own work cut to a third of the baseline's on the same machine. A figure from
-another machine does not answer that: the same code gave 12.7 µs per 256-token sample on one
-AMD EPYC and 26.9 on an Intel Xeon, and this checkout 5.0 on one EPYC and 7.2 on another. So this script
+another machine does not answer that: the same code's figure differs between machines as much as the
+target asks the code to change (docs/benchmarks-archive.md). So this script
 runs `benchmarks/stage_work_bench.py` of both commits in fresh processes, one after the other, `--rounds`
 times (a slow spell of the machine then hits both sides), and prints each side's runs, the ratio of the
 medians and each round's ratio.
@@ -34,8 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path("benchmarks") / "stage_work_bench.py"
 BASELINE = "3d21e53"
-"""The code before the performance work: 12.7 µs per 256-token sample on an AMD EPYC
-(docs/benchmarks-archive.md)."""
+"""The code before the performance work (its figures: docs/benchmarks-archive.md)."""
 
 _FIGURE = re.compile(r"([0-9.]+) µs per sample")
 COMPILED_ENV = "ROLLOUT_STREAM_COMPILED"
