@@ -1,26 +1,27 @@
 # rollout-stream developer entry points. `make test` is what CI runs (.ci/run).
-#   make venv   create .venv (Python 3.11) and install the package editable with its test extras
+#   make venv   create .venv (Python 3.11) and install the package editable with its test extras and its C
+#               extensions (setup.py; without a C compiler the stage runs their Python, docs/compiled.md)
 #   make jars   prefetch the pinned Kafka broker jars into ${ROLLOUT_STREAM_CACHE:-~/.cache/rollout-stream}
 #   make promtool  Prometheus' promtool (checks deploy/prometheus/) into the same cache, unless on PATH
 #   make compose   Debian's docker-compose (validates docker-compose.yml in tests/test_compose.py), unless on PATH
-#   make compiled  the compiled hot path (codec/compiled.py), once per source change; pure Python without a C compiler
 #   make lint   ruff check on the whole tree, mypy (strict) on core/, codec/ and stream/; `make test` runs it first
 #   make test   the test suite (CI's); the Kafka tests start a local broker (or use KAFKA_BOOTSTRAP_SERVERS)
-#   make test-long  the long tier: the client variants `make test` leaves out, a fresh compiled build
+#   make test-long  the long tier: the client variants `make test` leaves out
 #   make demo   local broker + worker + synthetic producer, with live progress
 
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv jars promtool compose compiled lint test test-long demo
+.PHONY: venv jars promtool compose lint test test-long demo
 
 venv: $(VENV)/.installed
 
-# Reinstalled whenever pyproject.toml changes (new dependency, new entry point). Wheels are kept in a
-# wheelhouse under the user cache so that a fresh clone installs without downloading torch (~3 GB) again.
+# Reinstalled whenever pyproject.toml changes (new dependency, new entry point), or setup.py or a C source
+# (the C extensions are built in place by the editable install). Wheels are kept in a wheelhouse under the
+# user cache so that a fresh clone installs without downloading torch (~3 GB) again.
 WHEELHOUSE ?= $(HOME)/.cache/rollout-stream/wheels
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard core/*.c codec/*.c)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	mkdir -p $(WHEELHOUSE)
 	$(BIN)/pip download -q -d $(WHEELHOUSE) --find-links $(WHEELHOUSE) setuptools wheel '.[test]'
@@ -56,31 +57,26 @@ compose:
 	  { apt-get update -qq && apt-get install -y -q docker-compose >/dev/null; }; }
 	@docker-compose version | head -1
 
-# mypyc builds of the per-record modules into the user cache, keyed by their sources (2–3 min when one
-# changed, nothing otherwise). Without a C compiler it says so and the stage runs the Python sources.
-compiled: venv
-	$(BIN)/python -m stream.tools.compile --quiet
-
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 # Lint first: a lint error fails CI (.ci/run) before the broker starts.
-# The core and codec tests run twice: on the Python sources (the reference, and what runs where nothing is
-# compiled), then with everything else on the compiled modules. Both runs spread over worker processes
-# (pytest-xdist), which share one broker; a file's tests stay in one worker (tests/conftest.py). Most
-# Kafka tests wait on the broker more than they compute; on 2 cores 3 workers took a third of one
-# process's time and 4 were no faster (docs/development.md).
+# The core and codec tests run twice: on the Python path (the reference, and what runs where the C
+# extensions are not built), then with everything else on the C extensions. Both runs spread over worker
+# processes (pytest-xdist), which share one broker; a file's tests stay in one worker (tests/conftest.py).
+# Most Kafka tests wait on the broker more than they compute, so more workers than cores pay off, up to a
+# point (the measured counts: docs/development.md).
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
-test: lint jars promtool compose compiled
+test: lint jars promtool compose
 	ROLLOUT_STREAM_COMPILED=0 $(PYTEST) -m "not long" tests/core tests/codec
 	$(PYTEST) -m "not long" --durations=15
 
 # The long tier: every `any_client` test on the clients `make test` leaves out, and what takes minutes
-# alone (a fresh compiled build). Not in CI; run it before a release or after changing a client.
-test-long: jars compiled
+# alone. Not in CI; run it before a release or after changing a client.
+test-long: jars
 	$(PYTEST) -m long
 
-demo: venv jars compiled
+demo: venv jars
 	$(BIN)/rollout-stream demo

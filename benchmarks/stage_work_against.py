@@ -1,19 +1,19 @@
 """The stage's own work per sample, this checkout against an earlier commit, on this machine, alternating.
 
 The target is the stage's own work cut to a third of the baseline's on the same machine. A figure from
-another machine does not answer that: the same code gave 12.7 µs per 256-token sample on one
-AMD EPYC and 26.9 on an Intel Xeon, and this checkout 5.0 on one EPYC and 7.2 on another. So this script
+another machine does not answer that: the same code's figure differs between machines as much as the
+target asks the code to change (docs/benchmarks-archive.md). So this script
 runs `benchmarks/stage_work_bench.py` of both commits in fresh processes, one after the other, `--rounds`
 times (a slow spell of the machine then hits both sides), and prints each side's runs, the ratio of the
 medians and each round's ratio.
 
-The earlier commit is checked out in a temporary `git worktree` (removed afterwards) and runs its own
-sources on this checkout's virtual environment, with the compiled hot path off (it had none: its modules
-are not the ones a build here was made from). Both sides get only the arguments every version of the
-bench takes, so each times best of 3 passes on the wall clock; with `--cpu`, on the thread's CPU time
-instead (both sides' `time.perf_counter` is `time.thread_time` there). This machine is a VM whose host
-takes time from it now and then (the `steal` column of /proc/stat: about a quarter of the user time over
-11 hours on 2026-12-03); the wall clock counts that time, the thread's CPU time does not.
+The earlier commit is checked out in a temporary `git worktree` (removed afterwards) and runs its own sources
+on this checkout's virtual environment, with the C extensions off (`ROLLOUT_STREAM_COMPILED=0`: the fresh
+worktree has none built, and this checkout's were built from other sources). Both sides get only the arguments
+every version of the bench takes, so each times best of 3 passes on the wall clock; with `--cpu`, on the
+thread's CPU time instead (both sides' `time.perf_counter` is `time.thread_time` there). This machine is a VM
+whose host takes time from it now and then (the `steal` column of /proc/stat); the wall clock counts that
+time, the thread's CPU time does not.
 
     .venv/bin/python benchmarks/stage_work_against.py                     # against the baseline
     .venv/bin/python benchmarks/stage_work_against.py --cpu --rounds 7           # steadier on a VM
@@ -34,8 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path("benchmarks") / "stage_work_bench.py"
 BASELINE = "3d21e53"
-"""The code before the performance work: 12.7 µs per 256-token sample on an AMD EPYC
-(docs/benchmarks-archive.md)."""
+"""The code before the performance work (its figures: docs/benchmarks-archive.md)."""
 
 _FIGURE = re.compile(r"([0-9.]+) µs per sample")
 COMPILED_ENV = "ROLLOUT_STREAM_COMPILED"
@@ -47,8 +46,8 @@ _ON_CPU_TIME = ("import runpy, sys, time; time.perf_counter = time.thread_time; 
 
 
 def run_bench(checkout: Path, args: list[str], *, compiled: bool, cpu: bool = False) -> float:
-    """µs per sample that `checkout`'s stage_work_bench.py prints for `args` (with this checkout's compiled
-    hot path, which must be built: `make compiled`)."""
+    """µs per sample that `checkout`'s stage_work_bench.py prints for `args` (with this checkout's C
+    extensions, which `make venv` builds)."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
     env.pop(COMPILED_ENV, None)
     if not compiled:
@@ -59,8 +58,8 @@ def run_bench(checkout: Path, args: list[str], *, compiled: bool, cpu: bool = Fa
     found = _FIGURE.search(done.stdout)
     if done.returncode or found is None:
         raise SystemExit(f"{checkout / BENCH} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
-    if compiled and "compiled (mypyc)" not in done.stdout:
-        raise SystemExit(f"this checkout ran without its compiled hot path (make compiled):\n{done.stdout}")
+    if compiled and "hot path C extensions)" not in done.stdout:
+        raise SystemExit(f"this checkout ran without its C extensions (make venv):\n{done.stdout}")
     return float(found.group(1))
 
 

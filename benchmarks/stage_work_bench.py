@@ -12,8 +12,8 @@ It also prints µs per sample of each step (best of as many), each timed in isol
   `decode_sample` where that declines (before decode_head existed: `decode_sample` alone);
 * validation: what it runs next on every decoded head: `core.validate.plainly_valid`, and `validate_sample`
   of the whole sample where that declines (before plainly_valid existed: `validate_sample` alone);
-* decode + validation (C), in place of both where the compiled hot path has `core._plain_scan`: its one pass
-  over each record's bytes, and the two steps above where it declines;
+* decode + validation (C), in place of both where `core._plain_scan` is in use (codec/compiled.py): its one
+  pass over each record's bytes, and the two steps above where it declines;
 * normalization: `core.rewards.normalize_group` of every published group's held samples;
 * encode: `stream.worker.outputs.train_records` of every published group;
 * ledger: `OffsetLedger.hold` of every record (its `resolve` is delivery's, after an ack: not in the pass);
@@ -26,7 +26,7 @@ On a busy machine (another process on the 2 cores) `--cpu --passes 7` times the 
 
     .venv/bin/python benchmarks/stage_work_bench.py                 # 256 tokens, groups of 8
     .venv/bin/python benchmarks/stage_work_bench.py --tokens 32768 --groups 80
-    ROLLOUT_STREAM_COMPILED=0 .venv/bin/python benchmarks/stage_work_bench.py   # the Python sources
+    ROLLOUT_STREAM_COMPILED=0 .venv/bin/python benchmarks/stage_work_bench.py   # the Python path, no C
 """
 
 from __future__ import annotations

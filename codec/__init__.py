@@ -1,10 +1,5 @@
 """Wire format of rollout-stream: msgspec records, packed arrays, reason codes."""
 
-from codec.compiled import package_path
-
-# First, before any submodule is imported: the compiled hot path's modules, where built (codec/compiled.py).
-__path__ = package_path(__name__, __path__)
-
 from codec.arrays import Array, ShapedArray
 from codec.changelog import (
     ClosedGroupEntry,

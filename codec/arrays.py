@@ -64,7 +64,7 @@ class Array:
     """A 1-D numeric array (tokens, log-probs, masks) that travels as raw little-endian bytes.
 
     A decoded Array holds a view of the message's bytes and makes the numpy array on first use: the stream
-    stage only needs lengths, and three `np.frombuffer` calls were ~3 µs of a 256-token sample's decode.
+    stage only needs lengths, and making the arrays was much of a short sample's decode (docs/benchmarks.md).
     """
 
     __slots__ = ("_values", "_data", "_dtype")
@@ -211,7 +211,7 @@ def array_ext_hook(code: int, data: memoryview) -> Any:
         raise ValueError(
             f"ext type {code} ({dtype}) payload of {len(data)} bytes is not a whole number of items"
         )
-    # Array._view, inlined: ~160 ns of the hook's ~390 were the classmethod call.
+    # Array._view, inlined: the classmethod call was a large part of the hook, which runs per packed array.
     arr: Array = _new_object(Array)
     arr._values, arr._data, arr._dtype = None, data, dtype
     return arr

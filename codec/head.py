@@ -2,13 +2,12 @@
 
 The stage reads a sample's scalars and the sizes of its arrays, nothing more. Decoding a record as a
 `Sample` makes an `Array` of each packed array through two Python hooks (msgspec calls the ext hook, then
-the dec hook for the custom type) and runs `__post_init__`: 1.3 of the 2.1 µs a 256-token sample took to
-decode. `SampleHead` has the same fields, names, types and defaults, built from `Sample`'s own definition,
-except that a packed array stays the `msgspec.msgpack.Ext` msgspec made of it, in C.
+the dec hook for the custom type) and runs `__post_init__`: most of what a short sample's decode costs
+(docs/benchmarks.md). `SampleHead` has the same fields, names, types and defaults, built from `Sample`'s
+own definition, except that a packed array stays the `msgspec.msgpack.Ext` msgspec made of it, in C.
 
-msgspec copies an `Ext` payload into a new bytes object, where the hook got a view: the copy outgrows
-the hooks' cost at about 40 KB of record (6,000 tokens; the worker's allocator settings, this machine: 1.1
-against 2.3 µs at 256 tokens, 1.6 against 1.7 at 4,096, 5.2 against 1.7 at 32,768). So records over
+msgspec copies an `Ext` payload into a new bytes object, where the hook got a view: for large records
+the copy costs more than the hooks it saves (docs/benchmarks.md has where they cross). So records over
 `HEAD_MAX_BYTES` are decoded whole.
 
 `decode_head` is a shortcut, never a second judge: it returns a head only for a record `decode_sample`

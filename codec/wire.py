@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from codec import compiled
 from codec.arrays import array_dec_hook, array_enc_hook, array_ext_hook
 from codec.records import SCHEMA_VERSION, Sample, TrainSample
 
@@ -91,13 +92,15 @@ _SAMPLE_KEY, _RAW_REWARD_KEY, _REWARD_KEY = (_encoder.encode(name) for name in _
 _ZERO_REWARDS = _RAW_REWARD_KEY + _encoder.encode(0.0) + _REWARD_KEY + _encoder.encode(0.0)
 _EMPTY = msgspec.Raw(b"")
 
-# The train records of a group from one template, in C, where the compiled hot path is built
-# (codec/_train_values.c); None where it is not built or the Python sources were asked for.
+# The train records of a group from one template, in C (codec/_train_values.c); None where it is not built
+# or the Python path was asked for (codec/compiled.py).
 _native_train_values: Callable[[tuple[bytes, bytes, bytes, bytes, bytes], list[bytes], list[float],
                                 list[float], list[int]], list[bytes] | None] | None
 try:
     from codec._train_values import train_values as _native_train_values
-except ImportError:
+except ImportError:  # not built: no C compiler when the package was installed
+    _native_train_values = None
+if not compiled.enabled():
     _native_train_values = None
 
 

@@ -15,7 +15,7 @@ class PartitionOffsets:
         self._pending: set[int] = set()
         # Held offsets in ascending order from `_head` on (those before it are resolved): a consumer hands
         # them out ascending, so holding appends and finding the lowest unresolved one moves `_head`, where a
-        # heap cost a push and pops of log n each (hold and due were 5 % of the stage's loop in py-spy).
+        # heap cost a push and pops of log n each, for every record (docs/benchmarks.md).
         self._held: list[int] = []
         self._head = 0
         self.next_offset: int | None = None  # one past the highest offset consumed

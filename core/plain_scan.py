@@ -8,14 +8,15 @@ head only for a record `decode_sample` takes, with the same values, and `plainly
 same group key; anything else is None, and the store takes the Python path, which says what is wrong.
 tests/core/test_plain_scan.py compares it with that path on random and corrupted records.
 
-It is built with the compiled hot path (codec/compiled.py: `make compiled`) and used with it: without a C
-compiler, or with ``ROLLOUT_STREAM_COMPILED=0``, `scanner()` is None and the stage runs the Python path.
+It is built with the package (setup.py) where a C compiler is found: without one, or with
+``ROLLOUT_STREAM_COMPILED=0`` (codec/compiled.py), `scanner()` is None and the stage runs the Python path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from codec import compiled
 from codec.arrays import _ITEMS_BY_CODE
 from codec.records import SCHEMA_VERSION
 from core.structs import PlainHead
@@ -27,9 +28,11 @@ PlainScan = Callable[[bytes, bytes | None, int | None, int, int], PlainHead | No
 
 try:
     from core import _plain_scan
-except ImportError:  # not built, or the Python sources were asked for
+except ImportError:  # not built: no C compiler when the package was installed
     _plain_scan = None  # type: ignore[assignment]
-else:
+if not compiled.enabled():
+    _plain_scan = None  # type: ignore[assignment]
+if _plain_scan is not None:
     # the packed arrays' item sizes and the schema version from the codec's own tables, not copies in C
     _plain_scan.configure(PlainHead, {code: size for code, (_, size) in _ITEMS_BY_CODE.items()},
                           SCHEMA_VERSION)

@@ -26,7 +26,7 @@ from typing import Any, Protocol, cast
 import msgspec
 import numpy as np
 
-from codec import Sample
+from codec import Sample, compiled
 from core.config import RewardConfig
 
 __all__ = [
@@ -68,8 +68,8 @@ class SharedRewardError(ValueError):
 class GroupRewards(msgspec.Struct, frozen=True, gc=False):
     """One prompt group's rewards: `raw`/`rewards` per sample in input order, stats over rollouts.
 
-    A struct, not a frozen dataclass: one is built per group, and a frozen dataclass's `__init__` (a
-    `object.__setattr__` per field) cost 0.96 µs of the stage's ~4 µs of `normalize_group`. Nothing in it
+    A struct, not a frozen dataclass: one is built per group, and a frozen dataclass's `__init__` calls
+    `object.__setattr__` per field, a large part of `normalize_group` (docs/benchmarks.md). Nothing in it
     refers back to it, so the collector need not track it.
     """
 
@@ -273,9 +273,10 @@ def _plain_group(samples: Sequence[Sample], cfg: RewardConfig) -> GroupRewards |
 # ---------------------------------------------------------------- per-group float32 statistics
 #
 # `_torch_statistics` is the definition: the reference's torch float32 ops, in its order. Its ~13
-# tiny torch calls cost ~40 µs of dispatch per group, so `_fast_statistics` computes the same bits in
-# plain Python where they provably are the same, and declines (returns None) everywhere else. It is
-# used only if `_torch_matches_emulation()` confirms, on first use, the torch behaviour it relies on:
+# tiny torch calls cost far more in dispatch than in arithmetic (docs/benchmarks.md), so
+# `_fast_statistics` computes the same bits in plain Python where they provably are the same, and
+# declines (returns None) everywhere else. It is used only if `_torch_matches_emulation()` confirms, on
+# first use, the torch behaviour it relies on:
 #
 # * A float32 +, -, / equals the float64 operation on the same operands rounded once to float32
 #   (float64 has 53 >= 2*24 + 2 bits, so double rounding is innocuous, subnormal and overflowing
@@ -322,16 +323,18 @@ def _round32_all(values: list[float]) -> list[float]:
 _STD_EPSILON = _round32(1e-6)
 
 
-# `_fast_statistics` of the common group in C, built with the compiled hot path (core/_float32_statistics.c);
-# None where it is not built or the Python sources were asked for (codec/compiled.py).
+# `_fast_statistics` of the common group in C (core/_float32_statistics.c); None where it is not built or the
+# Python path was asked for (codec/compiled.py).
 _native_statistics: Callable[[list[float], bool, bool], _Statistics | None] | None
 try:
     from core._float32_statistics import statistics as _native_statistics
-except ImportError:
+except ImportError:  # not built: no C compiler when the package was installed
+    _native_statistics = None
+if not compiled.enabled():
     _native_statistics = None
 
 
-# torch is imported on first use: command-line tools that never normalize start ~2 s faster without it.
+# torch is imported on first use: command-line tools that never normalize start without waiting for it.
 torch: Any = None
 
 

@@ -1,9 +1,7 @@
 """The msgspec structs the hot path keeps by the hundred thousand: frozen, and untracked by the collector.
 
-They live outside the compiled modules (`codec/compiled.py`): mypyc drops a class's keyword arguments, and a
-`msgspec.Struct` compiled with `frozen=True, gc=False` came out mutable and tracked. Tracked, the held
-samples of every open window and the closed-group memory (up to 200,000 groups for an hour) were walked by
-every full collection: 121 ms per pass at 200,000 closed groups (docs/benchmarks.md).
+Tracked, the held samples of every open window and the closed-group memory (up to 200,000 groups for an
+hour) would be walked by every full collection of the garbage collector (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -46,8 +44,8 @@ class HeldSample(msgspec.Struct, frozen=True, gc=False):
     """What a window keeps of a validated member: the fields `normalize_group` reads.
 
     Everything else stays in the record's bytes, which outputs embed verbatim; a full decoded `Sample`
-    (arrays, prompt, metadata, ~2 KB of Python objects for a 256-token sample) would double a window's
-    memory, and even an emptied one costs ~300 B more per sample than this.
+    (arrays, prompt, metadata) would double a window's memory, and even an emptied one costs more per sample
+    than this (docs/benchmarks.md).
     """
 
     reward: float | dict[str, float] | None
@@ -60,8 +58,8 @@ class ClosedGroup(msgspec.Struct, frozen=True, gc=False):
     """What the worker remembers of a resolved group, to recognise late members and copies.
 
     Up to `max_closed_groups` (200,000) of these live for an hour: as a tracked dataclass holding a frozenset
-    each, every full collection of the cyclic garbage collector walked all of them, 121 ms per pass at
-    200,000 (14 ms as this untracked struct with a tuple; docs/benchmarks.md). Nothing here can form a cycle.
+    each, every full collection of the cyclic garbage collector walked all of them (docs/benchmarks.md).
+    Nothing here can form a cycle.
     """
 
     reason: DeadLetterReason | None  # None: published

@@ -100,8 +100,7 @@ class GroupWindow:
 
 
 def record_bytes(record: InputRecord) -> int:
-    """What a record adds to its window's size. A function here, not a property of the struct: this module
-    is compiled and the struct's module is not, and a property would be a Python call per record."""
+    """What a record adds to its window's size."""
     return len(record.value or b"") + len(record.key or b"")
 
 
@@ -172,8 +171,8 @@ class WindowStore:
                    ledger: OffsetLedger) -> tuple[int, list[Outcome]]:
         """`take` of consumed records (the Kafka seam's, of one partition) from `start` on, each held in
         `ledger` first, until one decides something: the index after it and its outcomes, or the end and
-        none. Here and not in the worker's loop, because this module is compiled: most records only join
-        their window, and the caller's Python runs once per decision, not once per record."""
+        none. Here and not in the worker's loop: most records only join their window, and the caller's loop
+        runs once per decision, not once per record."""
         i, end = start, len(records)
         while i < end:
             record = input_record(records[i])

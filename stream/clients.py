@@ -33,8 +33,8 @@ CLIENT_ENV = "ROLLOUT_STREAM_CLIENT"
 
 def default_client() -> str:
     """The client library to use when none is named: $ROLLOUT_STREAM_CLIENT, else confluent (librdkafka:
-    the stage runs 3-8x faster on it than on kafka-python, docs/benchmarks.md). kafka-python stays fully
-    supported: `--client kafka-python`."""
+    the stage runs several times faster on it than on kafka-python, docs/benchmarks.md). kafka-python stays
+    fully supported: `--client kafka-python`."""
     return os.environ.get(CLIENT_ENV, "").strip() or "confluent"
 
 

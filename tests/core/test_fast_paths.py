@@ -5,7 +5,6 @@
 * A `WindowStore` with its fast paths (`plainly_valid`, `_add_rollout`) decides exactly what one without
   them decides: same outcomes (reasons, messages, records, reward bits), same closed-group memory; and so
   does one fed the records' bytes through `take` (a head decode where it is enough, the whole one else).
-  The one without is core/windows.py's source, patched; the others may be compiled (codec/compiled.py).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from core import RewardConfig
 from core.records import InputRecord
 from core.validate import SampleLimits, plainly_valid, validate_sample
 from core.windows import REPLAY_ID_HEADER, WindowConfig, WindowStore
-from tests.core.pure_modules import pure
 
 _rewards = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.0, -0.0, 0.25, 1.0, -2.5, 1e300]),
@@ -97,10 +95,11 @@ def test_plainly_valid_agrees_at_every_single_field_edge(limits):
 
 
 def _without_fast_paths(config: WindowConfig, monkeypatch: pytest.MonkeyPatch) -> WindowStore:
-    """A store of core/windows.py's source (patches do not reach a compiled module's own calls)."""
-    windows = pure("core.windows")
-    store: WindowStore = windows.WindowStore(config)
-    monkeypatch.setattr(windows, "plainly_valid", lambda *args: None)
+    """A store that takes neither fast path while `monkeypatch` holds."""
+    import core.windows
+
+    store = WindowStore(config)
+    monkeypatch.setattr(core.windows, "plainly_valid", lambda *args: None)
     monkeypatch.setattr(store, "_add_rollout", lambda wkey, window, record, sample, rkey, group_size, now_ms:
                         store._add_member(wkey, window, record, sample, rkey, None, group_size, now_ms))
     return store

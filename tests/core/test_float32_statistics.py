@@ -2,8 +2,8 @@
 the same tuple, bit for bit, wherever it answers; and it answers for the common groups, or it saves nothing.
 tests/core/test_rewards_fastpath.py holds both to the reference's torch ops.
 
-It exists only with the compiled hot path (as core._plain_scan; tests/core/test_plain_scan.py checks that
-CI runs it).
+It exists where the package was installed with a C compiler (setup.py; tests/core/test_compiled.py checks
+that CI runs it).
 """
 
 from __future__ import annotations

@@ -140,8 +140,8 @@ class ConfluentClient:
             settings["transaction.timeout.ms"] = int(transaction_timeout_s * 1000)
             # A commit made right after the last one finds the broker still writing that one's markers and is
             # told CONCURRENT_TRANSACTIONS. librdkafka retries AddOffsetsToTxn after retry.backoff.ms, 100 ms
-            # by default and doubling: at 6,000 samples/s, 23 of 2,068 send_offsets took over 90 ms with it,
-            # 9 of 2,313 with these (docs/benchmarks.md, 2026-12-03). Produce retries are idempotent here.
+            # by default and doubling, which held up such commits; shorter backoffs held up fewer
+            # (docs/benchmarks.md). Produce retries are idempotent here.
             settings.setdefault("retry.backoff.ms", 10)
             settings.setdefault("retry.backoff.max.ms", 50)
         with _translated:

@@ -47,8 +47,8 @@ class _Consumer:
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> Polled:
         # consume(n, timeout) returns only when n records arrived or the timeout passed: at half load every
-        # record waited out the whole timeout (p50 110 ms at a 0.1 s poll, p99 over 1 s in the bench). poll()
-        # returns with the first record; what is already fetched follows without waiting.
+        # record waited out the whole timeout (docs/benchmarks.md). poll() returns with the first record;
+        # what is already fetched follows without waiting.
         limit = max_records or 500
         try:
             first = self._c.poll(timeout_s)
@@ -61,8 +61,8 @@ class _Consumer:
             raise translate(exc) from exc
         out: dict[TopicPartition, list[Rec]] = {}
         # Per message only what differs: a partition's messages come in runs, so its batch is looked up once
-        # per run; a Rec is made by tuple.__new__ (a NamedTuple's own __new__ is a Python function, and a
-        # TopicPartition per message was 3 % of the stage's loop in py-spy).
+        # per run; a Rec is made by tuple.__new__ (a NamedTuple's own __new__ is a Python function), and no
+        # TopicPartition is made per message (docs/benchmarks.md).
         topic, partition, batch = "", -1, []
         for m in messages:
             error = m.error()

@@ -134,8 +134,8 @@ class _Producer:
     def send_in_transaction(self, topic: str, value: bytes | None, key: bytes | None = None, *,
                             partition: int | None = None, headers: Sequence[Header] | None = None) -> None:
         # No on_delivery: librdkafka then serves the record's report in C. A report per record cost the
-        # loop 0.6 µs of CPU (a Python call with a Message object made for it); a failed record fails the
-        # transaction, which commit_transaction raises.
+        # loop a Python call with a Message object made for it (docs/benchmarks.md); a failed record fails
+        # the transaction, which commit_transaction raises.
         kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
         if headers:
             kwargs["headers"] = list(headers)
@@ -209,7 +209,8 @@ class _Producer:
 
     def partition_for(self, topic: str, key: bytes) -> int | None:
         # librdkafka's `murmur2_random` partitioner (ConfluentClient.producer) puts a keyed record where Java
-        # would, in C: naming the partition from Python cost the stage 3 µs of murmur2 per group.
+        # would, in C: naming the partition from Python cost the stage a murmur2 in Python per group
+        # (docs/benchmarks.md).
         return None
 
     def flush(self, timeout: float | None = None) -> None:

@@ -41,8 +41,8 @@ __all__ = ["KafkaPythonClient", "RejoinWatchdog", "client_settings", "kafka_acl"
 
 # Fetch sizes bound the client's buffers, not the record size: since KIP-74 (fetch v3) the broker returns a
 # first record batch larger than these limits whole, so 64 MiB samples still pass. Large limits only let
-# one fetch hold ~50 MiB of raw response next to the records copied out of it (measured: peak RSS 1.71 ->
-# 1.25 x open-window bytes for 32K-token windows; docs/benchmarks.md).
+# one fetch hold ~50 MiB of raw response next to the records copied out of it (the peak RSS of 32K-token
+# windows with larger and with these limits: docs/benchmarks.md).
 FETCH_PARTITION_BYTES = 4 * 1024 * 1024
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 # kafka-python backs off up to 30 s between reconnects; after a broker restart that is 30 s of idling.

@@ -117,7 +117,7 @@ def measure_latency(
                for i in range(groups)]
     interval = spg / rate
     # Created first and asked for metadata: the first groups waited for its connection, metadata and
-    # producer id (p99 over 500 ms from the first tenth of a run on both clients, 30-40 ms after).
+    # producer id, and made the phase's p99 (docs/benchmarks.md).
     producer = client_for(conn).producer(client_id="bench-load", max_record_bytes=MAX_RECORD_BYTES)
     producer.partitions_for(input_topic)
     observer = _Observer(conn, output_topic)
@@ -125,19 +125,17 @@ def measure_latency(
     # Otherwise the first groups also wait for the observer's own connection and first fetch.
     observer.ready.wait(timeout=15)
     sent: dict[bytes, float] = {}
-    # The plan is ~30,000 lists that the collector would otherwise walk in full passes of 10-80 ms, every
-    # ~0.8 s while the clock runs: a pause of this process counted as the tested one's (groups sent over
-    # 10 ms late in a 6 s phase at 41,000 samples/s: 780 before, 62 after).
+    # The plan is ~30,000 lists that the collector would otherwise walk in full passes while the clock runs:
+    # a pause of this process counted as the tested one's (groups sent late: docs/benchmarks.md).
     gc.collect()
     gc.freeze()  # undone in the finally below
-    # Objects made while the clock runs still added up to a full pass now and then (one of 35 ms in 16
-    # timed phases of a full run, 2026-12-02): none while the clock runs. A phase allocates a few MB.
+    # Objects made while the clock runs still added up to a full pass now and then: none while the clock
+    # runs. A phase allocates a few MB.
     collecting = gc.isenabled()
     gc.disable()
-    # This process shares the machine with the one measured: it sends a group's records with no report each
-    # (a future and a callback per record were 11 µs of CPU, 5 with none; a record lost shows as its group
-    # unseen) and sleeps at least PACE_S (a sleep per group, 4,000 a second at 32,000 samples/s, cost 35 µs
-    # of CPU each). Sending alone, it took 0.41-0.44 of a CPU at 30,000 samples/s before, 0.22-0.24 after.
+    # This process shares the machine with the one measured, so it spends as little CPU as it can: it sends
+    # a group's records with no report each (a record lost shows as its group unseen) and sleeps at least
+    # PACE_S rather than once per group (what each saves: docs/benchmarks.md).
     started = time.monotonic()
     try:
         for i, records in enumerate(planned):

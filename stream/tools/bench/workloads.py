@@ -66,10 +66,8 @@ def standard_workloads(quick: bool = False) -> list[Workload]:
     """(a) short, (b) long, (c) agentic fan-out samples, each with groups of 8 and 16.
 
     Sized so a drain lasts seconds on librdkafka too: 96,000 samples of (a) (200 MB), 10,240 of (b)
-    (2.2 GB), 96,000 of (c). A quarter of (a) drained in 0.2-0.4 s on librdkafka, where the first fetch and
-    the last commit decided the rate (pairs of one run read 0.17 to 0.84); 2,560 of (b) drained in 1.6-2.8 s
-    and single pairs read 0.41 to 1.04 (0.61-0.67 over three pairs, against 1.06 at 10,240 in the same run
-    of the same code). `quick` is a smoke-sized run for tests.
+    (2.2 GB), 96,000 of (c). In shorter drains the first fetch and the last commit decided the rate, and
+    pairs of one run spread far wider (docs/benchmarks.md). `quick` is a smoke-sized run for tests.
     """
     if quick:
         return [Workload("a", 256, 8, 1, 24), Workload("b", 32768, 8, 1, 1)]

@@ -3,7 +3,7 @@
 A broker whose log directory fills up stops serving (Kafka marks the directory failed and shuts down), and
 a JVM started on a full disk exits before it can write a log line: `broker start` then had nothing better
 to say than "exited with code 1: no output". A development broker reused for days fills a disk unnoticed:
-every test and benchmark topic stays until it is deleted (one reused here held 53 GB).
+every test and benchmark topic stays until it is deleted (docs/broker.md).
 """
 
 from __future__ import annotations

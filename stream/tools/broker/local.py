@@ -111,10 +111,9 @@ class LocalBroker:
     data_dir: Path = DEFAULT_DATA_DIR
     cache_dir: Path | None = None
     overrides: Mapping[str, str] = field(default_factory=dict)
-    # Room to grow under load: at 512 MiB, a bench's 40,000 records/s kept G1's old generation full, with
-    # collections every ~1.5 s of 25-130 ms each, and every client's p99 at that load was these pauses. At
-    # 1 GiB a young collection still took 144 ms in a 6 s latency phase. G1 starts small and grows the heap
-    # when collections take too much of the time.
+    # Room to grow under load: with a fixed heap of 512 MiB, a bench's load kept G1's old generation full,
+    # and every client's p99 at that load was its pauses; 1 GiB still paused (docs/benchmarks.md). G1 starts
+    # small and grows the heap when collections take too much of the time.
     jvm_options: tuple[str, ...] = ("-Xms512m", "-Xmx2g")
     progress: Progress | None = field(default=None, repr=False)
     secure: bool = False
@@ -133,8 +132,8 @@ class LocalBroker:
 
     @property
     def gc_log_path(self) -> Path:
-        """Its collections with their pauses: a client's slowest groups were those sent during one (a young
-        pause of 100-195 ms on 2 shared vCPUs, docs/benchmarks.md)."""
+        """Its collections with their pauses: a client's slowest groups were those sent during one
+        (docs/benchmarks.md)."""
         return self.data_dir / "logs" / GC_LOG_NAME
 
     @property
