@@ -403,7 +403,8 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
         else:
             raise RuntimeError(f"not ready within {setup_budget}s (worker ready {worker_ready})")
         t0 = time.time() + 1.0
-        (rundir / "go").write_text(repr(t0))
+        (rundir / "go.tmp").write_text(repr(t0))
+        os.replace(rundir / "go.tmp", rundir / "go")  # whole or absent: a child never reads it half-written
         result["setup_s"] = round(t0 - spawned_at, 1)
         trainer = "trainer"
         if a.restart_trainer_at:
