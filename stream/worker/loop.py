@@ -25,8 +25,9 @@ from stream.clients import Connection
 from stream.config import WorkerConfig
 from stream.kafka import Client, GroupConsumer, client_for
 from stream.logs import log_event
-from stream.names import changelog_topic_name, transactional_id
+from stream.names import admission_topic, changelog_topic_name, transactional_id
 from stream.topics import ensure_changelog
+from stream.worker.admission import AdmissionResolver
 from stream.worker.backpressure import BackPressure
 from stream.worker.broker_watch import BrokerWatch
 from stream.worker.cadence import POLL_RECORDS
@@ -163,7 +164,8 @@ class Worker:
                   torch_free_normalization=self.torch_free_normalization,
                   hot_path=compiled.status().describe())
         now = time.monotonic()
-        self.processor.start(consumer, delivery, restorer, now)
+        self.processor.start(consumer, delivery, restorer, now, AdmissionResolver(
+            self.conn, self.client, admission_topic(cfg.topics.output), cfg.topics.output))
         broker = BrokerWatch(consumer.connection_count, self.conn.bootstrap_servers)
         self.observer = Observer(cfg, self.processor, back_pressure, broker, now)
         # Everything alive now (torch's objects above all) lives as long as the process: leave it out of the
@@ -220,6 +222,7 @@ class Worker:
                     leave_group(self.client, self.conn, self.config.group_id, self.instance_id)
             if processor.delivery is not None:
                 processor.delivery.close(timeout=self.config.shutdown_timeout_s)
+            processor.resolver.close()
             log_event(log, "worker.stopped", open_windows_left_uncommitted=processor.store.open_count(),
                       **self.stats.summary())
 

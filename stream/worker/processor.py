@@ -23,6 +23,7 @@ from core.windows import WindowStore
 from stream.config import WorkerConfig
 from stream.kafka import GroupConsumer, Record, TopicPartition
 from stream.logs import log_event
+from stream.worker.admission import SILENT, AdmissionResolver
 from stream.worker.cadence import CommitCadence, caught_up
 from stream.worker.delivery import CommitAborted, Delivery
 from stream.worker.partitions import Partitions
@@ -52,10 +53,12 @@ class Processor:
         self.consumer: GroupConsumer | None = None  # the Kafka side, given by `start`
         self.delivery: Delivery | None = None
         self.restorer: Restorer | None = None
+        self.resolver = SILENT  # what the admission log hears of groups that will never train
         self._expire = Every(0.2)
 
-    def start(self, consumer: GroupConsumer, delivery: Delivery, restorer: Restorer, now: float) -> None:
-        self.consumer, self.delivery, self.restorer = consumer, delivery, restorer
+    def start(self, consumer: GroupConsumer, delivery: Delivery, restorer: Restorer, now: float,
+              resolver: AdmissionResolver = SILENT) -> None:
+        self.consumer, self.delivery, self.restorer, self.resolver = consumer, delivery, restorer, resolver
         self.cadence.committed(now)
 
     # ---- a poll's records ----------------------------------------------------------------------
@@ -114,6 +117,7 @@ class Processor:
                 for record in outcome.records:
                     self.ledger.resolve(record.partition, (record.offset,))
             self.router.sent(outcome, outs)
+            self.resolver.observe(outcome, outs)
 
     # ---- commit --------------------------------------------------------------------------------
     def commit(self, timeout: float | None = None) -> None:
@@ -127,6 +131,7 @@ class Processor:
         except CommitAborted as exc:
             self._aborted(exc)
             return
+        self.resolver.committed()
         router = self.router
         if self.metrics is not None and (committed or router.published_ts):  # idle ticks are not commits
             self.metrics.observe_commit(time.monotonic() - started, router.published_ts,
@@ -142,6 +147,7 @@ class Processor:
         """The open transaction was aborted: everything since the last commit is read and routed again."""
         self.stats.aborts += 1
         self.outcomes.clear()  # routed again after the restore, and counted then
+        self.resolver.aborted()
         self.router.published_ts = []  # re-processed after the restore, and observed then
         log_event(log, "commit.aborted", logging.WARNING, error=str(exc),
                   action="restoring every assigned partition from the last commit")

@@ -87,3 +87,36 @@ def test_a_producer_that_stops_renewing_gives_its_undelivered_group_up_after_thr
     finally:
         frozen.close()
         live.close()
+
+
+def test_the_stage_says_which_groups_will_never_train_once_its_commit_succeeded():
+    from codec import DeadLetterReason
+    from codec.admission import decode_admission
+    from core.records import DeadLettered
+    from core.structs import InputRecord
+    from stream.worker.admission import AdmissionResolver
+
+    cluster = MemoryCluster()
+    conn, client = Connection("memory:9092"), MemoryClient(cluster)
+    resolver = AdmissionResolver(conn, client, TOPIC, "train-data")
+
+    def refused(key: str, reason: DeadLetterReason, n: int, straggler: bool = False) -> DeadLettered:
+        records = tuple(InputRecord("rollouts", 0, i, 0, key.encode(), b"") for i in range(n))
+        return DeadLettered(reason, "refused", key, records, straggler=straggler)
+
+    resolver.observe(refused("run/1", DeadLetterReason.SHARED_REWARD_VIOLATION, 4), [])
+    resolver.committed()  # no admission log: nothing paced here, nothing written
+    assert TOPIC not in client.admin().list_topics()
+
+    ensure_admission_topic(conn, TOPIC, client)
+    resolver._looked = -1e9  # looks again now, not in a minute
+    resolver.observe(refused("run/2", DeadLetterReason.INCOMPLETE_GROUP, 2), [])
+    resolver.aborted()  # decided again after the restore: nothing said
+    resolver.observe(refused("run/3", DeadLetterReason.INCOMPLETE_GROUP, 2), [])
+    resolver.observe(refused("run/4", DeadLetterReason.LATE_MEMBER, 1), [])  # its group was published
+    resolver.observe(refused("run/5", DeadLetterReason.INVALID_SAMPLE, 1), [])  # one record: says nothing
+    resolver.observe(refused("run/3", DeadLetterReason.INCOMPLETE_GROUP, 1, straggler=True), [])
+    resolver.committed()
+    written = [decode_admission(r.value) for r in cluster.records(TOPIC)]
+    assert [(r.keys, r.reason) for r in written] == [(["run/3"], "incomplete_group")]
+    resolver.close()
