@@ -257,8 +257,11 @@ class _Prefetcher(threading.Thread):
         merger = GroupMerger(partitions, r.partition_idle_ms)
         paused: set[int] = set()
         while not self.stop.is_set():
-            due = merger.due_ms()  # a group waiting on an empty partition leaves at its due time, not later
-            polled = c.poll(0.1 if due is None else min(0.1, max(0.0, (due - time.time() * 1000) / 1000)))
+            # A group waiting on an empty partition leaves at its due time, not at the end of a 0.1 s poll;
+            # once due, what it waits for is that partition's end, which a poll brings.
+            due = merger.due_ms()
+            wait = 0.1 if due is None else (due - time.time() * 1000) / 1000
+            polled = c.poll(wait if 0 < wait < 0.1 else 0.1)
             for tp, records in polled.items():
                 mark = resume.get(tp.partition)
                 for rec in records:

@@ -27,8 +27,8 @@ def test_eight_producer_processes_a_kill_and_a_trainer_restart_skip_no_admitted_
     run = subprocess.run(
         [sys.executable, str(HARNESS), "--bootstrap", kafka_bootstrap, "--runs", "paced:-2",
          "--duration", str(DURATION_S), "--producers", "8", "--partitions", "3",
-         "--client", kafka_client or "confluent", "--burst-every", "5", "--kill-producer-at", "8",
-         "--restart-trainer-at", "16", "--out", str(out)],
+         "--client", kafka_client or "confluent", "--burst-every", "5", "--kill-producer-at", "6",
+         "--restart-trainer-at", "20", "--out", str(out)],
         capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     [result] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -36,10 +36,11 @@ def test_eight_producer_processes_a_kill_and_a_trainer_restart_skip_no_admitted_
     assert "error" not in result, (result["error"], run.stdout[-3000:])
     d = result["deployment"]
     assert result["producer_died_mid_group"] == [f"pm-{result['tag']}-p0"], result
-    assert result["trainer_killed_at_s"] >= 16, result
+    assert result["trainer_killed_at_s"] >= 20, result
     assert d["skipped_stale"] == 0, d  # max_policy_lag == max_weight_staleness: no admitted group is skipped
     assert max(int(lag) for lag in d["policy_lag"]) <= 1, d
     # the trainer went on training through the producer's death and after its own restart
     batches = [json.loads(line) for line in next(out.glob("logs/*/batches.jsonl")).read_text().splitlines()]
-    assert any(b["incarnation"] == 0 and b["t"] > 8 + 5 for b in batches), batches
-    assert any(b["incarnation"] == 1 for b in batches), batches
+    after_kill = [b["t"] for b in batches if b["incarnation"] == 0 and b["t"] > 6 + 5]
+    assert after_kill, [(b["incarnation"], b["t"]) for b in batches]
+    assert any(b["incarnation"] == 1 for b in batches), [(b["incarnation"], b["t"]) for b in batches]
