@@ -1,6 +1,6 @@
 """Big samples (docs/spec.md §4.5): records of 8 MiB and 32 MiB pass end to end through the exactly-once
 worker, the train sample embedding the original bytes unchanged. Codec measurements:
-benchmarks/compression_bench.py."""
+stream/tools/bench/scripts/compression_bench.py."""
 
 from __future__ import annotations
 

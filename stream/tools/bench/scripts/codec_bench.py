@@ -1,6 +1,6 @@
 """Codec benchmark: packed-array records (codec/) vs the same data as plain msgspec lists.
 
-Run: .venv/bin/python benchmarks/codec_bench.py [--tokens 32768] [--repeats 7] [--json]
+Run: .venv/bin/python stream/tools/bench/scripts/codec_bench.py [--tokens 32768] [--repeats 7] [--json]
 
 A sample of N tokens (int32) whose second half is the response: loss_mask (int32, what `Array` infers
 from a list of 0/1 ints) and rollout_log_probs (float32) of N/2 items each. The baseline is a parallel
@@ -79,7 +79,7 @@ def plain_to_torch(s: PlainSample) -> tuple[torch.Tensor, ...]:
 
 
 def codec_to_torch(s: Sample) -> tuple[torch.Tensor, ...]:
-    return (s.tokens.tensor(), s.loss_mask.tensor(), s.rollout_log_probs.tensor())
+    return (s.tokens.tensor(), s.loss_mask.tensor(), s.rollout_log_probs.tensor())  # type: ignore[union-attr]  # made with all three arrays just above
 
 
 def measure(fn: Callable[[], Any], repeats: int, min_repeat_seconds: float) -> float:
@@ -106,7 +106,7 @@ def measure(fn: Callable[[], Any], repeats: int, min_repeat_seconds: float) -> f
 def run(n_tokens: int, repeats: int, min_repeat_seconds: float) -> dict[str, Any]:
     tokens, loss_mask, log_probs = make_data(n_tokens)
     payload = tokens.nbytes + loss_mask.nbytes + log_probs.nbytes
-    sample = Sample(tokens=tokens, loss_mask=loss_mask, rollout_log_probs=log_probs, **_common(n_tokens))
+    sample = Sample(tokens=tokens, loss_mask=loss_mask, rollout_log_probs=log_probs, **_common(n_tokens))  # type: ignore[arg-type]  # numpy arrays encode as the packed arrays they stand for
     plain = PlainSample(
         tokens=tokens.tolist(), loss_mask=loss_mask.tolist(), rollout_log_probs=log_probs.tolist(),
         **_common(n_tokens),

@@ -1,6 +1,6 @@
 """Reader benchmark: batches/s and MB/s of TrainDataReader on 32K-token train samples from a real broker.
 
-Run: .venv/bin/python benchmarks/reader_bench.py [--bootstrap-servers HOST:PORT] [--samples 512]
+Run: .venv/bin/python stream/tools/bench/scripts/reader_bench.py [--bootstrap-servers HOST:PORT] [--samples 512]
      [--tokens 32768] [--group-size 8] [--groups-per-batch 4] [--repeats 3] [--json]
 
 Setup: one topic (--partitions, default 3); --samples train samples of --tokens int32 tokens whose second
@@ -47,8 +47,8 @@ def make_records(n: int, tokens: int, group_size: int, seed: int = 0) -> list[tu
         g, member = divmod(i, group_size)
         sample = Sample(
             group_index=g, index=member, rollout_id=member, run_id="bench", group_size=group_size,
-            tokens=rng.integers(0, 151_936, size=tokens, dtype=np.int32), response_length=response,
-            loss_mask=(rng.random(response) > 0.1).astype(np.uint8),
+            tokens=rng.integers(0, 151_936, size=tokens, dtype=np.int32), response_length=response,  # type: ignore[arg-type]  # numpy arrays encode as the packed arrays they stand for
+            loss_mask=(rng.random(response) > 0.1).astype(np.uint8),  # type: ignore[arg-type]  # numpy arrays encode as the packed arrays they stand for
             rollout_log_probs=np.log(rng.random(response, dtype=np.float32) + np.float32(1e-6)),
             reward=float(member % 2), weight_versions=["1"],
         )

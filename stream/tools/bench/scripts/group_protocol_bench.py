@@ -3,7 +3,7 @@ consumer waits for its partitions, alone and when a second member joins, and whe
 (send_offsets_to_transaction with the consumer's group metadata) work on each. The new protocol is worth
 taking only if it measures better.
 
-    .venv/bin/python benchmarks/group_protocol_bench.py --bootstrap-servers 127.0.0.1:9092 --rounds 5
+    .venv/bin/python stream/tools/bench/scripts/group_protocol_bench.py --bootstrap-servers 127.0.0.1:9092 --rounds 5
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import uuid
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # confluent_kafka.admin exports it at run time
 
 PARTITIONS = 6
 

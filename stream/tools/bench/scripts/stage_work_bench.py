@@ -24,9 +24,9 @@ It also prints µs per sample of each step (best of as many), each timed in isol
 
 On a busy machine (another process on the 2 cores) `--cpu --passes 7` times the thread's CPU time instead.
 
-    .venv/bin/python benchmarks/stage_work_bench.py                 # 256 tokens, groups of 8
-    .venv/bin/python benchmarks/stage_work_bench.py --tokens 32768 --groups 80
-    ROLLOUT_STREAM_COMPILED=0 .venv/bin/python benchmarks/stage_work_bench.py   # the Python path, no C
+    .venv/bin/python stream/tools/bench/scripts/stage_work_bench.py                 # 256 tokens, groups of 8
+    .venv/bin/python stream/tools/bench/scripts/stage_work_bench.py --tokens 32768 --groups 80
+    ROLLOUT_STREAM_COMPILED=0 .venv/bin/python stream/tools/bench/scripts/stage_work_bench.py   # the Python path, no C
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def worker_pass(batches: list[list[ConsumerRecord]], count: int) -> float:
     config = WorkerConfig(bootstrap_servers="unused:9092", topics=TopicNames(), group_id="work-bench")
     worker = Worker(config, Connection("unused:9092"))
     processor = worker.processor
-    processor.delivery = _Delivery()
+    processor.delivery = _Delivery()  # type: ignore[assignment]  # a stand-in delivery that sends nowhere
     now = int(time.time() * 1000)
     started = CLOCK()
     for batch in batches:

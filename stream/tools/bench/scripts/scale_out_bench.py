@@ -10,7 +10,7 @@ group's committed input offsets are sampled every 0.1 s:
     e2e rate    every sample / (first commit → last commit), rebalances included
 
     .venv/bin/rollout-stream broker start --nodes 3 --port 19092 --data-dir /tmp/scale-cluster
-    .venv/bin/python benchmarks/scale_out_bench.py \
+    .venv/bin/python stream/tools/bench/scripts/scale_out_bench.py \
         --bootstrap-servers 127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094
 
 Results: docs/scaling.md. One JSON line per run on stdout, a table on stderr.
@@ -27,15 +27,16 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from stream.clients import Connection
-from stream.kafka import TopicPartition, client_for
+from stream.kafka import Admin, TopicPartition, client_for
 from stream.tools.bench.workloads import Workload, create_topics, delete_topics, preload
 
 CLI = Path(sys.executable).with_name("rollout-stream")
 
 
-def committed(admin, group: str, tps: list[TopicPartition]) -> dict[int, int]:
+def committed(admin: Admin, group: str, tps: list[TopicPartition]) -> dict[int, int]:
     try:
         found = admin.group_offsets([group], tps).get(group, {})
     except Exception:  # noqa: BLE001 - coordinator moving during a rebalance: sample again
@@ -43,10 +44,10 @@ def committed(admin, group: str, tps: list[TopicPartition]) -> dict[int, int]:
     return {tp.partition: offset for tp, (offset, _meta) in found.items()}
 
 
-def run_once(conn: Connection, w: Workload, workers: int, partitions: int, timeout: float) -> dict:
+def run_once(conn: Connection, w: Workload, workers: int, partitions: int, timeout: float) -> dict[str, Any]:
     topics = create_topics(conn, partitions, tag="scale")
     logs = Path(tempfile.mkdtemp(prefix="scale-logs-"))
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     admin = client_for(conn).admin(client_id="scale-bench")
     try:
         pre = preload(conn, topics.names.input, w)

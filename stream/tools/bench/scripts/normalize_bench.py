@@ -1,6 +1,6 @@
 """normalize_group benchmark: the previous all-torch implementation vs the current one, per group.
 
-Run: .venv/bin/python benchmarks/normalize_bench.py [--repeats 7] [--number 20000] [--json]
+Run: .venv/bin/python stream/tools/bench/scripts/normalize_bench.py [--repeats 7] [--number 20000] [--json]
 
 One prompt group of 8 or 16 samples, one per rollout (the stream's shape), with typical rewards:
 binary {0, 1}, quarters {0, 0.25, 0.5, 0.75, 1}, and reward-model-like floats (whose sums are not
@@ -32,7 +32,7 @@ import torch
 from codec import Sample
 from core import GroupRewards, RewardConfig, normalize_group
 
-TEST_MODULE = Path(__file__).resolve().parent.parent / "tests" / "core" / "test_rewards_fastpath.py"
+TEST_MODULE = Path(__file__).resolve().parents[4] / "tests" / "core" / "test_rewards_fastpath.py"
 
 
 def _load_reference() -> Any:

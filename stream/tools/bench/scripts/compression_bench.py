@@ -1,13 +1,13 @@
 """Compression of big train samples on a real broker: none, gzip, snappy, lz4, zstd with kafka-python.
 
-Run: .venv/bin/python benchmarks/compression_bench.py [--records 20] [--mib 8] [--repeats 2] [--json]
+Run: .venv/bin/python stream/tools/bench/scripts/compression_bench.py [--records 20] [--mib 8] [--repeats 2] [--json]
 
 snappy, lz4 and zstd need Python packages the project does not depend on (python-snappy or cramjam, lz4,
 zstandard). Without them kafka-python refuses the codec and the row says "unavailable". To measure them
 without touching the project's environment, install them apart and put them on PYTHONPATH:
 
     .venv/bin/python -m pip install --target /tmp/bench-codecs python-snappy lz4 zstandard
-    PYTHONPATH=/tmp/bench-codecs .venv/bin/python benchmarks/compression_bench.py
+    PYTHONPATH=/tmp/bench-codecs .venv/bin/python stream/tools/bench/scripts/compression_bench.py
 
 Method. The script starts its own single-node broker (LocalBroker, Maven jars) in a temporary data dir.
 A realistic big sample: `--mib` MiB of rollout, half tokens (int32 ids drawn Zipf-like from a 32K vocabulary,
@@ -74,7 +74,7 @@ def realistic_sample(nbytes: int, seed: int) -> Sample:
     mask = np.ones(resp, dtype="u1")
     mask[rng.integers(0, resp, resp // 20)] = 0  # tool-output spans are masked
     return Sample(group_index=seed, index=0, rollout_id=0, tokens=tokens, response_length=resp, reward=1.0,
-                  loss_mask=mask, rollout_log_probs=logp, group_size=1, run_id="bench", prompt="p" * 2000)
+                  loss_mask=mask, rollout_log_probs=logp, group_size=1, run_id="bench", prompt="p" * 2000)  # type: ignore[arg-type]  # numpy arrays encode as the packed arrays they stand for
 
 
 def disk_bytes(log_dir: Path, topic: str) -> int:

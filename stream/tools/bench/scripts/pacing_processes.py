@@ -23,7 +23,7 @@ record-timestamp age at push (worker commit + fetch) and at pop, and whether ano
 pop (the idle path).
 
 Usage (from the checkout, with its virtualenv):
-  .venv/bin/python benchmarks/pacing_processes.py --runs paced:2000,paced:250,paced:0,unpaced:2000 \
+  .venv/bin/python stream/tools/bench/scripts/pacing_processes.py --runs paced:2000,paced:250,paced:0,unpaced:2000 \
       --duration 40 --out /tmp/pacing-runs
 Each run's JSON goes to <out>/results.jsonl, child logs to <out>/logs/<run>/.
 """
@@ -41,8 +41,9 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
-MAIN = Path(__file__).resolve().parents[1]  # the checkout
+MAIN = Path(__file__).resolve().parents[4]  # the checkout
 CLI = str(Path(sys.executable).parent / "rollout-stream")
 PY = sys.executable
 DATA_DIR = "/tmp/pm-kafka"
@@ -90,7 +91,7 @@ def arm_deadline(hard_deadline: float) -> None:
 # ---- child: producer --------------------------------------------------------------------------------------
 def producer_main(a: argparse.Namespace) -> int:
     arm_deadline(a.hard_deadline)
-    from codec import Sample
+    from codec import Array, Sample
     from stream.pacing import PacingTimeout, WeightsTooOld
     from stream.producer import RolloutProducer
 
@@ -141,7 +142,7 @@ def producer_main(a: argparse.Namespace) -> int:
                 burst_left -= 1  # a burst's groups are ready at once: no generation time between them
             else:
                 time.sleep(GENERATE_S)
-            group = [Sample(group_index=g, rollout_id=r, reward=float(r % 2), tokens=[1, 2, 3],
+            group = [Sample(group_index=g, rollout_id=r, reward=float(r % 2), tokens=Array([1, 2, 3]),
                             response_length=2, weight_versions=[str(w)]) for r in range(ROLLOUTS)]
             if a.die_mid_group_at and time.time() >= t0 + a.die_mid_group_at:
                 from stream.producer import numbered_group
@@ -173,8 +174,8 @@ def trainer_main(a: argparse.Namespace) -> int:
     import stream.reader as R
     from core.assembly import GroupMerger
 
-    merge = {"pops": 0, "idle_path_pops": 0, "hold_ms": [], "hold_ms_idle_path": [], "age_at_push_ms": [],
-             "age_at_pop_ms": []}
+    merge: dict[str, Any] = {"pops": 0, "idle_path_pops": 0, "hold_ms": [], "hold_ms_idle_path": [],
+                             "age_at_push_ms": [], "age_at_pop_ms": []}
 
     class MeasuredMerger(GroupMerger):
         """GroupMerger with timing of each group: how long it sat here, and why it left."""
@@ -200,7 +201,7 @@ def trainer_main(a: argparse.Namespace) -> int:
             return group
 
     group_pushed: dict[int, float] = {}
-    R.GroupMerger = MeasuredMerger  # the prefetch thread looks the name up in stream.reader at run time
+    R.GroupMerger = MeasuredMerger  # type: ignore[misc]  # the prefetch thread looks it up at run time
 
     rundir = Path(a.rundir)
     vfile = rundir / "version"
@@ -211,7 +212,8 @@ def trainer_main(a: argparse.Namespace) -> int:
         os.replace(tmp, vfile)
 
     idle = None if a.partition_idle_ms == -1 else a.partition_idle_ms
-    kw = {} if idle == -2 else {"partition_idle_ms": idle}  # -1: None; -2: the reader's default
+    # -1: None; -2: the reader's default
+    kw: dict[str, Any] = {} if idle == -2 else {"partition_idle_ms": idle}
     reader = R.TrainDataReader(a.bootstrap, a.output_topic, a.trainer_group,
                                groups_per_batch=GROUPS_PER_BATCH, max_weight_staleness=STALENESS, **kw)
     restarted = vfile.exists()  # a trainer restarted after a kill: its committed step and version go on
@@ -224,7 +226,7 @@ def trainer_main(a: argparse.Namespace) -> int:
     waits: list[float] = []  # completed next_batch waits, in order
     trained = batches = 0
     skipped = []
-    lags = {}
+    lags: dict[str, int] = {}
     first_at = None
     tail_wait = 0.0  # a next_batch cut by the end of the run
     batch_log = []
@@ -315,10 +317,10 @@ def free_port() -> int:
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
-def stop_children(procs: dict[str, subprocess.Popen], grace: float = 20.0) -> dict[str, int | None]:
+def stop_children(procs: dict[str, subprocess.Popen[bytes]], grace: float = 20.0) -> dict[str, int | None]:
     """Terminate our own children by pid (SIGTERM, then SIGKILL after `grace`)."""
     for p in procs.values():
         if p.poll() is None:
@@ -333,7 +335,7 @@ def stop_children(procs: dict[str, subprocess.Popen], grace: float = 20.0) -> di
     return {k: p.returncode for k, p in procs.items()}
 
 
-def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, label: str) -> dict:
+def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, label: str) -> dict[str, Any]:
     paced = mode == "paced"
     tag = uuid.uuid4().hex[:6]
     rundir = Path(a.out) / "logs" / f"{label}-{tag}"  # fresh: the go/ready files are per run
@@ -351,7 +353,7 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
     metrics_port = free_port()
     setup_budget = 90.0
     hard_deadline = time.time() + setup_budget + a.duration + 30
-    procs: dict[str, subprocess.Popen] = {}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     files = []
 
     def spawn(name: str, cmd: list[str]) -> None:
@@ -363,7 +365,7 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
         procs[name] = subprocess.Popen(cmd, cwd=MAIN, stdout=f, stderr=subprocess.STDOUT, env=env)
 
     load_before = uptime()
-    result: dict = {"label": label, "mode": mode, "partition_idle_ms": idle_ms, "tag": tag,
+    result: dict[str, Any] = {"label": label, "mode": mode, "partition_idle_ms": idle_ms, "tag": tag,
                     "duration_s": a.duration, "uptime_before": load_before}
     spawned_at = time.time()
     try:
@@ -434,7 +436,7 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
             sys.path.insert(0, str(MAIN))
             from stream.clients import Connection
             from stream.kafka import client_for
-            admin = client_for(Connection(bootstrap)).admin()
+            admin = client_for(Connection(bootstrap)).admin(client_id="pacing-bench")
             try:
                 admin.delete_topics([names["input"], names["output"], names["dlq"]])
             finally:
@@ -444,7 +446,7 @@ def one_run(a: argparse.Namespace, bootstrap: str, mode: str, idle_ms: int, labe
     return result
 
 
-def deployment_summary(rundir: Path, result: dict, t0: float, duration: float) -> dict:
+def deployment_summary(rundir: Path, result: dict[str, Any], t0: float, duration: float) -> dict[str, Any]:
     """Over every trainer incarnation (batches.jsonl): trained, skipped stale, the policy-lag histogram and
     the trainer's idle share in steady state (without each incarnation's first batch and 5 s after a
     restart); over every producer: admission waits."""
@@ -476,7 +478,7 @@ def deployment_summary(rundir: Path, result: dict, t0: float, duration: float) -
     }
 
 
-def summary_row(r: dict) -> str:
+def summary_row(r: dict[str, Any]) -> str:
     t = r.get("trainer")
     if not t:
         return f"| {r['label']} | {r['mode']} | {r['partition_idle_ms']} | ERROR {r.get('error')} |"
