@@ -2,8 +2,8 @@
 a worker and a trainer process, every producer bursting at the same instants, one producer killed in the
 middle of a group, the trainer killed -9 and restarted on its committed step (docs/pacing.md).
 
-One run per client here; `stream/tools/bench/scripts/pacing_processes.py` runs the same with `--runs` repeated for the
-ten-run acceptance and the figures in docs/pacing.md.
+One run per client here; `stream/tools/bench/scripts/pacing_processes.py` runs the same with
+`--runs` repeated for the ten-run acceptance and the figures in docs/pacing.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = [pytest.mark.kafka(timeout=300)]
 
-HARNESS = Path(__file__).resolve().parents[2] / "stream" / "tools" / "bench" / "scripts" / "pacing_processes.py"
+HARNESS = Path(__file__).resolve().parents[2] / "stream/tools/bench/scripts/pacing_processes.py"
 DURATION_S = 30
 
 

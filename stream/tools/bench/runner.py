@@ -55,7 +55,8 @@ class RunSpec:
     timeout_s: float = 300.0
     status_interval_s: float = 0.25
     security: dict[str, Any] | None = None  # SecuritySettings.to_values(); travels on the stdin pipe only
-    extra_work_us: float = 0.0  # passthrough only: CPU work added per record (stream/tools/bench/scripts/headroom_bench.py)
+    # passthrough only: CPU work added per record (stream/tools/bench/scripts/headroom_bench.py)
+    extra_work_us: float = 0.0
     client: str = ""  # the Kafka client library ("": the default, $ROLLOUT_STREAM_CLIENT or confluent)
 
     def to_json(self) -> str:

@@ -1,6 +1,7 @@
 """Compression of big train samples on a real broker: none, gzip, snappy, lz4, zstd with kafka-python.
 
-Run: .venv/bin/python stream/tools/bench/scripts/compression_bench.py [--records 20] [--mib 8] [--repeats 2] [--json]
+Run: .venv/bin/python stream/tools/bench/scripts/compression_bench.py [--records 20] [--mib 8] [--repeats \
+    2] [--json]
 
 snappy, lz4 and zstd need Python packages the project does not depend on (python-snappy or cramjam, lz4,
 zstandard). Without them kafka-python refuses the codec and the row says "unavailable". To measure them

@@ -3,7 +3,8 @@ consumer waits for its partitions, alone and when a second member joins, and whe
 (send_offsets_to_transaction with the consumer's group metadata) work on each. The new protocol is worth
 taking only if it measures better.
 
-    .venv/bin/python stream/tools/bench/scripts/group_protocol_bench.py --bootstrap-servers 127.0.0.1:9092 --rounds 5
+    .venv/bin/python stream/tools/bench/scripts/group_protocol_bench.py --bootstrap-servers \
+        127.0.0.1:9092 --rounds 5
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ alternation, `--rounds` times. Where the passthrough plus N µs drains at the st
 stage's own work costs that thread: the stage's gap to the passthrough is its own per-record work, or not.
 
     rollout-stream broker start
-    .venv/bin/python stream/tools/bench/scripts/headroom_bench.py [--group-size 8] [--rounds 3] [--work 0,5,10,15]
+    .venv/bin/python stream/tools/bench/scripts/headroom_bench.py [--group-size 8] [--rounds 3] [--work \
+        0,5,10,15]
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ record-timestamp age at push (worker commit + fetch) and at pop, and whether ano
 pop (the idle path).
 
 Usage (from the checkout, with its virtualenv):
-  .venv/bin/python stream/tools/bench/scripts/pacing_processes.py --runs paced:2000,paced:250,paced:0,unpaced:2000 \
+  .venv/bin/python stream/tools/bench/scripts/pacing_processes.py --runs \
+      paced:2000,paced:250,paced:0,unpaced:2000 \
       --duration 40 --out /tmp/pacing-runs
 Each run's JSON goes to <out>/results.jsonl, child logs to <out>/logs/<run>/.
 """

@@ -1,6 +1,7 @@
 """Reader benchmark: batches/s and MB/s of TrainDataReader on 32K-token train samples from a real broker.
 
-Run: .venv/bin/python stream/tools/bench/scripts/reader_bench.py [--bootstrap-servers HOST:PORT] [--samples 512]
+Run: .venv/bin/python stream/tools/bench/scripts/reader_bench.py [--bootstrap-servers HOST:PORT] \
+    [--samples 512]
      [--tokens 32768] [--group-size 8] [--groups-per-batch 4] [--repeats 3] [--json]
 
 Setup: one topic (--partitions, default 3); --samples train samples of --tokens int32 tokens whose second

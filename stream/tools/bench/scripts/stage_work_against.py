@@ -3,7 +3,8 @@
 The target is the stage's own work cut to a third of the baseline's on the same machine. A figure from
 another machine does not answer that: the same code's figure differs between machines as much as the
 target asks the code to change (docs/benchmarks-archive.md). So this script
-runs `stream/tools/bench/scripts/stage_work_bench.py` of both commits in fresh processes, one after the other, `--rounds`
+runs `stream/tools/bench/scripts/stage_work_bench.py` of both commits in fresh processes, one after
+the other, `--rounds`
 times (a slow spell of the machine then hits both sides), and prints each side's runs, the ratio of the
 medians and each round's ratio.
 
@@ -15,8 +16,10 @@ thread's CPU time instead (both sides' `time.perf_counter` is `time.thread_time`
 whose host takes time from it now and then (the `steal` column of /proc/stat); the wall clock counts that
 time, the thread's CPU time does not.
 
-    .venv/bin/python stream/tools/bench/scripts/stage_work_against.py                     # against the baseline
-    .venv/bin/python stream/tools/bench/scripts/stage_work_against.py --cpu --rounds 7           # steadier on a VM
+    .venv/bin/python stream/tools/bench/scripts/stage_work_against.py                     # against the \
+        baseline
+    .venv/bin/python stream/tools/bench/scripts/stage_work_against.py --cpu --rounds 7           # \
+        steadier on a VM
     .venv/bin/python stream/tools/bench/scripts/stage_work_against.py --rev HEAD~3 --tokens 32768 --groups 80
 """
 

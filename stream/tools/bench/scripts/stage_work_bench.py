@@ -26,7 +26,8 @@ On a busy machine (another process on the 2 cores) `--cpu --passes 7` times the 
 
     .venv/bin/python stream/tools/bench/scripts/stage_work_bench.py                 # 256 tokens, groups of 8
     .venv/bin/python stream/tools/bench/scripts/stage_work_bench.py --tokens 32768 --groups 80
-    ROLLOUT_STREAM_COMPILED=0 .venv/bin/python stream/tools/bench/scripts/stage_work_bench.py   # the Python path, no C
+    ROLLOUT_STREAM_COMPILED=0 .venv/bin/python stream/tools/bench/scripts/stage_work_bench.py   # the \
+        Python path, no C
 """
 
 from __future__ import annotations
