@@ -15,3 +15,8 @@ class DeadLetterReason(StrEnum):
     # Beyond the contract (docs/spec.md §4.4): a group that alone would hold more than --max-open-mib. Back-
     # pressure waits for windows to close, and this one never would: refused whole, the partition moves on.
     GROUP_TOO_LARGE = "group_too_large"
+    # Chunked values (docs/chunks.md): chunks that never all arrived before the group timeout, chunks whose
+    # reassembled bytes do not match the digest they travel under, or two chunks of one slot that differ.
+    INCOMPLETE_CHUNKS = "incomplete_chunks"
+    CHUNK_DIGEST_MISMATCH = "chunk_digest_mismatch"
+    CHUNK_CONFLICT = "chunk_conflict"

@@ -29,6 +29,14 @@ class InputRecord(msgspec.Struct, frozen=True, gc=False):
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+    # A value reassembled from chunk records (core/chunks.py): the offsets of all of them, each resolved
+    # with it; `offset` is the first's.
+    chunks: tuple[int, ...] = ()
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """The input offsets this record resolves when its outcome is committed."""
+        return self.chunks or (self.offset,)
 
 
 class Member(msgspec.Struct, frozen=True, gc=False):

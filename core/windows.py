@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codec import DeadLetterReason, DecodeError, Sample, decode_sample, group_key_of
+from codec.chunks import ChunkHeaderError, chunk_header_of, decode_chunk_header
 from codec.head import RolloutFields, decode_head, item_count
 from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
+from core.chunks import ChunkAssembler, ChunkKey, Copy, Refused
 from core.config import RewardConfig
 from core.digest import record_digest, record_digests
 from core.offsets import OffsetLedger
@@ -104,6 +106,17 @@ def record_bytes(record: InputRecord) -> int:
     return len(record.value or b"") + len(record.key or b"")
 
 
+def chunks_memory_key(ckey: ChunkKey) -> WindowKey:
+    """Where the closed-group memory keeps a refused chunked value (apart from every group key: those are
+    `run_id/index`, and no run id starts with a NUL)."""
+    return (ckey[0], "\x00chunks/" + ckey[1].hex(), ckey[2])
+
+
+def chunk_digest(record: InputRecord) -> bytes:
+    """A chunk's identity: its bytes and its header (two chunks of one value may hold the same bytes)."""
+    return record_digest((chunk_header_of(record.headers) or b"") + (record.value or b""))
+
+
 def input_record(rec: Any) -> InputRecord:
     """A consumed record (the Kafka seam's `Record`) as the window store takes it."""
     headers = rec.headers
@@ -136,6 +149,8 @@ class WindowStore:
         self._scan: PlainScan | None = scanner() if config.reward.reward_key is None else None
         limits = config.limits
         self._limits = (limits.default_group_size, limits.max_group_size, limits.max_sibling_count)
+        # Chunks of values larger than a record; their bytes count in `open_bytes` until the value is whole.
+        self.chunks = ChunkAssembler(config.group_timeout_ms, config.max_group_bytes)
 
     # ---- queries -------------------------------------------------------------------------------
 
@@ -149,6 +164,10 @@ class WindowStore:
         value = record.value
         if value is None:
             return self.accept(record, DecodeError("record has no value (tombstone)"), now_ms)
+        if record.headers:
+            chunk_header = chunk_header_of(record.headers)
+            if chunk_header is not None:
+                return self._take_chunk(record, chunk_header, now_ms)
         scan = self._scan
         if scan is not None:
             default_size, max_size, max_siblings = self._limits
@@ -229,6 +248,11 @@ class WindowStore:
         """Dead-letter groups past their deadline in partitions whose backlog has been read."""
         due = [k for k, w in self.open.items() if k[0] in partitions and w.deadline_ms < now_ms]
         outcomes: list[Outcome] = [self._close_incomplete(k, self.open[k], now_ms) for k in due]
+        if self.chunks.open:
+            before = self.chunks.open_bytes
+            for ckey, refused in self.chunks.expire(now_ms, partitions):
+                outcomes.append(self._chunks_refused(ckey, refused, now_ms))
+            self.open_bytes += self.chunks.open_bytes - before
         self._forget_old(now_ms)
         return outcomes
 
@@ -251,11 +275,63 @@ class WindowStore:
         """Forget a revoked partition's state; its uncommitted records are re-read by the new owner."""
         for k in [k for k in self.open if k[0] == partition]:
             self.open_bytes -= self.open.pop(k).nbytes
+        before = self.chunks.open_bytes
+        self.chunks.drop_partition(partition)
+        self.open_bytes += self.chunks.open_bytes - before
         for k in [k for k in self.closed if k[0] == partition]:
             del self.closed[k]
         self.discard_changes(partition)
 
     # ---- internals -----------------------------------------------------------------------------
+    def _take_chunk(self, record: InputRecord, raw_header: bytes, now_ms: int) -> list[Outcome]:
+        """A chunk of a larger value: held until the value is whole, which is then taken as one record. A
+        value refused is remembered with the closed groups (and so in the changelog) under
+        `chunks_memory_key`, so that a restore's re-read and late chunks meet the same decision."""
+        key = record.key.decode("utf-8", "backslashreplace") if record.key is not None else None
+        try:
+            header = decode_chunk_header(raw_header)
+        except ChunkHeaderError as exc:
+            return [DeadLettered(R.DECODE_ERROR, str(exc), key, (record,), now_ms)]
+        ckey: ChunkKey = (record.partition, header.digest, replay_id(record))
+        closed = self.closed.get(chunks_memory_key(ckey))
+        if closed is not None:
+            return [self._chunk_after_close(record, key, closed, now_ms)]
+        assembler = self.chunks
+        outcomes: list[Outcome] = []
+        before = assembler.open_bytes
+        if assembler.deadline_passed(ckey, record.timestamp_ms):
+            outcomes.append(self._chunks_refused(ckey, assembler.close_incomplete(ckey), now_ms))
+            closed = self.closed[chunks_memory_key(ckey)]
+            outcomes.append(self._chunk_after_close(record, key, closed, now_ms))
+            self.open_bytes += assembler.open_bytes - before
+            return outcomes
+        added = assembler.add(ckey, record, header)
+        self.open_bytes += assembler.open_bytes - before
+        if added is None:
+            return outcomes
+        if type(added) is Copy:
+            return [DuplicateDropped(key or "", record)]
+        if type(added) is Refused:
+            return [self._chunks_refused(ckey, added, now_ms)]
+        assert not isinstance(added, Copy | Refused)
+        return self.take(added.record, now_ms)
+
+    def _chunks_refused(self, ckey: ChunkKey, refused: Refused, now_ms: int) -> Outcome:
+        parts = refused.parts
+        self._remember(chunks_memory_key(ckey), ClosedGroup(
+            refused.reason, refused.message, now_ms, now_ms, distinct(map(chunk_digest, parts))))
+        first = parts[0]
+        key = first.key.decode("utf-8", "backslashreplace") if first.key is not None else None
+        return DeadLettered(refused.reason, refused.message, key, parts, now_ms)
+
+    def _chunk_after_close(self, record: InputRecord, key: str | None, closed: ClosedGroup,
+                           now_ms: int) -> Outcome:
+        if chunk_digest(record) in closed.digests:
+            return DuplicateDropped(key or "", record)
+        assert closed.reason is not None  # only refused values are remembered here
+        return DeadLettered(closed.reason, f"value already dead-lettered: {closed.message}", key, (record,),
+                            now_ms, straggler=True)
+
     def _add(
         self,
         wkey: WindowKey,

@@ -107,10 +107,12 @@ def inputs_of(outs: Sequence[OutputRecord]) -> dict[int, list[int]]:
     sources = [out.source for out in outs]
     first = sources[0].partition
     if [source.partition for source in sources].count(first) == len(sources):
-        return {first: [source.offset for source in sources]}
+        if not any(source.chunks for source in sources):
+            return {first: [source.offset for source in sources]}
+        return {first: [offset for source in sources for offset in source.offsets]}
     by_partition: dict[int, list[int]] = {}
     for source in sources:
-        by_partition.setdefault(source.partition, []).append(source.offset)
+        by_partition.setdefault(source.partition, []).extend(source.offsets)
     return by_partition
 
 
@@ -156,7 +158,7 @@ class AtLeastOnce:
                     f"{out.source.topic}:{out.source.partition}"
                     f"@{out.source.offset}: {error}"
                 )
-            ledger.resolve(out.source.partition, (out.source.offset,))
+            ledger.resolve(out.source.partition, out.source.offsets)
 
     def commit(self, ledger: OffsetLedger, changes: Changes, active: set[int], timeout: float | None = None
                ) -> dict[int, int]:

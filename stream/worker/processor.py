@@ -115,7 +115,7 @@ class Processor:
                 self.cadence.outputs += len(outs)
             else:
                 for record in outcome.records:
-                    self.ledger.resolve(record.partition, (record.offset,))
+                    self.ledger.resolve(record.partition, record.offsets)
             self.router.sent(outcome, outs)
             self.resolver.observe(outcome, outs)
 

@@ -152,7 +152,7 @@ class Restorer:
                     # Same transitions as the first time, outputs suppressed: they are already committed.
                     ledger.hold(p, rec.offset)
                     for outcome in store.take(input_record(rec), now_ms):
-                        ledger.resolve(p, [r.offset for r in outcome.records])
+                        ledger.resolve(p, [o for r in outcome.records for o in r.offsets])
                     reread += 1
                 store.discard_changes(p)  # re-created by the re-read: the changelog holds them
         finally:
