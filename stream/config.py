@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from codec.chunks import DEFAULT_CHUNK_BYTES
 from core import RewardConfig
 from core.config import ADVANTAGE_ESTIMATORS
 from core.dead_letter_limit import MAX_WINDOW, DeadLetterLimit
@@ -88,6 +89,9 @@ class WorkerConfig:
     closed_group_retention_s: float | None = None  # default: max(1 h, 2 × group timeout)
     max_closed_groups: int = DEFAULT_MAX_CLOSED_GROUPS
     max_record_bytes: int = MAX_RECORD_BYTES
+    # Output records larger than this go out as chunk records (docs/chunks.md): under a default cluster's
+    # 1 MiB message.max.bytes.
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     heartbeat_file: str | None = None
     shutdown_timeout_s: float = 30.0
     delivery: Literal["exactly-once", "at-least-once"] = "exactly-once"
@@ -149,6 +153,9 @@ class WorkerConfig:
             raise ConfigError(f"--commit-max-records must be at least 1, got {self.commit_max_records}")
         if self.max_open_groups < 1:
             raise ConfigError(f"--max-open-groups must be at least 1, got {self.max_open_groups}")
+        if not 1024 <= self.chunk_bytes <= self.max_record_bytes:
+            raise ConfigError(f"--chunk-kib must be between 1 and {self.max_record_bytes >> 10} (the largest "
+                              f"record), got {self.chunk_bytes / 1024:g}")
         smallest = max(self.max_record_bytes, 1 << 20)
         if self.max_open_bytes < smallest:
             raise ConfigError(f"--max-open-mib must be at least {smallest / (1 << 20):g} (room for one "

@@ -10,9 +10,10 @@ from typing import Any
 import msgspec
 
 from codec import Sample, encode_sample, group_key
+from codec.chunks import CHUNK_HEADER, DEFAULT_CHUNK_BYTES, split
 from core.pacing import Admission, PacingLimits
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
-from stream.kafka import SendFuture, check_connection, client_for
+from stream.kafka import SendFuture, Written, check_connection, client_for
 from stream.names import admission_topic, progress_topic
 from stream.pacing import AdmissionGate, PacingError, PacingStats
 from stream.security import SecuritySettings
@@ -40,7 +41,8 @@ class RolloutProducer:
                  trainer_group_id: str | None = None, train_data_topic: str = "train-data",
                  max_policy_lag: int | None = None, max_unconsumed_groups: int | None = None,
                  versions_per_batch: int = 1, producer_id: str | None = None,
-                 trainer_stale_after_s: float = 60.0, **producer_settings: Any) -> None:
+                 trainer_stale_after_s: float = 60.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 **producer_settings: Any) -> None:
         """`bootstrap_servers`: an address, or a Connection (address and TLS/SASL settings); `security`
         applies to an address (e.g. SecuritySettings.from_env()); `client` picks the Kafka client library
         (confluent or kafka-python; default: $ROLLOUT_STREAM_CLIENT, else confluent).
@@ -56,7 +58,13 @@ class RolloutProducer:
         is derived from it); `versions_per_batch`: how far the trainer's version moves per batch at most;
         `producer_id`: this producer's name on the progress topic (default: random); a trainer whose
         progress is older than `trainer_stale_after_s` is reported as stale.
+
+        A sample whose encoding is larger than `chunk_bytes` goes out as chunk records of its key, which the
+        stage reassembles (docs/chunks.md); the default fits a cluster's default 1 MiB message.max.bytes.
         """
+        if chunk_bytes < 1024:
+            raise ValueError(f"chunk_bytes must be at least 1024, not {chunk_bytes}")
+        self.chunk_bytes = chunk_bytes
         limits = PacingLimits(max_policy_lag, max_unconsumed_groups, versions_per_batch)
         if limits.active and not trainer_group_id:
             raise ValueError("max_policy_lag and max_unconsumed_groups pace to a trainer: "
@@ -113,17 +121,25 @@ class RolloutProducer:
         key = group_key(sample)
         if self.gate is not None:
             self.gate.before_send(key)  # a new group takes its admission and is named in the log first
-        future = self._producer.send(self.topic, encode_sample(sample), key, timestamp_ms=timestamp_ms,
-                                     headers=headers)
+        future = self._send(key, encode_sample(sample), timestamp_ms, headers)
         if self.gate is not None:
             self.gate.after_send(key, sample, future)  # whole at the stage once every record is acknowledged
         return future
 
     def send_raw(
-        self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None
+        self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> SendFuture:
-        """Send bytes as they are (tests, replays, fault injection)."""
-        return self._producer.send(self.topic, value, key, timestamp_ms=timestamp_ms)
+        """Send bytes as they are, never chunked (tests, replays, fault injection)."""
+        return self._producer.send(self.topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
+
+    def _send(self, key: bytes, value: bytes, timestamp_ms: int | None,
+              headers: list[tuple[str, bytes]] | None) -> SendFuture:
+        if len(value) <= self.chunk_bytes:
+            return self._producer.send(self.topic, value, key, timestamp_ms=timestamp_ms, headers=headers)
+        return _Chunks([self._producer.send(self.topic, part, key, timestamp_ms=timestamp_ms,
+                                            headers=[*(headers or ()), (CHUNK_HEADER, header)])
+                        for header, part in split(value, self.chunk_bytes)])
 
     def send_group(self, samples: Iterable[Sample]) -> list[SendFuture]:
         with self.gate.sending() if self.gate is not None else nullcontext():
@@ -162,6 +178,24 @@ class RolloutProducer:
     def __exit__(self, *exc: object) -> None:
         self.flush()
         self.close()
+
+
+class _Chunks:
+    """The sends of one sample's chunk records as one SendFuture: done when all are, failed when one is."""
+
+    def __init__(self, futures: list[SendFuture]) -> None:
+        self.futures = futures
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures)
+
+    def exception(self) -> BaseException | None:
+        return next((e for f in self.futures if (e := f.exception()) is not None), None)
+
+    def get(self, timeout: float | None = None) -> Written:
+        """Where the first chunk was written, once every chunk is acknowledged."""
+        written = [f.get(timeout) for f in self.futures]
+        return written[0]
 
 
 def numbered_group(samples: Iterable[Any], *, group_size: int | None = None,

@@ -127,6 +127,10 @@ def run(
         envvar="ROLLOUT_STREAM_MAX_OPEN_MIB",
         help="Pause fetching when open windows hold this many MiB; a single "
         "group larger than this is dead-lettered as group_too_large.")] = _DEFAULTS.max_open_bytes >> 20,
+    chunk_kib: Annotated[int, typer.Option(
+        envvar="ROLLOUT_STREAM_CHUNK_KIB",
+        help="Train and dead-letter records larger than this many KiB go out as chunk records that readers "
+        "reassemble (docs/chunks.md); below the cluster's message.max.bytes.")] = _DEFAULTS.chunk_bytes >> 10,
     heartbeat_file: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_HEARTBEAT_FILE",
                                                        help="File touched every few seconds while the loop "
                                                        "runs (container health checks).", show_default=False)]
@@ -183,6 +187,7 @@ def run(
         commit_max_records=commit_max_records,
         max_open_groups=max_open_groups,
         max_open_bytes=max_open_mib * 1024 * 1024,
+        chunk_bytes=chunk_kib * 1024,
         metrics_port=metrics_port,
         max_dead_letter_ratio=max_dead_letter_ratio,
         dead_letter_window=dead_letter_window,

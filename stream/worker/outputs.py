@@ -10,10 +10,11 @@ import msgspec
 
 from codec import TrainSample, encode_train_sample, encode_train_samples
 from codec import headers as H
+from codec.chunks import CHUNK_HEADER, split
 from core.config import RewardConfig
 from core.records import DeadLettered, InputRecord, Published
 
-__all__ = ["STAGE_VERSION", "OutputRecord", "train_records", "dead_letter_records", "DLQ_HEADERS"]
+__all__ = ["STAGE_VERSION", "OutputRecord", "train_records", "dead_letter_records", "DLQ_HEADERS", "chunked"]
 
 try:
     STAGE_VERSION = version("rollout-stream")
@@ -89,6 +90,22 @@ def train_records(
 
 _NO_SAMPLE = msgspec.Raw(b"")
 _copy = msgspec.structs.replace
+
+
+def chunked(outs: list[OutputRecord], chunk_bytes: int) -> list[OutputRecord]:
+    """`outs` with each value larger than `chunk_bytes` as chunk records of its key (docs/chunks.md), in
+    place and in order; a chunk refused whole (it carries its header) goes out as it came."""
+    if all(out.value is None or len(out.value) <= chunk_bytes for out in outs):
+        return outs
+    result: list[OutputRecord] = []
+    for out in outs:
+        value = out.value
+        if value is None or len(value) <= chunk_bytes or any(k == CHUNK_HEADER for k, _ in out.headers):
+            result.append(out)
+            continue
+        result += [OutputRecord(out.topic, out.key, part, (*out.headers, (CHUNK_HEADER, header)), out.source,
+                                out.partition) for header, part in split(value, chunk_bytes)]
+    return result
 
 
 def _iso_ms(ms: int) -> str:

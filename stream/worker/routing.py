@@ -14,7 +14,7 @@ from core.records import DeadLettered, Outcome, Published
 from stream.config import WorkerConfig
 from stream.errors import PolicyStop
 from stream.logs import log_event
-from stream.worker.outputs import OutputRecord, dead_letter_records, train_records
+from stream.worker.outputs import OutputRecord, chunked, dead_letter_records, train_records
 from stream.worker.stats import OutcomeCounts
 
 __all__ = ["DeadLetterLimitExceeded", "Router"]
@@ -84,7 +84,8 @@ class Router:
             if policy.mode == "route":
                 assert policy.topic is not None
                 topic = policy.topic
-        return train_records(group, self.reward, topic, partition_for(topic, group.group_key.encode()))
+        partition = partition_for(topic, group.group_key.encode())
+        return chunked(train_records(group, self.reward, topic, partition), self.config.chunk_bytes)
 
     def _dead_letter(self, failure: DeadLettered) -> list[OutputRecord]:
         reason = failure.reason.value
@@ -98,7 +99,7 @@ class Router:
             log_event(log, "dead_letter", logging.WARNING, reason=reason, group=failure.group_key,
                       records=len(failure.records), partition=first.partition, offset=first.offset,
                       message=failure.message[:500])
-        return dead_letter_records(failure, self.config.topics.dead_letter)
+        return chunked(dead_letter_records(failure, self.config.topics.dead_letter), self.config.chunk_bytes)
 
     def _judge(self, verdict: LimitExceeded | None) -> None:
         """Past the dead-letter limit: stop taking records; the shutdown commits what was resolved."""

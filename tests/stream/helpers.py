@@ -15,6 +15,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from codec import TrainSample, decode_train_sample
+from codec.chunks import CHUNK_HEADER
 from core import RewardConfig, post_process_rewards
 from stream.clients import Connection
 from stream.config import TopicNames, WorkerConfig
@@ -113,7 +114,8 @@ def read_topic(bootstrap: str, topic: str, *, min_count: int = 0, timeout: float
             got = [r for recs in batch.values() for r in recs]
             for r in got:
                 out.append(Read(r.topic, r.partition, r.offset, r.key, r.value,
-                                {k: v.decode() for k, v in (r.headers or [])}))
+                                {k: v.decode("latin-1") if k == CHUNK_HEADER else v.decode()
+                                 for k, v in (r.headers or [])}))
             if got:
                 quiet_since = time.monotonic()
             elif len(out) >= min_count and time.monotonic() - quiet_since >= settle:
@@ -121,6 +123,30 @@ def read_topic(bootstrap: str, topic: str, *, min_count: int = 0, timeout: float
         return out
     finally:
         consumer.close()
+
+
+def joined(reads: list[Read]) -> list[Read]:
+    """`reads` with the chunk records of each value (docs/chunks.md) joined into one Read at its first chunk's
+    place, once all are there (a value with chunks missing is left out)."""
+    from codec.chunks import decode_chunk_header
+
+    out: list[Read] = []
+    parts: dict[bytes, list[Read | None]] = {}
+    for r in reads:
+        raw = r.headers.get(CHUNK_HEADER)
+        if raw is None:
+            out.append(r)
+            continue
+        header = decode_chunk_header(raw.encode("latin-1"))
+        got = parts.setdefault(header.digest, [None] * header.count)
+        got[header.index] = r
+        if None not in got:
+            first = got[0]
+            assert first is not None
+            value = b"".join(p.value or b"" for p in got if p is not None)
+            headers = {k: v for k, v in first.headers.items() if k != CHUNK_HEADER}
+            out.append(Read(first.topic, first.partition, first.offset, first.key, value, headers))
+    return out
 
 
 def train_samples(reads: list[Read]) -> list[TrainSample]:

@@ -11,7 +11,7 @@ from codec import Sample, encode_sample, group_key
 from core import RewardConfig, post_process_rewards
 from stream.config import WorkerConfig
 from stream.producer import RolloutProducer
-from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
+from tests.stream.helpers import joined, new_topics, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = pytest.mark.kafka(timeout=120)
 
@@ -46,7 +46,9 @@ def test_8_and_32_mib_samples_pass_end_to_end_with_their_bytes_unchanged(kafka_b
         wait_until(lambda: worker.stats.groups_published == 2 and worker.stats.commits > 0, 60,
                    "2 big groups committed")
     assert sum(worker.stats.dead_lettered.values()) == 0
-    reads = read_topic(kafka_bootstrap, topics.output, min_count=3, timeout=60)
+    chunks = read_topic(kafka_bootstrap, topics.output, min_count=3, timeout=60)
+    assert all(len(r.value) <= config.chunk_bytes for r in chunks)  # out as chunk records (docs/chunks.md)
+    reads = joined(chunks)
     assert len(reads) == 3
     by_source = {(r.partition, r.offset): r for r in reads}
     assert len(by_source) == 3
