@@ -75,7 +75,7 @@ class AssembledGroup:
     key: str
     partition: int
     samples: tuple[TrainSample, ...]
-    offsets: tuple[int, ...]  # the records that form it, ascending
+    offsets: tuple[int, ...]  # the records that form it (all chunk records of a chunked value), ascending
     timestamp_ms: int  # of the record that completed it: first in the merge key
     nbytes: int
     # Its place in the global order: completion timestamp, then the rollouts record that completed it
@@ -168,8 +168,15 @@ class SampleAssembler:
         self.pending: dict[int, OrderedDict[str, _Pending]] = {}
         self.recent: dict[int, OrderedDict[bytes, None]] = {}
 
-    def add(self, partition: int, offset: int, timestamp_ms: int, sample: TrainSample, nbytes: int) -> Added:
-        """Take the sample read at `offset` of `partition` (`nbytes`: its record's size)."""
+    def add(self, partition: int, offset: int, timestamp_ms: int, sample: TrainSample, nbytes: int,
+            chunks: tuple[int, ...] = ()) -> Added:
+        """Take the sample read at `offset` of `partition` (`nbytes`: its record's size).
+
+        `chunks`: for a value reassembled from chunk records, the offsets of all of them (`offset`, the
+        one that completed it, among them): they stand for the record everywhere offsets are returned
+        (the group's `offsets`, `release`), so none is committed past before the value is consumed.
+        A sample dropped (`hold` False) holds none of them.
+        """
         groups = self.pending.setdefault(partition, OrderedDict())
         key = sample.group_key
         pending = groups.get(key)
@@ -181,7 +188,10 @@ class SampleAssembler:
             pending = groups[key] = _Pending(max(1, sample.group_sample_count))
             abandoned = self._bound(partition, groups)
         pending.samples.append(sample)
-        pending.offsets.append(offset)
+        if chunks:
+            pending.offsets.extend(chunks)
+        else:
+            pending.offsets.append(offset)
         pending.sources.add(source)
         pending.nbytes += nbytes
         release = tuple(o for old in abandoned for o in old.offsets)

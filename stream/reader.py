@@ -16,6 +16,11 @@ The decisions are pure and live in `core.assembly`; this module polls, decodes, 
 * **Batches.** The next `groups_per_batch` groups that are neither stale nor invalid, judged when the
   batch is completed against the weight version set at that moment. Every rank shards the same batch
   with `core.collate.shard_groups` and keeps its part.
+* **Chunked values.** A train record larger than the stage's `chunk_bytes` travels as chunk records (an
+  `x-chunk` header, codec/chunks.py) of one partition, written in one transaction. They are reassembled
+  into the whole record before it is decoded (see `GroupAssembler`); plain records pay one check of their
+  headers. Every chunk's offset is held, and released with the value: none is committed before the value
+  is consumed into a batch (or dropped), so a restart reads again every chunk of a value not yet consumed.
 * **Resume.** Rank r commits to its own consumer group `<group_id>-rank<r>`: per partition the lowest
   offset not yet yielded, plus metadata (batch index, read end, the offsets above it still to yield).
   On start every rank reads the commits of ranks 0..world_size-1 and resumes from the one with the
@@ -28,11 +33,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from codec import DecodeError, TrainSample, decode_train_sample
+from codec import DeadLetterReason, DecodeError, TrainSample, decode_train_sample
+from codec.chunks import ChunkHeaderError, chunk_header_of, decode_chunk_header
 from core.assembly import (
     AssembledGroup,
     GroupInfo,
@@ -48,8 +54,10 @@ from core.assembly import (
     group_verdict,
     plan_batch,
 )
+from core.chunks import ChunkAssembler, ChunkKey, Copy, Refused
 from core.collate import Collated, collate
 from core.pacing import doomed_through
+from core.structs import InputRecord
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
@@ -64,6 +72,7 @@ __all__ = [
     "GroupInfo",
     "ReaderStats",
     "ReaderError",
+    "ChunkLimitError",
     "AssembledGroup",
     "GroupAssembler",
     "GroupMerger",
@@ -85,6 +94,19 @@ class ReaderError(RuntimeFailure, RuntimeError):
     """The background reader failed (broker-fatal error); the cause is chained."""
 
 
+class ChunkLimitError(ReaderError):
+    """Chunked values open at once (or one of them) need more than the reader's `max_open_chunk_bytes`:
+    raise it (a group's chunked values are open together while it is read)."""
+
+
+# Open chunk bytes the reader holds at most (`max_open_chunk_bytes`).
+MAX_OPEN_CHUNK_BYTES = 1 << 30
+# How long after its first chunk was written a chunked value may stay incomplete in a partition read to its
+# end before it is dropped (`chunk_timeout_s`): a read_committed reader can see part of a committed
+# transaction while an earlier open one hides the rest, for as long as that one stays open.
+CHUNK_TIMEOUT_S = 60.0
+
+
 @dataclass
 class ReaderStats:
     records: int = 0
@@ -97,23 +119,55 @@ class ReaderStats:
     duplicate_groups: int = 0  # complete copies of a group already assembled
     decode_errors: int = 0
     abandoned_groups: int = 0  # incomplete groups evicted by the per-partition bound
+    chunked_values: int = 0  # values reassembled from chunk records (each chunk counts in `records`)
+    incomplete_chunked_values: int = 0  # chunks of a value that never completed, dropped
+    corrupt_chunked_values: int = 0  # chunks that disagree or do not match their value's digest, dropped
 
 
 class GroupAssembler:
-    """Whole groups from one topic's records: decodes, counts and logs; `core.assembly` decides."""
+    """Whole groups from one topic's records: decodes, counts and logs; `core.assembly` decides.
+
+    Chunk records (an `x-chunk` header) are reassembled first (`core.chunks.ChunkAssembler`, per partition
+    and value digest, in any order, copies of a held chunk dropped): each chunk's offset is held while the
+    value is open, and the whole value is taken as one record that carries all of them, so they are
+    released together, when its group is yielded or it is dropped. What cannot become a whole value:
+
+    * chunks that disagree (count, size, different bytes at one index) or whose joined bytes do not match
+      the value's digest: dropped, logged (`chunks.refused`), counted in `corrupt_chunked_values`, like an
+      undecodable record (a bad record in the log must not stop every restart of the trainer);
+    * a value still incomplete in a partition read to its end `chunk_timeout_s` after its first chunk was
+      written (`expire_chunks`): dropped, logged (`chunks.incomplete`), counted in
+      `incomplete_chunked_values`. The stage writes all chunks of a value in one transaction, so this is
+      either a value whose first chunks precede where reading started (a commit whose metadata was
+      truncated, an offset reset, retention: its value was consumed before, or is lost) or a bug or a
+      writer outside transactions;
+    * more open chunk bytes than `max_open_chunk_bytes` (or one value larger): `ChunkLimitError`, a
+      setting to raise, never a silent drop.
+    """
 
     def __init__(self, marks: ReadMarks, stats: ReaderStats, *, max_pending_per_partition: int = 1024,
-                 remember_per_partition: int = 20_000) -> None:
+                 remember_per_partition: int = 20_000, max_open_chunk_bytes: int = MAX_OPEN_CHUNK_BYTES,
+                 chunk_timeout_s: float = CHUNK_TIMEOUT_S) -> None:
         self.marks = marks
         self.stats = stats
         self.samples = SampleAssembler(max_pending_per_partition=max_pending_per_partition,
                                        remember_per_partition=remember_per_partition)
+        self.max_open_chunk_bytes = max_open_chunk_bytes
+        self.chunks = ChunkAssembler(int(chunk_timeout_s * 1000), max_open_chunk_bytes)
 
-    def accept(self, partition: int, offset: int, timestamp_ms: int,
-               value: bytes | None) -> AssembledGroup | None:
-        nbytes = len(value or b"")
-        self.stats.records += 1
-        self.stats.bytes += nbytes
+    def accept(self, partition: int, offset: int, timestamp_ms: int, value: bytes | None,
+               headers: Sequence[tuple[str, bytes]] | None = None) -> AssembledGroup | None:
+        chunks: tuple[int, ...] = ()
+        if headers and (raw := chunk_header_of(headers)) is not None:
+            whole = self._chunk(partition, offset, timestamp_ms, value, raw)
+            if whole is None:
+                return None
+            value, chunks = whole.value, whole.chunks
+            nbytes = len(value or b"")
+        else:
+            nbytes = len(value or b"")
+            self.stats.records += 1
+            self.stats.bytes += nbytes
         try:
             if value is None:
                 raise DecodeError("record has no value (tombstone)")
@@ -121,11 +175,15 @@ class GroupAssembler:
         except DecodeError as exc:
             self.stats.decode_errors += 1
             self.marks.read(partition, offset, hold=False)
+            if chunks:
+                self.marks.release(partition, chunks)
             log_event(log, "record.undecodable", logging.WARNING, partition=partition, offset=offset,
                       error=exc.message[:300])
             return None
-        added = self.samples.add(partition, offset, timestamp_ms, sample, nbytes)
+        added = self.samples.add(partition, offset, timestamp_ms, sample, nbytes, chunks)
         self.marks.read(partition, offset, hold=added.hold)
+        if chunks and not added.hold:
+            self.marks.release(partition, chunks)
         if added.release:
             self.marks.release(partition, added.release)
         if added.duplicate == "record":
@@ -137,6 +195,80 @@ class GroupAssembler:
             log_event(log, "group.abandoned", logging.WARNING, partition=partition, group=old.key,
                       have=old.have, expected=old.expected, first_offset=old.first_offset)
         return added.group
+
+    def _chunk(self, partition: int, offset: int, timestamp_ms: int, value: bytes | None,
+               raw: bytes) -> InputRecord | None:
+        """A chunk record: the whole value once its last chunk is here (a record with all their offsets
+        in `chunks`), else None (held, or dropped)."""
+        stats, marks, assembler = self.stats, self.marks, self.chunks
+        stats.records += 1
+        stats.bytes += len(value or b"")
+        try:
+            header = decode_chunk_header(raw)
+        except ChunkHeaderError as exc:
+            stats.decode_errors += 1
+            marks.read(partition, offset, hold=False)
+            log_event(log, "record.undecodable", logging.WARNING, partition=partition, offset=offset,
+                      error=str(exc)[:300])
+            return None
+        ckey: ChunkKey = (partition, header.digest, "")
+        if assembler.deadline_passed(ckey, timestamp_ms):  # written after the value's chunks timed out
+            self._close_incomplete(ckey)
+        added = assembler.add(ckey, InputRecord("", partition, offset, timestamp_ms, None, value), header)
+        if added is None:
+            marks.read(partition, offset, hold=True)
+            if assembler.open_bytes > self.max_open_chunk_bytes:
+                raise ChunkLimitError(
+                    f"open chunked values hold {assembler.open_bytes} bytes, over max_open_chunk_bytes="
+                    f"{self.max_open_chunk_bytes} ({len(assembler.open)} values open; the last chunk read: "
+                    f"partition {partition} offset {offset})")
+            return None
+        marks.read(partition, offset, hold=False)  # held again below if it completed the value
+        if type(added) is Copy:
+            stats.duplicate_records += 1
+            return None
+        if type(added) is Refused:
+            if added.reason is DeadLetterReason.GROUP_TOO_LARGE:
+                raise ChunkLimitError(
+                    f"a chunked value of {header.total_bytes} bytes (partition {partition} offset {offset}) "
+                    f"is larger than max_open_chunk_bytes={self.max_open_chunk_bytes}")
+            self._dropped(added)
+            return None
+        assert not isinstance(added, Copy | Refused)
+        # A republished copy of the value (its group published again) must be reassembled again, for its
+        # group to complete and be recognised as a copy: the assembler forgets the values it joined.
+        assembler.whole.pop(ckey, None)
+        stats.chunked_values += 1
+        return added.record
+
+    def expire_chunks(self, now_ms: int, read_to_end: Callable[[int], bool]) -> None:
+        """Drop chunked values still incomplete `chunk_timeout_s` after their first chunk was written, in
+        partitions read to their end: the rest of a value written in one transaction cannot come later."""
+        due = [k for k, c in self.chunks.open.items() if c.deadline_ms < now_ms and read_to_end(k[0])]
+        for ckey in due:
+            self._close_incomplete(ckey)
+
+    def _close_incomplete(self, ckey: ChunkKey) -> None:
+        first_missing = self.chunks.open[ckey].parts[0] is None
+        self._dropped(self.chunks.close_incomplete(ckey), first_missing)
+
+    def _dropped(self, refused: Refused, first_missing: bool = False) -> None:
+        """Chunks that do not make a value: released (their offsets may be committed), counted, logged."""
+        parts = refused.parts
+        partition = parts[0].partition
+        self.marks.release(partition, [p.offset for p in parts])
+        offsets = sorted(p.offset for p in parts)
+        if refused.reason is DeadLetterReason.INCOMPLETE_CHUNKS:
+            self.stats.incomplete_chunked_values += 1
+            log_event(log, "chunks.incomplete", logging.WARNING, partition=partition, first_offset=offsets[0],
+                      last_offset=offsets[-1], error=refused.message[:300],
+                      cause=("its first chunk precedes where reading started (a commit whose metadata was "
+                             "truncated, an offset reset, retention)" if first_missing else
+                             "a writer outside transactions, or a bug"))
+        else:
+            self.stats.corrupt_chunked_values += 1
+            log_event(log, "chunks.refused", logging.WARNING, partition=partition, first_offset=offsets[0],
+                      last_offset=offsets[-1], reason=refused.reason.value, error=refused.message[:300])
 
 
 # How long the merge waits on a partition read to its end before it passes a group of another one (the
@@ -253,7 +385,8 @@ class _Prefetcher(threading.Thread):
         if r.progress is not None:  # paced producers count again what was not committed before
             r.progress.resumed(0 if batch is None else batch + 1)
         self._put(("resumed", batch, None))
-        assembler = GroupAssembler(marks, r.stats)
+        assembler = GroupAssembler(marks, r.stats, max_open_chunk_bytes=r.max_open_chunk_bytes,
+                                   chunk_timeout_s=r.chunk_timeout_s)
         merger = GroupMerger(partitions, r.partition_idle_ms)
         paused: set[int] = set()
         while not self.stop.is_set():
@@ -268,10 +401,12 @@ class _Prefetcher(threading.Thread):
                     if mark is not None and mark.skips(rec.offset):
                         marks.read(tp.partition, rec.offset, hold=False)  # yielded before the restart
                         continue
-                    group = assembler.accept(tp.partition, rec.offset, rec.timestamp, rec.value)
+                    group = assembler.accept(tp.partition, rec.offset, rec.timestamp, rec.value, rec.headers)
                     if group is not None:
                         merger.push(group)
             caught_up = _CaughtUp(c, tps)
+            if assembler.chunks.open:
+                assembler.expire_chunks(int(time.time() * 1000), caught_up)
             while (group := merger.pop(int(time.time() * 1000), caught_up)) is not None:
                 marks.release(group.partition, group.offsets)
                 r.stats.groups += 1
@@ -360,6 +495,8 @@ class TrainDataReader:
     or "latest" (ignore commits). `idle_timeout_s`: iteration ends when no batch completes for that long
     (None: wait forever). `partition_idle_ms`: see the module docstring (None: never pass an empty
     partition, fully deterministic even with unbounded producer delays, but an idle partition stalls).
+    `max_open_chunk_bytes`: the bytes of chunked values held while incomplete (`ChunkLimitError` above
+    it); `chunk_timeout_s`: when an incomplete one is dropped (`GroupAssembler` says what and why).
     """
 
     def __init__(
@@ -384,6 +521,8 @@ class TrainDataReader:
         balance_data: bool = False,
         client: str | None = None,
         publish_progress: bool = True,
+        max_open_chunk_bytes: int = MAX_OPEN_CHUNK_BYTES,
+        chunk_timeout_s: float = CHUNK_TIMEOUT_S,
     ) -> None:
         if layout not in ("tensors", "miles"):
             raise ValueError(f"layout must be tensors or miles, got {layout!r}")
@@ -403,6 +542,10 @@ class TrainDataReader:
             raise ValueError(f"start must be committed, earliest or latest, got {start!r}")
         if not group_id:
             raise ValueError("group_id must not be empty")
+        if max_open_chunk_bytes < 1:
+            raise ValueError(f"max_open_chunk_bytes must be >= 1, got {max_open_chunk_bytes}")
+        if chunk_timeout_s <= 0:
+            raise ValueError(f"chunk_timeout_s must be > 0, got {chunk_timeout_s}")
         # An address (with `security`, e.g. SecuritySettings.from_env()), or a Connection that carries both;
         # `client` picks the Kafka client library (default: $ROLLOUT_STREAM_CLIENT, else confluent).
         self.conn = (replace(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}",
@@ -422,6 +565,8 @@ class TrainDataReader:
         self.idle_timeout_s = idle_timeout_s
         self.partition_idle_ms = partition_idle_ms
         self.max_record_bytes = max_record_bytes
+        self.max_open_chunk_bytes = max_open_chunk_bytes
+        self.chunk_timeout_s = chunk_timeout_s
         self.layout = layout
         self.balance_data = balance_data
         self.stats = ReaderStats()
@@ -484,8 +629,12 @@ class TrainDataReader:
             except queue.Empty:
                 return None
             if kind == "error":
-                self._failed = ReaderError(f"reading {self.topic} failed: {type(value).__name__}: {value}")
-                self._failed.__cause__ = value
+                if isinstance(value, ReaderError):  # a typed failure of the reader itself (ChunkLimitError)
+                    self._failed = value
+                else:
+                    self._failed = ReaderError(
+                        f"reading {self.topic} failed: {type(value).__name__}: {value}")
+                    self._failed.__cause__ = value
                 raise self._failed
             if kind == "resumed":
                 self._next_index = 0 if value is None else value + 1
