@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
@@ -28,8 +28,15 @@ from stream.errors import described
 from stream.kafka import KafkaFailure, TopicPartition, client_for
 from stream.layout import Flow, output_console
 from stream.tools.dlq.cursor import cursor_name, resume_state
-from stream.tools.dlq.inspect import compare_rewards, decode_value, fetch_record, group_members
-from stream.tools.dlq.record import readable_header
+from stream.tools.dlq.inspect import (
+    compare_rewards,
+    decode_value,
+    fetch_record,
+    members_of,
+    nearby_values,
+    value_of,
+)
+from stream.tools.dlq.record import DeadLetterRecord, readable_header
 from stream.tools.dlq.render import (
     json_line,
     list_view,
@@ -43,6 +50,7 @@ from stream.tools.dlq.replay import ReplayOptions, run_replay
 from stream.tools.dlq.scan import DeadLetterScanner
 from stream.tools.dlq.selection import Selection, parse_coordinates
 from stream.tools.dlq.stats import DeadLetterStats
+from stream.tools.dlq.values import DeadLetterValue, ValueGrouper
 from stream.topics import require_topics
 
 dlq_app = typer.Typer(
@@ -140,6 +148,14 @@ def _scanner(conn: Connection, topic: str, progress: bool | None) -> Iterator[De
             consumer.close()
 
 
+def _values(records: Iterable[DeadLetterRecord], selection: Selection) -> Iterator[DeadLetterValue]:
+    """The selected values of a scan: a chunked value is selected whole when any of its chunks is."""
+    grouper = ValueGrouper()
+    for record in records:
+        yield from (v for v in grouper.add(record) if selection.matches_value(v))
+    yield from (v for v in grouper.flush() if selection.matches_value(v))
+
+
 @dlq_app.command("stats")
 @grouped_options
 def stats(
@@ -157,9 +173,8 @@ def stats(
     with _scanner(conn, dead_letter_topic, progress) as scanner:
         plan = scanner.plan(since_ms=selection.since_ms)
         aggregate = DeadLetterStats(top_capacity=max(10_000, 100 * top))
-        for record in scanner.records(plan):
-            if selection.matches(record):
-                aggregate.add(record)
+        for value in _values(scanner.records(plan), selection):
+            aggregate.add_value(value)
         doc = aggregate.to_dict(plan, scanned=scanner.scanned, top=top)
     _print(doc, json_out, stats_view)
 
@@ -177,7 +192,9 @@ def list_(
     progress: ShowProgress = None,
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
-    """One row per record, by partition then offset: coordinates, time, reason, group, rollout, message."""
+    """One row per record, by partition then offset: coordinates, time, reason, group, rollout, message.
+
+    The chunk records of a chunked value are one row, at its first chunk's coordinates."""
     selection = _selection(filters, limit)
     conn = _connect(bootstrap_servers, security)
     console = output_console()
@@ -185,14 +202,12 @@ def list_(
     shown = 0
     with _scanner(conn, dead_letter_topic, progress) as scanner:
         plan = scanner.plan(since_ms=selection.since_ms)
-        for record in scanner.records(plan):
-            if not selection.matches(record):
-                continue
+        for value in _values(scanner.records(plan), selection):
             shown += 1
             if json_out:
-                sys.stdout.write(json_line(record.summary()) + "\n")
+                sys.stdout.write(json_line(value.summary()) + "\n")
             else:
-                rows.append(record.summary())
+                rows.append(value.summary())
                 if len(rows) >= 1000:  # a table needs its rows up front: print a long listing in chunks
                     console.print(list_view(rows, console.width))
                     rows = []
@@ -242,16 +257,19 @@ def show(
     conn = _connect(bootstrap_servers, security)
     with _scanner(conn, dead_letter_topic, False) as scanner:
         record = fetch_record(scanner, partition, offset)
-        decoded = decode_value(record.value)
-        members = (
-            group_members(scanner, record, context) if record.reason != DeadLetterReason.DECODE_ERROR else []
-        )
+        grouped = record.reason != DeadLetterReason.DECODE_ERROR and record.group is not None
+        nearby = nearby_values(scanner, record, context) if grouped or record.chunk is not None else []
+    value = value_of(record, nearby)
+    record = value.first  # a chunk's coordinates show its whole value, named by its first chunk
+    # Raw chunk bytes are not a sample: only a value whose chunks make it up is decoded.
+    decoded = decode_value(value.value) if value.whole else None
+    members = members_of(nearby, record) if grouped else []
     rewards = (
         compare_rewards(members, reward_key)
         if record.reason == DeadLetterReason.SHARED_REWARD_VIOLATION
         else None
     )
-    _print(show_document(record, decoded, members, rewards), json_out, _show_view_readable)
+    _print(show_document(record, decoded, members, rewards, value), json_out, _show_view_readable)
 
 
 def _show_view_readable(doc: dict[str, Any]) -> RenderableType:

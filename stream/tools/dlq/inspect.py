@@ -9,14 +9,18 @@ from codec import DeadLetterReason, DecodeError, Sample, decode_sample
 from codec.arrays import Array
 from core.rewards import RewardSelectionError, select_reward
 from stream.errors import RuntimeFailure
-from stream.tools.dlq.record import DeadLetterRecord, SampleHead, sample_head
+from stream.tools.dlq.record import DeadLetterRecord, SampleHead
 from stream.tools.dlq.scan import DeadLetterScanner, PartitionRange, ScanPlan
+from stream.tools.dlq.values import DeadLetterValue, group_values
 
 __all__ = [
     "RecordNotFound",
     "RolloutRewards",
     "fetch_record",
     "group_members",
+    "members_of",
+    "nearby_values",
+    "value_of",
     "decode_value",
     "sample_fields",
     "hexdump",
@@ -55,22 +59,45 @@ def fetch_record(scanner: DeadLetterScanner, partition: int, offset: int) -> Dea
     )
 
 
-def group_members(
+def nearby_values(
     scanner: DeadLetterScanner, record: DeadLetterRecord, context: int
-) -> list[tuple[DeadLetterRecord, SampleHead | None]]:
-    """Records of the same group and reason within `context` offsets of `record` (written together)."""
-    group = record.group
-    if group is None:
-        return []
+) -> list[DeadLetterValue]:
+    """The values within `context` offsets of `record` (its group and the rest of its chunks were written
+    with it)."""
     p = record.partition
     plan = scanner.plan(
         partitions=[p], starts={p: max(0, record.offset - context)}, stops={p: record.offset + context + 1}
     )
-    return [
-        (r, sample_head(r.value))
-        for r in scanner.records(plan)
-        if r.group == group and r.reason == record.reason
-    ]
+    # One window spans the whole scan: chunks as far apart as the scan reaches still make one value.
+    return group_values(scanner.records(plan), window=2 * context + 1)
+
+
+def value_of(record: DeadLetterRecord, values: list[DeadLetterValue]) -> DeadLetterValue:
+    """The value `record` is part of: the whole value when it is one of its chunks."""
+    for value in values:
+        if record.offset in value.offsets:
+            return value
+    return DeadLetterValue([record])
+
+
+def members_of(
+    values: list[DeadLetterValue], record: DeadLetterRecord
+) -> list[tuple[DeadLetterRecord, SampleHead | None]]:
+    """Values of the same group and reason as `record`: each as its first record and sample head."""
+    group = record.group
+    if group is None:
+        return []
+    return [(v.first, v.head()) for v in values if v.first.group == group and v.first.reason == record.reason]
+
+
+def group_members(
+    scanner: DeadLetterScanner, record: DeadLetterRecord, context: int
+) -> list[tuple[DeadLetterRecord, SampleHead | None]]:
+    """Records (values) of the same group and reason within `context` offsets of `record` (written
+    together)."""
+    if record.group is None:
+        return []
+    return members_of(nearby_values(scanner, record, context), record)
 
 
 def decode_value(value: bytes | None) -> Sample | DecodeError:

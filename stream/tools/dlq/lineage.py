@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stream.tools.dlq import headers as H
 from stream.tools.dlq.record import DeadLetterRecord
+from stream.tools.dlq.values import DeadLetterValue
 
-__all__ = ["ReplayAction", "replay_headers", "decide"]
+__all__ = ["ReplayAction", "replay_headers", "decide", "decide_value"]
 
 _DROPPED = frozenset(H.FAILURE_HEADERS) | frozenset(H.REPLAY_HEADERS)
 
@@ -21,6 +22,7 @@ class ReplayAction:
     headers: tuple[tuple[str, bytes], ...] = ()
     refused: str | None = None  # not replayable as it is (--max-replays reached, no original topic)
     skipped: str | None = None  # replayed already, by this or another selection (the replay ledger)
+    chunks: int = 0  # on the first record of a chunked value: how many chunk records go (or not) with it
 
     @property
     def kind(self) -> str:
@@ -70,3 +72,26 @@ def decide(
     if topic == record.topic:
         return ReplayAction(record, None, refused=f"its original topic is the dead-letter topic {topic}")
     return ReplayAction(record, topic, replay_headers(record, replay_id))
+
+
+def decide_value(
+    value: DeadLetterValue,
+    *,
+    to: str | None,
+    max_replays: int,
+    replay_id: str,
+    replayed_by: str | None = None,
+) -> list[ReplayAction]:
+    """One action per record of `value`, all alike: a chunked value is replayed whole or not at all, since
+    the worker can only reassemble it from all of its chunks under one replay id."""
+    actions = [decide(r, to=to, max_replays=max_replays, replay_id=replay_id, replayed_by=replayed_by)
+               for r in value.records]
+    if value.chunk is None:
+        return actions
+    problem = value.problem()
+    if replayed_by is None and problem is not None:
+        why = f"chunked value not whole: {problem}"
+        actions = [ReplayAction(r, None, refused=why) for r in value.records]
+    elif (no := next((a for a in actions if a.topic is None), None)) is not None:
+        actions = [ReplayAction(r, None, refused=no.refused, skipped=no.skipped) for r in value.records]
+    return [replace(actions[0], chunks=len(actions)), *actions[1:]]

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from codec import DeadLetterReason
+from codec.chunks import ChunkHeader, ChunkHeaderError, chunk_header_of, decode_chunk_header
 from core.rewards import declared_rollout_key
 from stream.tools.dlq import headers as H
 
@@ -120,6 +121,9 @@ class DeadLetterRecord:
     replay_count: int  # x-replay-count: how often this record's bytes were replayed before it failed again
     replay_id: str | None
     replayed_from: str | None
+    # x-chunk: this record is one slice of a larger value (docs/dlq.md, "Chunked values"). An unreadable
+    # header leaves it None, so the record is shown and replayed as it is, like any record.
+    chunk: ChunkHeader | None = None
 
     @property
     def coordinates(self) -> str:
@@ -193,4 +197,15 @@ def parse_record(rec: Any) -> DeadLetterRecord:
         replay_count=max(0, _int(h.get(H.REPLAY_COUNT)) or 0),
         replay_id=h.get(H.REPLAY_ID) or None,
         replayed_from=h.get(H.REPLAYED_FROM) or None,
+        chunk=_chunk(raw_headers),
     )
+
+
+def _chunk(headers: tuple[tuple[str, bytes], ...]) -> ChunkHeader | None:
+    raw = chunk_header_of(headers)
+    if raw is None:
+        return None
+    try:
+        return decode_chunk_header(raw)
+    except ChunkHeaderError:
+        return None

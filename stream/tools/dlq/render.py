@@ -16,10 +16,13 @@ from rich.table import Table
 from rich.text import Text
 
 from codec import DecodeError, Sample
+from codec.chunks import CHUNK_HEADER
 from stream.layout import Fit, Flow, titled
 from stream.tools.dlq.inspect import RolloutRewards, hexdump, sample_fields
+from stream.tools.dlq.lineage import ReplayAction
 from stream.tools.dlq.record import DeadLetterRecord, SampleHead, iso_ms
 from stream.tools.dlq.replay import ReplayReport
+from stream.tools.dlq.values import DeadLetterValue
 
 __all__ = [
     "json_line",
@@ -64,7 +67,7 @@ def list_view(rows: Sequence[dict[str, Any]], width: int = 120) -> RenderableTyp
             _cell(r["rollout"]),
             _cell(r["sibling_index"]),
             str(r["replay_count"]),
-            (r["message"] or "").replace("\n", " "),
+            _message(r),
         ]
         for r in rows
     ]
@@ -90,6 +93,16 @@ def list_view(rows: Sequence[dict[str, Any]], width: int = 120) -> RenderableTyp
     return table
 
 
+def _message(r: dict[str, Any]) -> str:
+    """The row's message; a chunked value's says first how many of its chunks are there."""
+    message = (r["message"] or "").replace("\n", " ")
+    chunks = r.get("chunks")
+    if chunks is None:
+        return message
+    state = "" if chunks["problem"] is None else f": {chunks['problem']}"
+    return f"[chunked value, {chunks['count']} chunks{state}] {message}"
+
+
 def _list_block(r: dict[str, Any]) -> RenderableType:
     head = Text.assemble((f"{r['partition']}:{r['offset']}", "bold"), "  ", r["reason"])
     if r["group_key"] is not None:
@@ -101,7 +114,7 @@ def _list_block(r: dict[str, Any]) -> RenderableType:
         facts.append(f"sibling {r['sibling_index']}")
     if r["replay_count"]:
         facts.append(f"replay count {r['replay_count']}")
-    message = (r["message"] or "").replace("\n", " ")
+    message = _message(r)
     return Group(
         Flow(head, indent=4),
         Flow(", ".join(facts), first=4, indent=4),
@@ -113,9 +126,14 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
     """`dlq stats`: reasons, time span, top groups and partitions of a `DeadLetterStats.to_dict()`."""
     parts: list[RenderableType] = []
     head = Text.assemble((f"{doc['topic']}", "bold"), f": {doc['matched']} dead-letter records")
+    chunked = doc.get("chunk_records", 0)
+    if chunked:
+        head.append(f" ({doc['values']} values: {doc['chunked_values']} chunked values in {chunked} chunk "
+                    "records)")
     if doc["scanned"] != doc["matched"]:
         head.append(f" match the filters ({doc['scanned']} scanned)")
     parts.append(Flow(head, indent=4))
+    unit = "values" if chunked else "records"
     if doc["matched"]:
         for which in ("oldest", "newest"):
             r = doc[which]
@@ -123,13 +141,13 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
             parts.append(Flow(line, indent=4))
     reasons = Table()
     reasons.add_column("reason")
-    reasons.add_column("records", justify="right")
+    reasons.add_column(unit, justify="right")
     reasons.add_column("share", justify="right")
     lines = []
     for reason, n in doc["by_reason"].items():
-        share = f"{100 * n / max(doc['matched'], 1):.1f}%"
+        share = f"{100 * n / max(doc['values'] if chunked else doc['matched'], 1):.1f}%"
         reasons.add_row(reason, str(n), share)
-        lines.append(Flow(f"{reason}: {n} records, {share}", first=2, indent=4))
+        lines.append(Flow(f"{reason}: {n} {unit}, {share}", first=2, indent=4))
     parts.append(titled("by reason", Fit(reasons, Group(*lines))))
     exact = (
         ""
@@ -140,7 +158,7 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
     groups = Table()
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("group", "left"),
-        ("records", "right"),
+        (unit, "right"),
         ("reasons", "left"),
         ("first failure", "left"),
     )
@@ -153,7 +171,7 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
         )
         blocks.append(
             Flow(
-                f"{g['group_key']}: {g['records']} records, first failure {g['first_failed_at']}; "
+                f"{g['group_key']}: {g['records']} {unit}, first failure {g['first_failed_at']}; "
                 f"{', '.join(g['reasons'])}",
                 first=2,
                 indent=4,
@@ -163,11 +181,11 @@ def stats_view(doc: dict[str, Any]) -> RenderableType:
     if len(doc["by_original_topic"]) > 1:
         topics = Table()
         topics.add_column("topic", no_wrap=True)
-        topics.add_column("records", justify="right")
+        topics.add_column(unit, justify="right")
         per_topic = []
         for t, n in doc["by_original_topic"].items():
             topics.add_row(escape(t), str(n))
-            per_topic.append(Flow(f"{t}: {n} records", first=2, indent=4))
+            per_topic.append(Flow(f"{t}: {n} {unit}", first=2, indent=4))
         parts.append(titled("by original topic", Fit(topics, Group(*per_topic))))
     parts_table = Table()
     names = ("partition", "log start", "end", "scanned from", "matched", "first matched", "last matched")
@@ -215,11 +233,13 @@ def _array_text(value: Any) -> str:
 
 def show_document(
     record: DeadLetterRecord,
-    decoded: Sample | DecodeError,
+    decoded: Sample | DecodeError | None,
     members: list[tuple[DeadLetterRecord, SampleHead | None]],
     rewards: list[RolloutRewards] | None,
+    value: DeadLetterValue | None = None,
 ) -> dict[str, Any]:
-    """`dlq show --json`: every header, the decoded sample or a hex preview, group members nearby."""
+    """`dlq show --json`: every header, the decoded sample or a hex preview, group members nearby; for a
+    chunked value, its chunks (`decoded` None: they do not make the value up)."""
     doc: dict[str, Any] = {
         "topic": record.topic,
         "partition": record.partition,
@@ -232,12 +252,16 @@ def show_document(
         "group_key": record.group,
         "key": record.key_text,
         "value_bytes": len(record.value) if record.value is not None else None,
-        "headers": [[k, v.decode("utf-8", "backslashreplace")] for k, v in record.headers],
+        "headers": [[k, _header_text(record, k, v)] for k, v in record.headers],
     }
+    chunks = value.chunk_summary() if value is not None else None
+    if chunks is not None:
+        doc["value_bytes"] = chunks["total_bytes"]
+        doc["chunks"] = chunks
     if isinstance(decoded, DecodeError):
         doc["decode_error"] = decoded.message
-        doc["hex_preview"] = hexdump(record.value or b"")
-    else:
+        doc["hex_preview"] = hexdump((value.value if value is not None else None) or record.value or b"")
+    elif decoded is not None:
         doc["sample"] = dict(sample_fields(decoded))
     doc["group_members"] = [
         {
@@ -263,6 +287,22 @@ def show_document(
     return doc
 
 
+def _header_text(record: DeadLetterRecord, name: str, value: bytes) -> str:
+    """A header's value as text; the chunk header is binary, so it is said in words."""
+    chunk = record.chunk
+    if name == CHUNK_HEADER and chunk is not None:
+        return (f"chunk {chunk.index} of {chunk.count}, value of {chunk.total_bytes} bytes, "
+                f"digest {chunk.digest.hex()}")
+    return value.decode("utf-8", "backslashreplace")
+
+
+def _chunks_line(chunks: dict[str, Any]) -> str:
+    offsets = ", ".join(map(str, chunks["offsets"]))
+    state = chunks["problem"] or "whole"
+    return (f"chunked value of {chunks['total_bytes']} bytes in {chunks['count']} chunks, records at offsets "
+            f"{offsets}: {state}")
+
+
 def show_view(doc: dict[str, Any]) -> RenderableType:
     head = Text.assemble((f"{doc['topic']} {doc['partition']}:{doc['offset']}", "bold"), "  ")
     head.append(doc["reason"], "bold red")
@@ -274,6 +314,9 @@ def show_view(doc: dict[str, Any]) -> RenderableType:
     for k, v in doc["headers"]:
         headers.add_row(escape(k), escape(v))
     parts.append(titled("headers", headers))
+    if "chunks" in doc:
+        style = "yellow" if doc["chunks"]["problem"] else ""
+        parts.append(Flow(_chunks_line(doc["chunks"]), indent=4, style=style))
     if "sample" in doc:
         fields = Table(show_header=False)
         fields.add_column("field", style="cyan", no_wrap=True)
@@ -281,7 +324,7 @@ def show_view(doc: dict[str, Any]) -> RenderableType:
         for k, v in doc["sample"].items():
             fields.add_row(k, escape(_array_text(v)))
         parts.append(titled("decoded sample", fields))
-    else:
+    elif "decode_error" in doc:
         parts.append(Flow(f"does not decode: {doc['decode_error']}", indent=4, style="yellow"))
         parts.append(Text(f"{doc['value_bytes'] or 0} bytes:\n" + "\n".join(doc["hex_preview"])))
     if doc.get("sibling_rewards"):
@@ -349,21 +392,28 @@ def replay_document(report: ReplayReport) -> dict[str, Any]:
         "transactions": report.transactions,
         "elapsed_s": round(report.elapsed_s, 3),
         "cursor_start": {r.partition: r.start for r in report.plan.ranges} if report.plan else {},
-        "records": [
-            {
-                "partition": a.record.partition,
-                "offset": a.record.offset,
-                "reason": a.record.reason,
-                "group_key": a.record.group,
-                "action": _action(a.kind, report.dry_run),
-                "to": a.topic,
-                "replay_count": a.replay_count if a.kind == "replay" else a.record.replay_count,
-                "why": a.refused or a.skipped,
-            }
-            for a in report.actions
-        ],
+        "chunked_values": report.chunked_values,
+        "chunk_records": report.chunk_records,
+        "records": [_action_entry(a, report.dry_run) for a in report.actions],
         "records_truncated": report.actions_truncated,
     }
+
+
+def _action_entry(a: ReplayAction, dry_run: bool) -> dict[str, Any]:
+    """One replayed value: a plain record, or a chunked value at its first chunk (`chunks`: how many)."""
+    entry = {
+        "partition": a.record.partition,
+        "offset": a.record.offset,
+        "reason": a.record.reason,
+        "group_key": a.record.group,
+        "action": _action(a.kind, dry_run),
+        "to": a.topic,
+        "replay_count": a.replay_count if a.kind == "replay" else a.record.replay_count,
+        "why": a.refused or a.skipped,
+    }
+    if a.chunks:
+        entry["chunks"] = a.chunks
+    return entry
 
 
 _ACTION_STYLE = {"refused": "red", "already_replayed": "dim", "would_replay": "yellow", "replayed": "green"}
@@ -389,7 +439,7 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
                 escape(_cell(r["group_key"])),
                 str(r["replay_count"]),
                 action,
-                escape(r["to"] or r["why"] or ""),
+                escape(_where(r)),
             )
             blocks.append(_replay_block(r, action))
         parts.append(Fit(table, Group(*blocks)))
@@ -398,6 +448,11 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
                 Flow(f"… {doc['matched'] - len(shown)} more (--json lists up to {len(doc['records'])})")
             )
     verb = "would replay" if doc["dry_run"] else "replayed"
+    chunked = (
+        f"; {doc['chunked_values']} of them chunked values, as {doc['chunk_records']} chunk records"
+        if doc.get("chunk_records")
+        else ""
+    )
     where = ", ".join(f"{n} to {t}" for t, n in doc["to_topics"].items()) or "nothing"
     already = f"; {doc['already_replayed']} replayed before" if doc["already_replayed"] else ""
     run = ""
@@ -405,13 +460,19 @@ def replay_view(doc: dict[str, Any], rows: int) -> RenderableType:
         run = f"; replay id {doc['replay_id']}" + (" (resumed)" if doc["resumed"] else "")
     parts.append(
         Flow(
-            f"{verb} {doc['replayed']} record(s) ({where}); refused {doc['refused']}{already}; "
+            f"{verb} {doc['replayed']} record(s) ({where}){chunked}; refused {doc['refused']}{already}; "
             f"{doc['scanned']} scanned past the cursor {doc['cursor']}{run}"
             + ("; dry run: nothing written" if doc["dry_run"] else ""),
             indent=4,
         )
     )
     return Group(*parts)
+
+
+def _where(r: dict[str, Any]) -> str:
+    """The destination, or why not; for a chunked value also how many chunk records go with it."""
+    text = r["to"] or r["why"] or ""
+    return f"{text} ({r['chunks']} chunk records)" if r.get("chunks") else text
 
 
 def _replay_block(r: dict[str, Any], action: Text) -> RenderableType:
@@ -421,6 +482,8 @@ def _replay_block(r: dict[str, Any], action: Text) -> RenderableType:
     if r["group_key"] is not None:
         head.append(f"  group {r['group_key']}")
     what = action.copy()
+    if r.get("chunks"):
+        what.append(f" ({r['chunks']} chunk records)")
     if r["to"]:
         what.append(f" to {r['to']}, replay count {r['replay_count']}")
     elif r["why"]:

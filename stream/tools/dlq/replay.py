@@ -13,9 +13,10 @@ from stream.kafka import Committed, Producer, SendFuture, TopicPartition, client
 from stream.names import replay_transactional_id
 from stream.tools.dlq.cursor import CursorState, cursor_name, new_replay_id, resume_state
 from stream.tools.dlq.ledger import ReplayLedger, ensure_ledger_topic, load_ledger
-from stream.tools.dlq.lineage import ReplayAction, decide
-from stream.tools.dlq.scan import DeadLetterScanner, ScanPlan
+from stream.tools.dlq.lineage import ReplayAction, decide_value
+from stream.tools.dlq.scan import DeadLetterScanner, PartitionRange, ScanPlan
 from stream.tools.dlq.selection import Selection
+from stream.tools.dlq.values import DEFAULT_WINDOW, DeadLetterValue, ValueGrouper, value_key
 from stream.tools.synth import RateLimiter
 
 __all__ = ["ReplayFailed", "ReplayOptions", "ReplayReport", "run_replay"]
@@ -38,6 +39,7 @@ class ReplayOptions:
     batch_records: int = 200
     batch_seconds: float = 1.0
     listed: int = 10_000  # per-record actions kept for the report
+    chunk_window: int = DEFAULT_WINDOW  # offsets around a chunk searched for the rest of its value
 
 
 @dataclass
@@ -52,6 +54,8 @@ class ReplayReport:
     replayed: int = 0
     refused: int = 0
     already_replayed: int = 0  # matched, but the ledger says some replay published them already
+    chunked_values: int = 0  # of those replayed, values sent as chunk records (counted once above)
+    chunk_records: int = 0
     transactions: int = 0
     by_topic: Counter[str] = field(default_factory=Counter)
     actions: list[ReplayAction] = field(default_factory=list)
@@ -67,6 +71,9 @@ class ReplayReport:
         else:
             self.replayed += 1
             self.by_topic[action.topic or ""] += 1
+            if action.chunks:
+                self.chunked_values += 1
+                self.chunk_records += action.chunks
         if len(self.actions) < keep:
             self.actions.append(action)
         else:
@@ -128,13 +135,94 @@ def _send(txn: _Transaction, ledger: ReplayLedger, action: ReplayAction, replay_
 
 
 def _offsets(
-    scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState
+    scanner: DeadLetterScanner, plan: ScanPlan, state: CursorState, floors: dict[int, int]
 ) -> dict[TopicPartition, Committed]:
+    """The cursor: where each partition's scan got, but never past a value not replayed yet (`floors`), so
+    a value's chunks are all read again by the run that resumes."""
     meta = state.encode()
     return {
-        TopicPartition(plan.topic, r.partition): Committed(scanner.positions.get(r.partition, r.start), meta)
+        TopicPartition(plan.topic, r.partition): Committed(
+            min(scanner.positions.get(r.partition, r.start), floors.get(r.partition, r.end)), meta
+        )
         for r in plan.ranges
     }
+
+
+@dataclass
+class _Values:
+    """The values of a replay scan not yet decided: held by the grouper, left over past --limit, or waiting
+    for the look-back that finds chunks written before where the scan started."""
+
+    grouper: ValueGrouper
+    left: list[DeadLetterValue] = field(default_factory=list)
+    deferred: list[DeadLetterValue] = field(default_factory=list)
+
+    def floors(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for v in (*self.left, *self.deferred):
+            out[v.first.partition] = min(out.get(v.first.partition, v.first.offset), v.first.offset)
+        held = self.grouper.floor()
+        if held is not None and self.grouper.partition is not None:
+            p = self.grouper.partition
+            out[p] = min(out.get(p, held), held)
+        return out
+
+
+def _starts_before(value: DeadLetterValue, r: PartitionRange, window: int) -> bool:
+    """An incomplete value near where the scan started: its missing chunks may lie before."""
+    return bool(value.missing()) and r.start > r.low and value.first.offset - r.start < window
+
+
+def _look_back(scanner: DeadLetterScanner, value: DeadLetterValue, r: PartitionRange, window: int) -> None:
+    """Add the value's chunk records from the `window` offsets before its first one (the scanner's
+    positions and count are left as the main scan left them)."""
+    positions, scanned = dict(scanner.positions), scanner.scanned
+    first = value.first.offset
+    key = value_key(value.first)
+    plan = ScanPlan(scanner.topic, (PartitionRange(r.partition, r.low, max(r.low, first - window), first),))
+    for record in scanner.records(plan):
+        if value_key(record) == key:
+            value.add(record)
+    scanner.positions, scanner.scanned = positions, scanned
+
+
+@dataclass
+class _Step:
+    """Decides and sends one value after another; `done` once --limit is reached."""
+
+    opts: ReplayOptions
+    report: ReplayReport
+    ledger: ReplayLedger
+    txn: _Transaction | None
+    limiter: RateLimiter
+    replay_id: str
+    cursor: str
+    done: bool = False
+
+    def all(self, batch: list[DeadLetterValue], values: _Values, plan: ScanPlan | None) -> None:
+        """`plan` None: the look-back is done, nothing is deferred again."""
+        for value in batch:
+            if self.done:
+                values.left.append(value)
+            elif self.opts.selection.matches_value(value):
+                r = plan.range_of(value.first.partition) if plan is not None else None
+                if r is not None and _starts_before(value, r, self.opts.chunk_window):
+                    values.deferred.append(value)
+                else:
+                    self.one(value)
+
+    def one(self, value: DeadLetterValue) -> None:
+        opts = self.opts
+        replayed_by = next(filter(None, map(self.ledger.replayed_by, value.records)), None)
+        actions = decide_value(value, to=opts.to, max_replays=opts.max_replays, replay_id=self.replay_id,
+                               replayed_by=replayed_by)
+        self.report.add(actions[0], opts.listed)
+        if self.txn is not None and actions[0].topic is not None:
+            for action in actions:  # in one transaction: the due check runs between values only
+                self.limiter.wait()
+                _send(self.txn, self.ledger, action, self.replay_id, self.cursor)
+        limit = opts.selection.limit
+        self.done = limit is not None and self.report.replayed + self.report.refused >= limit
 
 
 def run_replay(
@@ -172,33 +260,29 @@ def run_replay(
         running = CursorState(replay_id, "running", opts.selection.describe())
         starts = {p: om.offset for p, om in committed.items() if om is not None and om.offset >= 0}
         plan = report.plan = scanner.plan(partitions=parts, starts=starts, since_ms=opts.selection.since_ms)
-        limiter = RateLimiter(opts.rate)
+        step = _Step(opts, report, ledger, txn, RateLimiter(opts.rate), replay_id, cursor)
+        values = _Values(ValueGrouper(opts.chunk_window))
         last_commit = time.monotonic()
-        limit = opts.selection.limit
         for record in scanner.records(plan):
-            if opts.selection.matches(record):
-                action = decide(
-                    record,
-                    to=opts.to,
-                    max_replays=opts.max_replays,
-                    replay_id=replay_id,
-                    replayed_by=ledger.replayed_by(record),
-                )
-                report.add(action, opts.listed)
-                if txn is not None and action.topic is not None:
-                    limiter.wait()
-                    _send(txn, ledger, action, replay_id, cursor)
-                if limit is not None and report.replayed + report.refused >= limit:
-                    break
+            step.all(values.grouper.add(record), values, plan)
+            if step.done:
+                break
             # Move the cursor now and then even when nothing matches, so a long scan is not repeated.
             if txn is not None and (
                 txn.due(opts) or time.monotonic() - last_commit >= 10 * opts.batch_seconds
             ):
-                txn.commit(_offsets(scanner, plan, running))
+                txn.commit(_offsets(scanner, plan, running, values.floors()))
                 report.transactions += 1
                 last_commit = time.monotonic()
+        step.all(values.grouper.flush(), values, plan)
+        if not step.done:
+            for value in values.deferred:
+                _look_back(scanner, value, plan.range_of(value.first.partition), opts.chunk_window)
+            deferred, values.deferred = values.deferred, []
+            step.all(deferred, values, None)
         if txn is not None:
-            txn.commit(_offsets(scanner, plan, CursorState(replay_id, "done", running.selection)))
+            state = CursorState(replay_id, "done", running.selection)
+            txn.commit(_offsets(scanner, plan, state, values.floors()))
             report.transactions += 1
         report.scanned = scanner.scanned
         report.elapsed_s = time.monotonic() - started

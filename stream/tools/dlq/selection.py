@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from codec import DeadLetterReason
 from stream.errors import ConfigurationError
 from stream.tools.dlq.record import DeadLetterRecord, parse_iso_ms
+from stream.tools.dlq.values import DeadLetterValue
 
 __all__ = ["SelectionError", "Selection", "parse_time", "parse_coordinates"]
 
@@ -114,6 +115,10 @@ class Selection:
             ):
                 return False
         return True
+
+    def matches_value(self, value: DeadLetterValue) -> bool:
+        """A chunked value is selected whole when any of its chunk records is."""
+        return any(self.matches(r) for r in value.records)
 
     def fingerprint(self, *parts: str | None) -> str:
         """A short stable hash of the filters as typed (`--since 2h` names the same cursor every run)."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from stream.tools.dlq.record import DeadLetterRecord, iso_ms
 from stream.tools.dlq.scan import ScanPlan
+from stream.tools.dlq.values import DeadLetterValue
 
 __all__ = ["TopGroups", "DeadLetterStats"]
 
@@ -61,10 +62,16 @@ class _PartitionTally:
 
 @dataclass
 class DeadLetterStats:
-    """Feed it the records that passed the filters; `to_dict` is the `dlq stats --json` document."""
+    """Feed it the values that passed the filters; `to_dict` is the `dlq stats --json` document.
+
+    By reason, by original topic and top groups count values (a chunked value once); the totals and the
+    partitions count records."""
 
     top_capacity: int = 10_000
-    matched: int = 0
+    matched: int = 0  # records
+    values: int = 0  # a plain record is one value; the chunk records of a chunked value are one
+    chunked_values: int = 0
+    chunk_records: int = 0
     by_reason: Counter[str] = field(default_factory=Counter)
     by_original_topic: Counter[str] = field(default_factory=Counter)
     replayed_before: int = 0  # records that already carry x-replay-count (failed again after a replay)
@@ -77,19 +84,32 @@ class DeadLetterStats:
         self.groups = TopGroups(self.top_capacity)
 
     def add(self, record: DeadLetterRecord) -> None:
-        self.matched += 1
+        self.add_value(DeadLetterValue([record]))
+
+    def add_value(self, value: DeadLetterValue) -> None:
+        """One value: reasons, groups and topics count it once; records and partitions count its records."""
+        record = value.first
+        self.values += 1
+        if value.chunk is not None:
+            self.chunked_values += 1
+            self.chunk_records += len(value.records)
         self.by_reason[record.reason] += 1
         self.by_original_topic[record.original_topic or "(unknown)"] += 1
         if record.replay_count:
             self.replayed_before += 1
+        group = record.group
+        if group is not None:
+            self.groups.add(group, record.reason, record.failed_at_ms)
+        for r in value.records:
+            self._add_record(r)
+
+    def _add_record(self, record: DeadLetterRecord) -> None:
+        self.matched += 1
         # Only the coordinates and headers are kept for these two, never the record's bytes.
         if self.oldest is None or record.timestamp_ms < self.oldest.timestamp_ms:
             self.oldest = _light(record)
         if self.newest is None or record.timestamp_ms >= self.newest.timestamp_ms:
             self.newest = _light(record)
-        group = record.group
-        if group is not None:
-            self.groups.add(group, record.reason, record.failed_at_ms)
         p = self.partitions.setdefault(record.partition, _PartitionTally())
         p.matched += 1
         if p.first_offset is None:
@@ -112,6 +132,9 @@ class DeadLetterStats:
             "topic": plan.topic,
             "scanned": scanned,
             "matched": self.matched,
+            "values": self.values,
+            "chunked_values": self.chunked_values,
+            "chunk_records": self.chunk_records,
             "by_reason": dict(self.by_reason.most_common()),
             "by_original_topic": dict(self.by_original_topic.most_common()),
             "replayed_before": self.replayed_before,
