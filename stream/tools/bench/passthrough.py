@@ -97,10 +97,13 @@ class Passthrough:
                             in_txn = True
                         if self.extra_work_s:
                             _busy(self.extra_work_s)
+                        # The record as it came, headers too (a chunk record's manifest header).
+                        headers = rec.headers or None
                         if self.eos:  # as the stage's ExactlyOnce sends: no report per record
-                            producer.send_in_transaction(self.output_topic, rec.value, rec.key)
+                            producer.send_in_transaction(self.output_topic, rec.value, rec.key,
+                                                         headers=headers)
                         else:
-                            producer.send(self.output_topic, rec.value, rec.key)
+                            producer.send(self.output_topic, rec.value, rec.key, headers=headers)
                         positions[tp.partition] = rec.offset + 1
                         self.records_in += 1
                         self.bytes_in += len(rec.value or b"") + len(rec.key or b"")
