@@ -141,6 +141,7 @@ def joined(reads: list[Read]) -> list[Read]:
         got = parts.setdefault(header.digest, [None] * header.count)
         got[header.index] = r
         if None not in got:
+            del parts[header.digest]  # a copy of the value sent again is joined again (and seen twice)
             first = got[0]
             assert first is not None
             value = b"".join(p.value or b"" for p in got if p is not None)
