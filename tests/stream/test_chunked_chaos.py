@@ -32,7 +32,8 @@ def rollout(gi: int, rid: int, reward: float, *, si: int = 0, sc: int = 1) -> Sa
     experts = np.random.default_rng(gi * 10 + rid * 3 + si).integers(0, 64, (699, 48, 8), dtype="<i4")
     return Sample(group_index=gi, index=rid, rollout_id=rid, reward=reward, group_size=2, run_id="chaos",
                   sibling_index=si, sibling_count=sc, tokens=list(range(8)), response_length=4,
-                  loss_mask=[1] * 4, rollout_log_probs=[-0.5] * 4, rollout_routed_experts=ShapedArray.of(experts))
+                  loss_mask=[1] * 4, rollout_log_probs=[-0.5] * 4,
+                  rollout_routed_experts=ShapedArray.of(experts))
 
 
 def chunks(*samples: Sample) -> int:

@@ -185,3 +185,34 @@ def test_a_chunk_that_never_arrives_dead_letters_the_value_and_its_group_and_the
     assert value == encode_sample(sample(0, 0, 1.0)) and headers[H.ORIGINAL_OFFSET] == b"0"
     assert all(len(r.value) <= CHUNK for r in dead) and w.store.open_bytes == 0
     assert sum(c.offset for c in cluster.committed("g").values()) == len(cluster.records(TOPICS.input))
+
+
+def test_open_chunk_bytes_count_toward_the_cap_and_fetching_pauses_there(cluster, monkeypatch):
+    """Interleaved chunks of many values hold bytes before any is whole: they count toward --max-open-mib
+    and the worker stops fetching at the cap, as for open windows; paused with nothing able to close, it
+    reads on past the cap after the stall time (as for windows) and publishes everything."""
+    samples = [sample(gi, rid, float(rid), tokens=1024) for gi in range(6) for rid in (0, 1)]  # 1.6 MB each
+    producer = cluster.client().producer(client_id="test")
+    chunked = [[(s, h, part) for h, part in split(encode_sample(s), CHUNK)] for s in samples]
+    for i in range(max(map(len, chunked))):  # chunk 0 of every value, then chunk 1 of every value, ...
+        for s, header, part in (c[i] for c in chunked if i < len(c)):
+            producer.send(TOPICS.input, part, group_key(s), headers=[(CHUNK_HEADER, header)])
+    producer.flush()
+    monkeypatch.setattr("stream.worker.loop.POLL_RECORDS", 4)
+    cap = 4 * MiB
+    w = worker(cluster, max_record_bytes=MiB, max_open_bytes=cap, commit_interval_s=0.001)
+    w.back_pressure.stall_s = 3600.0
+    peak = 0
+    for _ in range(40):
+        w.step()
+        peak = max(peak, w.store.open_bytes)
+    assert w.back_pressure.paused and w.stats.groups_published == 0 and w.store.chunks.open
+    assert cap <= peak <= cap + 4 * CHUNK, peak  # held at the cap, one poll past it at most
+    w.back_pressure.stall_s = 0.05  # nothing can close while paused: read on past the cap
+    time.sleep(0.06)
+    for _ in range(200):
+        w.step()
+        if w.stats.groups_published == 6:
+            break
+    assert w.stats.groups_published == 6 and w.store.open_bytes == 0
+    assert published(cluster) == Counter((f"c/{gi}", rid) for gi in range(6) for rid in (0, 1))
