@@ -6,7 +6,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,13 +22,16 @@ from stream.config import TopicNames, WorkerConfig
 from stream.worker import Worker
 
 
-def new_topics(bootstrap: str, partitions: int = 3, prefix: str = "t") -> TopicNames:
+def new_topics(bootstrap: str, partitions: int = 3, prefix: str = "t",
+               output_config: Mapping[str, str] | None = None) -> TopicNames:
+    """Input, train-data and dead-letter topics; `output_config`: more settings of the train-data topic."""
     tag = f"{prefix}-{uuid.uuid4().hex[:8]}"
     names = TopicNames(f"{tag}-rollouts", f"{tag}-train", f"{tag}-dlq")
+    base = {"max.message.bytes": str(64 << 20)}
+    configs = {names.input: base, names.output: {**base, **(output_config or {})}, names.dead_letter: base}
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.create_topics([NewTopic(n, partitions, 1, topic_configs={"max.message.bytes": str(64 << 20)})
-                             for n in (names.input, names.output, names.dead_letter)])
+        admin.create_topics([NewTopic(n, partitions, 1, topic_configs=c) for n, c in configs.items()])
     finally:
         admin.close()
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)

@@ -24,11 +24,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from kafka import TopicPartition
 from kafka.admin import UserScramCredentialUpsertion
 from kafka.errors import CoordinatorNotAvailableError
 
+from codec import Sample, ShapedArray, TrainSample, encode_sample
 from stream.clients import Connection
 from stream.config import TopicNames
 from stream.kafka import (
@@ -403,9 +405,23 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
     )
     outputs += [synth.stdout, synth.stderr]
     assert synth.returncode == 0, synth.stderr
-    import json
-
     expected = json.loads(synth.stdout.strip().splitlines()[-1])
+    # One more group, from the library as the producer user: a rollout with MoE routing replay (~6 MB) goes
+    # out as chunk records of 256 KiB, which the worker reassembles and writes chunked again (900 KiB).
+    routed = np.random.default_rng(0).integers(0, 64, (4_095, 48, 8), dtype="<i4")
+    big_group = [
+        Sample(group_index=0, index=rid, rollout_id=rid, reward=1.0 - rid, group_size=2, run_id="sec-big",
+               tokens=list(range(16)), response_length=8, loss_mask=[1] * 8, rollout_log_probs=[-0.5] * 8,
+               rollout_routed_experts=ShapedArray.of(routed) if rid == 0 else None)
+        for rid in (0, 1)
+    ]
+    big_value = encode_sample(big_group[0])
+    assert len(big_value) > 5_000_000
+    with RolloutProducer(as_user(cluster, producer), topic=topics.input, chunk_bytes=256 << 10) as sender:
+        sent = [sender.send(s) for s in big_group]
+        sender.flush(60)
+    assert all(f.exception() is None for f in sent)
+    want_groups = expected["expected_published_groups"] + 1
 
     # the worker: flags and a password file; debug logging, to give a leak every chance
     log = tmp_path / "worker.log"
@@ -425,20 +441,26 @@ def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster
         )
         samples = 0
         groups = 0
+        big_read: list[TrainSample] = []
         try:
             deadline = time.monotonic() + 90
-            while groups < expected["expected_published_groups"] and time.monotonic() < deadline:
+            while groups < want_groups and time.monotonic() < deadline:
                 batch = reader.next_batch(5.0)
                 if batch is not None:
                     groups += len(batch.groups)
                     samples += len(batch.samples)
+                    big_read += [t for t in batch.samples if t.sample.run_id == "sec-big"]
                 assert proc.poll() is None, log.read_text()[-3000:]
+            chunked = reader.stats.chunked_values
         finally:
             reader.close()
-        assert (groups, samples) == (
-            expected["expected_published_groups"],
-            expected["expected_published_samples"],
-        )
+        assert (groups, samples) == (want_groups, expected["expected_published_samples"] + 2)
+        assert chunked == 1  # the big train sample came as chunk records, joined by the reader
+        by_rid = {t.sample.rollout_id: t.sample for t in big_read}
+        assert sorted(by_rid) == [0, 1]
+        assert encode_sample(by_rid[0]) == big_value
+        assert np.array_equal(by_rid[0].rollout_routed_experts.numpy(), routed)
+        assert encode_sample(by_rid[1]) == encode_sample(big_group[1])
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
             outputs.append(response.read().decode())
         assert "group_id" in outputs[-1]  # labels are there, and (below) no password in any of them
