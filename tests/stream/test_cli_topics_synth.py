@@ -24,7 +24,7 @@ from stream.config import TopicNames, WorkerConfig
 from stream.producer import RolloutProducer
 from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
 from stream.topics import TopicSettings, ensure_topics
-from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
+from tests.stream.helpers import joined, new_topics, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -155,7 +155,8 @@ def test_an_8_mib_sample_passes_through_the_worker_intact(kafka_bootstrap):
                    and sum(worker.stats.dead_lettered.values()) == 1,
                    60, "the big group published and the big invalid sample dead-lettered")
 
-    out = read_topic(kafka_bootstrap, topics.output, min_count=2)
+    # Larger than a record of a default cluster: in and out as chunk records (docs/chunks.md), joined here.
+    out = joined(read_topic(kafka_bootstrap, topics.output, min_count=2))
     assert len(out) == 2
     embedded = [bytes(msgspec.msgpack.decode(r.value, type=_RawTrain).sample) for r in out]
     assert embedded == [values["big"], values["small"]]  # the input bytes, unchanged
@@ -163,6 +164,6 @@ def test_an_8_mib_sample_passes_through_the_worker_intact(kafka_bootstrap):
     assert np.array_equal(train[0].sample.tokens.numpy(), tokens)
     _, expected = post_process_rewards([big, small], RewardConfig(), prompt_group_sizes=[2])
     assert [t.reward for t in train] == expected
-    dlq = read_topic(kafka_bootstrap, topics.dead_letter, min_count=1)
+    dlq = joined(read_topic(kafka_bootstrap, topics.dead_letter, min_count=1))
     assert [(r.key, r.value, r.headers["x-dlq-reason"]) for r in dlq] == [
         (group_key(big_invalid), values["invalid"], "invalid_sample")]
