@@ -4,15 +4,18 @@ a value with a chunk missing is dead-lettered whole-or-not-at-all. On each clien
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from codec import DeadLetterReason, Sample, ShapedArray, encode_sample, group_key
 from codec import headers as H
 from codec.chunks import CHUNK_HEADER, split
+from stream.cli import app
 from stream.config import TopicNames, WorkerConfig
 from stream.kafka import RecordRefused
 from stream.producer import RolloutProducer
@@ -116,3 +119,12 @@ def test_a_201_mb_rollout_crosses_a_1_mib_cluster_exactly_and_a_missing_chunk_is
     reasons = {r.headers[H.REASON] for r in dead}
     assert reasons == {DeadLetterReason.INCOMPLETE_CHUNKS.value, DeadLetterReason.INCOMPLETE_GROUP.value}
     assert sum(r.headers[H.REASON] == "incomplete_chunks" for r in dead) == len(parts) - 1
+    # The operator's view of those dead letters: one value per reason, the whole one decoded.
+    args = ["--bootstrap-servers", bootstrap, "--dead-letter-topic", topics.dead_letter, "--json"]
+    stats = json.loads(CliRunner().invoke(app, ["dlq", "stats", *args]).stdout)
+    first = min((r for r in dead if r.headers[H.REASON] == "incomplete_chunks"), key=lambda r: r.offset)
+    shown = json.loads(CliRunner().invoke(app, ["dlq", "show", f"{first.partition}:{first.offset}",
+                                                *args]).stdout)
+    assert (stats["values"], stats["chunked_values"], stats["chunk_records"]) == (2, 1, len(parts) - 1)
+    assert stats["by_reason"] == {"incomplete_chunks": 1, "incomplete_group": 1}
+    assert shown["chunks"]["missing"] == [1] and shown["value_bytes"] == len(encode_sample(broken[0]))
