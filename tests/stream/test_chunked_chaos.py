@@ -19,9 +19,7 @@ from codec.chunks import CHUNK_HEADER, split
 from stream.producer import RolloutProducer
 from tests.stream.helpers import joined, new_topics, read_topic, spawn_worker, train_samples
 
-# The client-specific failure paths of kill -9 are test_chaos.py's on each client; here what is shown sits
-# above the seam (chunks held across restarts), so the other client runs in `make test-long`.
-pytestmark = [pytest.mark.kafka(timeout=240), pytest.mark.any_client]
+pytestmark = pytest.mark.kafka(timeout=240)
 
 GROUPS = 24
 CHUNK = 64 * 1024
