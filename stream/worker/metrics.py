@@ -143,7 +143,10 @@ class WorkerCollector(Collector):
         )
         yield counter("restores", "Partition state restores.", s.restores)
         yield gauge("open_windows", "Prompt groups currently open.", snap.open_windows)
-        yield gauge("open_window_bytes", "Bytes of input records held in open windows.", snap.open_bytes)
+        yield gauge("open_window_bytes", "Bytes of input records held in open windows and in the chunks of "
+                    "values not yet whole.", snap.open_bytes)
+        yield gauge("open_chunked_values", "Values larger than a record whose chunks are still arriving.",
+                    snap.open_chunked_values)
         yield gauge("open_windows_limit", "--max-open-groups: fetching pauses at this many open groups.",
                     w.config.max_open_groups)
         yield gauge("open_window_bytes_limit", "--max-open-mib in bytes: fetching pauses at this many bytes.",

@@ -47,7 +47,7 @@ class Observer:
         p = self.processor
         store = p.store
         return Snapshot(p.stats, store.open_count(), store.open_bytes, len(store.closed), p.partitions.ready,
-                        self.partition_lag(), p.router.dead_letters.ratio, last_tick)
+                        self.partition_lag(), p.router.dead_letters.ratio, last_tick, len(store.chunks.open))
 
     def partition_lag(self) -> dict[int, int]:
         """Records between each partition's next offset and its last known high watermark."""
@@ -85,6 +85,8 @@ class Observer:
             lag=sum(self.partition_lag().values()),
             commits=stats.commits,
         )
+        if store.chunks.open:  # values still arriving as chunks: their bytes are in open_bytes
+            fields["open_chunked_values"] = len(store.chunks.open)
         if blocked := self.expiry_blocked():
             fields["expiry_blocked"] = blocked
         log_event(log, "progress", **fields)

@@ -92,3 +92,4 @@ class Snapshot:
     lag: dict[int, int] = field(default_factory=dict)
     dead_letter_ratio: float = 0.0
     last_tick: float = 0.0
+    open_chunked_values: int = 0  # values whose chunks are still arriving (their bytes are in open_bytes)

@@ -131,6 +131,7 @@ def test_a_restore_in_the_middle_of_a_values_chunks_reads_them_again_and_publish
     steps(w1)
     commit(w1)
     assert w1.store.open_count() == 1 and w1.store.chunks.open and w1.store.open_bytes > 10 * CHUNK
+    assert w1.observer.snapshot(0.0).open_chunked_values == 1  # what the metrics show
     w1.close()
     w2 = worker(cluster, "w2")
     steps(w2)  # restored from the changelog and the input: the whole sample and 10 chunks held again
