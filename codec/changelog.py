@@ -23,6 +23,7 @@ class ClosedGroupEntry(msgspec.Struct, tag="closed_group", tag_field="type"):
     schema_version: int = 1
     # Entries written before the algorithm was recorded used BLAKE2b-128; new ones always name theirs.
     digest_algorithm: str = "blake2b-128"
+    first_offset: int | None = None  # a chunked value once whole: its first chunk's input offset
 
 
 class PartitionPosition(msgspec.Struct, tag="position", tag_field="type"):

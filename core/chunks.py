@@ -5,12 +5,10 @@ Pure: the window store owns one assembler and remembers what it decided (core/wi
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from codec import DeadLetterReason
 from codec.chunks import ChunkHeader, value_digest, without_chunk_header
-from core.digest import record_digest, record_digests
 from core.structs import InputRecord
 
 __all__ = ["ChunkAssembler", "ChunkKey", "ChunkSet", "Whole", "Copy", "Refused", "Added"]
@@ -60,31 +58,17 @@ Added = Whole | Copy | Refused | None
 """None: held, the value is not whole yet."""
 
 
-MAX_WHOLE_REMEMBERED = 10_000
-"""Values reassembled, remembered (in memory only) to tell a late copy of one of their chunks."""
-
-
 @dataclass(slots=True)
 class ChunkAssembler:
-    """Open values, and the chunk digests of those reassembled lately. A value refused is remembered by the
-    window store with the closed groups, in the changelog; one reassembled only here: a restore re-reads
-    its chunks and must reassemble it again (its group may still be open)."""
+    """Values whose chunks are arriving. What became of a value once decided (whole or refused) is the
+    caller's to remember: the window store keeps it with its closed groups, in the changelog."""
 
     timeout_ms: int
     max_value_bytes: int
     open: dict[ChunkKey, ChunkSet] = field(default_factory=dict)
     open_bytes: int = 0
-    whole: OrderedDict[ChunkKey, tuple[int, tuple[bytes, ...]]] = field(default_factory=OrderedDict)
 
     def add(self, ckey: ChunkKey, record: InputRecord, header: ChunkHeader) -> Added:
-        done = self.whole.get(ckey)
-        if done is not None:
-            digests = done[1]
-            if header.index < len(digests) and digests[header.index] == record_digest(record.value):
-                return Copy()
-            return Refused(R.CHUNK_CONFLICT,
-                           f"chunk {header.index} of value {header.digest.hex()} differs from the one the "
-                           f"value was reassembled with (offset {record.offset})", (record,))
         chunks = self.open.get(ckey)
         if chunks is None:
             if header.total_bytes > self.max_value_bytes:
@@ -119,11 +103,7 @@ class ChunkAssembler:
         return self._join(ckey, chunks)
 
     def expire(self, now_ms: int, partitions: set[int]) -> list[tuple[ChunkKey, Refused]]:
-        """Values past their deadline with chunks missing, in partitions whose backlog has been read; and
-        forget values reassembled more than two timeouts ago."""
-        whole = self.whole
-        while whole and next(iter(whole.values()))[0] < now_ms - 2 * self.timeout_ms:
-            whole.popitem(last=False)
+        """Values past their deadline with chunks missing, in partitions whose backlog has been read."""
         due = [k for k, c in self.open.items() if k[0] in partitions and c.deadline_ms < now_ms]
         return [(k, self.close_incomplete(k)) for k in due]
 
@@ -143,8 +123,6 @@ class ChunkAssembler:
     def drop_partition(self, partition: int) -> None:
         for k in [k for k in self.open if k[0] == partition]:
             self._close(k)
-        for k in [k for k in self.whole if k[0] == partition]:
-            del self.whole[k]
 
     def _refuse(self, ckey: ChunkKey, record: InputRecord, reason: DeadLetterReason, message: str) -> Refused:
         chunks = self._close(ckey)
@@ -164,10 +142,6 @@ class ChunkAssembler:
             return Refused(R.CHUNK_DIGEST_MISMATCH,
                            f"value {h.digest.hex()} reassembled from {h.count} chunks has {len(value)} bytes "
                            f"and digest {value_digest(value).hex()}", parts)
-        self.whole[ckey] = (max(p.timestamp_ms for p in parts),
-                            tuple(record_digests([p.value or b"" for p in parts])))
-        while len(self.whole) > MAX_WHOLE_REMEMBERED:
-            self.whole.popitem(last=False)
         last = max(parts, key=lambda p: p.offset)
         first = min(parts, key=lambda p: p.offset)
         record = InputRecord(first.topic, first.partition, first.offset, last.timestamp_ms, first.key, value,

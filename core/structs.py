@@ -76,6 +76,9 @@ class ClosedGroup(msgspec.Struct, frozen=True, gc=False):
     closed_at_ms: int
     digests: tuple[bytes, ...]  # a group's few digests: `in` on a tuple, which the collector stops tracking
     digest_algorithm: str = DIGEST_ALGORITHM  # entries restored from an older changelog may differ
+    # A chunked value once whole (core/windows.py `_take_chunk`): the offset of its first chunk, which tells a
+    # restore whether it re-reads the value whole or only chunks of one already decided.
+    first_offset: int | None = None
 
     def digest_of(self, record: InputRecord) -> bytes:
         """`record`'s digest, comparable with this group's."""

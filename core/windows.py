@@ -107,7 +107,7 @@ def record_bytes(record: InputRecord) -> int:
 
 
 def chunks_memory_key(ckey: ChunkKey) -> WindowKey:
-    """Where the closed-group memory keeps a refused chunked value (apart from every group key: those are
+    """Where the closed-group memory keeps a decided chunked value (apart from every group key: those are
     `run_id/index`, and no run id starts with a NUL)."""
     return (ckey[0], "\x00chunks/" + ckey[1].hex(), ckey[2])
 
@@ -284,9 +284,10 @@ class WindowStore:
 
     # ---- internals -----------------------------------------------------------------------------
     def _take_chunk(self, record: InputRecord, raw_header: bytes, now_ms: int) -> list[Outcome]:
-        """A chunk of a larger value: held until the value is whole, which is then taken as one record. A
-        value refused is remembered with the closed groups (and so in the changelog) under
-        `chunks_memory_key`, so that a restore's re-read and late chunks meet the same decision."""
+        """A chunk of a larger value: held until the value is whole, which is then taken as one record. What
+        was decided of a value (whole, or refused) is remembered with the closed groups (and so in the
+        changelog) under `chunks_memory_key`, so that a restore's re-read and late chunks meet the same
+        decision."""
         key = record.key.decode("utf-8", "backslashreplace") if record.key is not None else None
         try:
             header = decode_chunk_header(raw_header)
@@ -314,7 +315,12 @@ class WindowStore:
         if type(added) is Refused:
             return [self._chunks_refused(ckey, added, now_ms)]
         assert not isinstance(added, Copy | Refused)
-        return self.take(added.record, now_ms)
+        # Remembered like a closed group (in the changelog): later copies of its chunks are dropped, and a
+        # restore that re-reads only some of them knows the value was decided (core/structs.py first_offset).
+        whole = added.record
+        self._remember(chunks_memory_key(ckey), ClosedGroup(
+            None, "", now_ms, now_ms, distinct(map(chunk_digest, added.parts)), first_offset=whole.offset))
+        return self.take(whole, now_ms)
 
     def _chunks_refused(self, ckey: ChunkKey, refused: Refused, now_ms: int) -> Outcome:
         parts = refused.parts
@@ -328,7 +334,9 @@ class WindowStore:
                            now_ms: int) -> Outcome:
         if chunk_digest(record) in closed.digests:
             return DuplicateDropped(key or "", record)
-        assert closed.reason is not None  # only refused values are remembered here
+        if closed.reason is None:  # one stray chunk: the value it claims to belong to stays as it was
+            return DeadLettered(R.CHUNK_CONFLICT, f"a chunk of value {key or ''} differs from the chunk its "
+                                "value was joined with", key, (record,), now_ms)
         return DeadLettered(closed.reason, f"value already dead-lettered: {closed.message}", key, (record,),
                             now_ms, straggler=True)
 

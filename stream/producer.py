@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import replace
@@ -193,8 +194,10 @@ class _Chunks:
         return next((e for f in self.futures if (e := f.exception()) is not None), None)
 
     def get(self, timeout: float | None = None) -> Written:
-        """Where the first chunk was written, once every chunk is acknowledged."""
-        written = [f.get(timeout) for f in self.futures]
+        """Where the first chunk was written, once every chunk is acknowledged (within `timeout` for all)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        written = [f.get(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                   for f in self.futures]
         return written[0]
 
 

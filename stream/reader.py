@@ -105,6 +105,10 @@ MAX_OPEN_CHUNK_BYTES = 1 << 30
 # end before it is dropped (`chunk_timeout_s`): a read_committed reader can see part of a committed
 # transaction while an earlier open one hides the rest, for as long as that one stays open.
 CHUNK_TIMEOUT_S = 60.0
+# A value holding its first chunk waits this much longer: the stage writes a value's chunks in order in one
+# transaction, so the rest can only be hidden behind another producer's open transaction, which the broker
+# aborts within its transaction.max.timeout.ms (15 minutes by default).
+HIDDEN_BY_TRANSACTION_S = 15 * 60.0
 
 
 @dataclass
@@ -136,7 +140,9 @@ class GroupAssembler:
       the value's digest: dropped, logged (`chunks.refused`), counted in `corrupt_chunked_values`, like an
       undecodable record (a bad record in the log must not stop every restart of the trainer);
     * a value still incomplete in a partition read to its end `chunk_timeout_s` after its first chunk was
-      written (`expire_chunks`): dropped, logged (`chunks.incomplete`), counted in
+      written (15 minutes more when it holds its first chunk: the rest may be hidden behind another
+      producer's open transaction until the broker aborts it; `expire_chunks`): dropped, logged
+      (`chunks.incomplete`), counted in
       `incomplete_chunked_values`. The stage writes all chunks of a value in one transaction, so this is
       either a value whose first chunks precede where reading started (a commit whose metadata was
       truncated, an offset reset, retention: its value was consumed before, or is lost) or a bug or a
@@ -235,16 +241,15 @@ class GroupAssembler:
             self._dropped(added)
             return None
         assert not isinstance(added, Copy | Refused)
-        # A republished copy of the value (its group published again) must be reassembled again, for its
-        # group to complete and be recognised as a copy: the assembler forgets the values it joined.
-        assembler.whole.pop(ckey, None)
         stats.chunked_values += 1
         return added.record
 
     def expire_chunks(self, now_ms: int, read_to_end: Callable[[int], bool]) -> None:
-        """Drop chunked values still incomplete `chunk_timeout_s` after their first chunk was written, in
-        partitions read to their end: the rest of a value written in one transaction cannot come later."""
-        due = [k for k, c in self.chunks.open.items() if c.deadline_ms < now_ms and read_to_end(k[0])]
+        """Drop chunked values still incomplete `chunk_timeout_s` after their first chunk was written (plus
+        HIDDEN_BY_TRANSACTION_S when the first chunk is here), in partitions read to their end."""
+        hidden_ms = int(HIDDEN_BY_TRANSACTION_S * 1000)
+        due = [k for k, c in self.chunks.open.items() if read_to_end(k[0]) and (
+            c.deadline_ms < now_ms if c.parts[0] is None else c.deadline_ms + hidden_ms < now_ms)]
         for ckey in due:
             self._close_incomplete(ckey)
 

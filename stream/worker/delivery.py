@@ -120,7 +120,7 @@ def closed_entry(closed: ClosedGroup) -> ClosedGroupEntry:
     return ClosedGroupEntry(
         reason=closed.reason.value if closed.reason is not None else None, message=closed.message,
         deadline_ms=closed.deadline_ms, closed_at_ms=closed.closed_at_ms, digests=sorted(closed.digests),
-        digest_algorithm=closed.digest_algorithm)
+        digest_algorithm=closed.digest_algorithm, first_offset=closed.first_offset)
 
 
 def _committable(ledger: OffsetLedger, active: set[int]) -> dict[int, int]:

@@ -90,7 +90,7 @@ def read_changelog(consumer: AssignedConsumer, topic: str, partition: int, *, st
         closed[wkey] = ClosedGroup(
             DeadLetterReason(entry.reason) if entry.reason is not None else None,
             entry.message, entry.deadline_ms, entry.closed_at_ms, distinct(entry.digests),
-            entry.digest_algorithm)
+            entry.digest_algorithm, entry.first_offset)
     return closed, position, count
 
 
@@ -140,11 +140,14 @@ class Restorer:
         reader = self._reader()
         try:
             closed, position, changelog_records = read_changelog(reader, self.changelog_topic, p)
-            for wkey, entry in closed.items():
-                store.restore_closed(wkey, entry)
             tp = TopicPartition(self.input_topic, p)
             committed = self.consumer.committed(tp)
             start = committed.offset if committed is not None else self.consumer.beginning_offsets([tp])[tp]
+            for wkey, entry in closed.items():
+                # A chunked value whose chunks are all read again is joined again, as the first time (its
+                # group may still be open); one begun before `start` was decided with its group.
+                if entry.first_offset is None or entry.first_offset < start:
+                    store.restore_closed(wkey, entry)
             reread = 0
             if position is not None and position > start:
                 now_ms = int(self.clock() * 1000)

@@ -173,3 +173,25 @@ def test_any_arrival_order_publishes_every_group_once_and_settles_every_offset(
     assert sorted(o.group_key for o in published) == sorted(f"{g}" for g in range(groups))
     assert not [o for o in outs if isinstance(o, DeadLettered)]
     assert set(settled(outs)) == {r.offset for r in records} and st.open_bytes == 0
+
+
+def test_a_stray_chunk_claiming_a_whole_value_is_refused_alone_and_the_value_stays_whole() -> None:
+    st = store()
+    a = chunked(sample(0, 1.0), 0)
+    assert take(st, a) == []  # whole, waiting in its group's window
+    stray = InputRecord(a[0].topic, 0, 9, 1_000, a[0].key, b"y" * CHUNK, a[0].headers)
+    (out,) = take(st, [stray])
+    assert isinstance(out, DeadLettered) and out.reason is R.CHUNK_CONFLICT and not out.straggler
+    assert settled([out]) == [9] and st.open_count() == 1
+    (copy,) = take(st, a[2:3])  # a copy of one of the value's own chunks: dropped
+    assert isinstance(copy, DuplicateDropped)
+    (done,) = take(st, chunked(sample(1, 2.0), 20))
+    assert isinstance(done, Published) and settled([done])[:len(a)] == list(range(len(a)))
+
+
+def test_a_whole_value_is_remembered_with_its_first_offset_for_a_restore() -> None:
+    st = store()
+    a = chunked(sample(0), 5)
+    take(st, a)
+    (entry,) = [c for k, c in st.drain_changes().items() if k[1].startswith("\x00chunks/")]
+    assert entry.reason is None and entry.first_offset == 5

@@ -143,6 +143,64 @@ def test_a_restore_in_the_middle_of_a_values_chunks_reads_them_again_and_publish
     assert cluster.records(TOPICS.dead_letter) == []
 
 
+def test_a_restore_that_starts_inside_a_published_values_chunks_drops_them_as_decided(cluster):
+    """Another group's record left open between a value's chunks holds the committed offset inside them:
+    the restore re-reads only the value's last chunks, and must know the value was published with its
+    group (the changelog's memory of it), not hold them as a value that never completes."""
+    clock = [1_000.0]
+    value, mate, other = sample(0, 0, 1.0), sample(0, 1, 0.0), sample(1, 0, 1.0, tokens=8)
+    producer = cluster.client().producer(client_id="test")
+    parts = split(encode_sample(value), CHUNK)
+    for i, (header, part) in enumerate(parts):
+        producer.send(TOPICS.input, part, group_key(value), headers=[(CHUNK_HEADER, header)],
+                      timestamp_ms=1_000_000, partition=0)
+        if i == 3:  # group 1's only member arrives in the middle of the value: its window stays open
+            producer.send(TOPICS.input, encode_sample(other), group_key(other), timestamp_ms=1_000_000,
+                          partition=0)
+    for header, part in split(encode_sample(mate), CHUNK):
+        producer.send(TOPICS.input, part, group_key(mate), headers=[(CHUNK_HEADER, header)],
+                      timestamp_ms=1_000_000, partition=0)
+    producer.flush()
+    w1 = worker(cluster, "w1", clock=clock, group_timeout_s=5.0)
+    steps(w1)
+    commit(w1)
+    assert published(cluster) == Counter({("c/0", 0): 1, ("c/0", 1): 1})
+    assert cluster.committed("g")[next(iter(cluster.committed("g")))].offset == 4  # inside the value
+    w1.close()
+    w2 = worker(cluster, "w2", clock=clock, group_timeout_s=5.0)
+    steps(w2)
+    assert not w2.store.chunks.open and w2.store.open_count() == 1  # only group 1's window
+    clock[0] = 1_010.0
+    time.sleep(0.25)
+    steps(w2)
+    commit(w2)
+    reasons = Counter(dict(r.headers)[H.REASON].decode() for r in cluster.records(TOPICS.dead_letter))
+    assert reasons == {"incomplete_group": 1}  # group 1, and nothing of the published value
+    assert published(cluster) == Counter({("c/0", 0): 1, ("c/0", 1): 1})
+
+
+def test_a_stray_chunk_after_its_value_was_whole_survives_a_restore_without_losing_the_value(cluster):
+    first, second = sample(0, 0, 1.0), sample(0, 1, 0.0)
+    produce(cluster, [first])
+    header, _ = split(encode_sample(first), CHUNK)[0]
+    producer = cluster.client().producer(client_id="test")  # same value's chunk 0, other bytes
+    producer.send(TOPICS.input, b"x" * 100, group_key(first), headers=[(CHUNK_HEADER, header)])
+    producer.flush()
+    w1 = worker(cluster, "w1")
+    steps(w1)
+    commit(w1)
+    assert w1.store.open_count() == 1  # the value waits for its group-mate
+    w1.close()
+    w2 = worker(cluster, "w2")
+    steps(w2)
+    produce(cluster, [second])
+    steps(w2)
+    commit(w2)
+    assert published(cluster) == Counter({("c/0", 0): 1, ("c/0", 1): 1})
+    dead = cluster.records(TOPICS.dead_letter)
+    assert [(dict(r.headers)[H.REASON], r.value) for r in dead] == [(b"chunk_conflict", b"x" * 100)]
+
+
 def test_an_aborted_transaction_of_chunked_outputs_publishes_once_after_the_restore(cluster, monkeypatch):
     produce(cluster, [sample(0, 0, 1.0), sample(0, 1, 0.0), sample(1, 0, 1.0), sample(1, 1, 2.0)])
     w = worker(cluster)
