@@ -22,6 +22,7 @@ from stream.kafka import KafkaFailure
 from stream.kafka.memory import MemoryCluster
 from stream.worker import Worker
 from stream.worker.instance import InstanceClaim
+from tests.stream.test_worker_memory import commit, steps
 
 TOPICS = TopicNames("in", "out", "dlq")
 MiB = 1 << 20
@@ -67,17 +68,6 @@ def worker(cluster: MemoryCluster, name: str = "w1", *, clock: list[float] | Non
                claim=InstanceClaim(name, Path("/nonexistent"), None))
     assert w.open()
     return w
-
-
-def steps(*workers: Worker, n: int = 8) -> None:
-    for _ in range(n):
-        for w in workers:
-            w.step()
-
-
-def commit(w: Worker) -> None:
-    w.commit_soon()
-    w.step()
 
 
 def whole(records) -> list[tuple[bytes, dict[str, bytes]]]:
