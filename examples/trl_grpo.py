@@ -68,7 +68,8 @@ def even_share(completion: list[int]) -> float:
 
 
 class StageRollouts:
-    """TRL's `rollout_func`: sample, publish each prompt's completions as a group, read the stage's rewards."""
+    """TRL's `rollout_func`: sample, publish each prompt's completions as a group, read the stage's
+    rewards."""
 
     def __init__(self, producer: RolloutProducer, reader: TrainDataReader, tokenizer: PreTrainedTokenizerFast,
                  num_generations: int, completion_length: int, run_id: str) -> None:
@@ -175,15 +176,16 @@ def main(argv: list[str] | None = None) -> int:
             config = GRPOConfig(
                 output_dir=out, use_cpu=True, max_steps=args.steps, learning_rate=0.05, logging_steps=1,
                 per_device_train_batch_size=args.num_generations * args.prompts_per_step,
-                num_generations=args.num_generations, max_completion_length=6, report_to=[], save_strategy="no",
-                scale_rewards=args.scale_rewards, seed=args.seed, disable_tqdm=True)
+                num_generations=args.num_generations, max_completion_length=6, report_to=[],
+                save_strategy="no", scale_rewards=args.scale_rewards, seed=args.seed, disable_tqdm=True)
             trainer = RecordingGRPOTrainer(model=model, reward_funcs=[stage_reward], args=config,
                                            train_dataset=Dataset.from_dict({"prompt": prompts}),
                                            processing_class=tokenizer, rollout_func=rollouts)
             trainer.advantages = []
             before = [p.detach().clone() for p in model.parameters()]
             trainer.train()
-            changed = sum(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters(), strict=True))
+            after = list(model.parameters())
+            changed = sum(not torch.equal(a, b.detach()) for a, b in zip(before, after, strict=True))
         for step, ((raw, stage), trl_adv) in enumerate(zip(rollouts.log, trainer.advantages, strict=False)):
             print(f"step {step}  raw reward {sum(raw) / len(raw):.3f}", flush=True)
             print("  stage reward   " + " ".join(f"{r:+.4f}" for r in stage))

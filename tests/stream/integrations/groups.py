@@ -20,7 +20,7 @@ class Group:
 
 
 def make_groups(rng: random.Random, n: int, *, rollouts: tuple[int, int] = (2, 6), max_siblings: int = 1,
-                run_id: str = "run", base: int = 0, prompt_len: int = 3, response_len: int = 4) -> list[Group]:
+                run_id: str = "run", base: int = 0) -> list[Group]:
     """`n` prompt groups of rollouts..rollouts[1] rollouts, each of 1..max_siblings samples sharing its raw
     reward (a random float); every sample's tokens are distinct from every other's (tests find them by it)."""
     groups = []
@@ -33,10 +33,10 @@ def make_groups(rng: random.Random, n: int, *, rollouts: tuple[int, int] = (2, 6
             for sib in range(nsib):
                 serial = len(samples) + 1000 * g
                 prompt = [7, g % 50 + 10, 1]
-                response = [serial % 97 + 100, serial // 97 + 300, sib + 2, r + 3][:response_len]
+                response = [serial % 97 + 100, serial // 97 + 300, sib + 2, r + 3]
                 samples.append(Sample(
-                    group_index=g, index=g * 100 + r, rollout_id=g * 100 + r, prompt=f"p{g}", response=f"r{r}.{sib}",
-                    tokens=Array(np.asarray(prompt[:prompt_len] + response, dtype="<i4")),
+                    group_index=g, index=g * 100 + r, rollout_id=g * 100 + r, prompt=f"p{g}",
+                    response=f"r{r}.{sib}", tokens=Array(np.asarray(prompt + response, dtype="<i4")),
                     response_length=len(response), reward=reward,
                     loss_mask=Array(np.asarray([1] * (len(response) - 1) + [sib % 2 == 0], dtype="u1")),
                     rollout_log_probs=Array(np.asarray([-0.25 * (i + 1) - r for i in range(len(response))],
@@ -55,8 +55,9 @@ def train_samples(group: Group) -> list[TrainSample]:
     return [TrainSample(
         sample=s, raw_reward=float(s.reward), reward=reward, group_key=group.key,  # type: ignore[arg-type]
         group_rollout_count=rollouts, group_sample_count=len(group.samples), group_mean=0.0, group_std=0.0,
-        zero_variance=False, advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
-        reward_key=None, source_topic="rollouts", source_partition=0, source_offset=i)
+        zero_variance=False, advantage_estimator="grpo", rewards_normalization=True,
+        grpo_std_normalization=True, reward_key=None, source_topic="rollouts", source_partition=0,
+        source_offset=i)
         for i, (s, reward) in enumerate(zip(group.samples, group.rewards, strict=True))]
 
 

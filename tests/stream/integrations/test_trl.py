@@ -30,9 +30,10 @@ from tests.stream.integrations.groups import make_groups, tokens_key, train_samp
 
 def collated_advantages(buffer: queue.Queue, count: int, health=lambda s: None) -> dict[tuple[int, ...], set]:
     """Run TRL's dataset → batcher → collator over `count` queued samples: each sample's (tokens) packed
-    advantages, as float32 bit patterns, and the per-token old log-probs."""
-    dataset = RolloutQueueDataset(buffer, model_version_fn=lambda: 1, check_health_fn=health, stale_after_s=60,
-                                  metrics=defaultdict(list), max_staleness=3, poll_interval_s=0.2)
+    advantages, as float32 bit patterns."""
+    dataset = RolloutQueueDataset(buffer, model_version_fn=lambda: 1, check_health_fn=health,
+                                  stale_after_s=60, metrics=defaultdict(list), max_staleness=3,
+                                  poll_interval_s=0.2)
     rows = next(iter(FixedCountBatcher(dataset, num_processes=1, microbatch_size=count)))
     batch = DataCollatorForRollout(pad_token_id=0).torch_call([rows])
     (row,) = rows
