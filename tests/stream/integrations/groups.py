@@ -63,3 +63,19 @@ def train_samples(group: Group) -> list[TrainSample]:
 
 def tokens_key(tokens: object) -> tuple[int, ...]:
     return tuple(int(t) for t in np.asarray(tokens).tolist())
+
+
+def committed_batch(bootstrap: str, topic: str, group_id: str, partitions: int) -> int | None:
+    """The highest batch index rank 0 of `group_id` committed on `topic` (None: no commit yet)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from stream.reader import rank_group_id
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=rank_group_id(group_id, 0),
+                             enable_auto_commit=False)
+    try:
+        metas = [consumer.committed(TopicPartition(topic, p), metadata=True) for p in range(partitions)]
+    finally:
+        consumer.close()
+    batches = [int(m.metadata.split("batch=")[1].split()[0]) for m in metas if m is not None and m.metadata]
+    return max(batches) if batches else None

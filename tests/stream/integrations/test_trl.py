@@ -14,6 +14,7 @@ import torch
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 pytest.importorskip("trl", reason="the [trl] extra")
+from accelerate import PartialState  # noqa: E402
 from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
     DataCollatorForRollout,
     FixedCountBatcher,
@@ -23,14 +24,20 @@ from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
 from stream.config import WorkerConfig  # noqa: E402
 from stream.integrations.trl import StageRolloutWorker, completion_samples, rollout_sample  # noqa: E402
 from stream.producer import RolloutProducer  # noqa: E402
-from stream.reader import TrainDataReader, rank_group_id  # noqa: E402
+from stream.reader import TrainDataReader  # noqa: E402
 from tests.stream.helpers import new_topics, running_worker, wait_until  # noqa: E402
-from tests.stream.integrations.groups import make_groups, tokens_key, train_samples  # noqa: E402
+from tests.stream.integrations.groups import (  # noqa: E402
+    committed_batch,
+    make_groups,
+    tokens_key,
+    train_samples,
+)
 
 
 def collated_advantages(buffer: queue.Queue, count: int, health=lambda s: None) -> dict[tuple[int, ...], set]:
     """Run TRL's dataset → batcher → collator over `count` queued samples: each sample's (tokens) packed
     advantages, as float32 bit patterns."""
+    PartialState(cpu=True)  # TRL logs through accelerate's logger when a sample took over 1 s to come
     dataset = RolloutQueueDataset(buffer, model_version_fn=lambda: 1, check_health_fn=health,
                                   stale_after_s=60, metrics=defaultdict(list), max_staleness=3,
                                   poll_interval_s=0.2)
@@ -90,23 +97,10 @@ def test_trls_async_collator_trains_on_the_rewards_the_stage_published(kafka_boo
             # two optimizer steps later everything taken before the first one is committed
             worker.update_model_version(1)
             worker.update_model_version(2)
-            committed = lambda: _committed_batches(kafka_bootstrap, topics.output, unique_group_id)  # noqa: E731
-            wait_until(lambda: committed() == 3, 20, "the reader's commit of the third batch")
+            wait_until(lambda: committed_batch(kafka_bootstrap, topics.output, unique_group_id, 2) == 2, 20,
+                       "the reader's commit of the third batch")
         finally:
             worker.stop()
-
-
-def _committed_batches(bootstrap: str, topic: str, group_id: str) -> int | None:
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=rank_group_id(group_id, 0),
-                             enable_auto_commit=False)
-    try:
-        metas = [consumer.committed(TopicPartition(topic, p), metadata=True) for p in range(2)]
-    finally:
-        consumer.close()
-    batches = [int(m.metadata.split("batch=")[1].split()[0]) for m in metas if m is not None and m.metadata]
-    return max(batches) + 1 if batches else None
 
 
 def test_completion_samples_make_one_prompt_group():
