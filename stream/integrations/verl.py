@@ -62,14 +62,24 @@ if ADV_ESTIMATOR_REGISTRY.get(STAGE_ESTIMATOR) is not stage_advantage:
     register_adv_est(STAGE_ESTIMATOR)(stage_advantage)
 
 
-def data_proto(samples: Sequence[TrainSample], *, rewards: Rewards = "stage", pad_token_id: int = 0) -> Any:
-    """verl's `DataProto` of train samples, one row each, in order (see the module docstring)."""
+def data_proto(samples: Sequence[TrainSample], *, rewards: Rewards = "stage", pad_token_id: int = 0,
+               prompt_length: int | None = None, response_length: int | None = None) -> Any:
+    """verl's `DataProto` of train samples, one row each, in order (see the module docstring).
+
+    `prompt_length`, `response_length`: the padded widths, verl's `data.max_prompt_length` and
+    `data.max_response_length` (verl concatenates the groups of a step, so every group needs the same
+    widths; a sample longer is refused with ValueError). None: the longest of these samples."""
     if rewards not in ("stage", "raw"):
         raise ValueError(f"rewards must be 'stage' or 'raw', got {rewards!r}")
     rows = [row_of(s) for s in samples]
     n = len(rows)
-    p = max((r.prompt_length for r in rows), default=0)
-    q = max((len(r.tokens) - r.prompt_length for r in rows), default=0)
+    longest_prompt = max((r.prompt_length for r in rows), default=0)
+    longest_response = max((len(r.tokens) - r.prompt_length for r in rows), default=0)
+    p = longest_prompt if prompt_length is None else prompt_length
+    q = longest_response if response_length is None else response_length
+    if longest_prompt > p or longest_response > q:
+        raise ValueError(f"a sample of {longest_prompt} prompt and {longest_response} response tokens does "
+                         f"not fit prompt_length={p}, response_length={q}")
     prompts = torch.full((n, p), pad_token_id, dtype=torch.long)
     responses = torch.full((n, q), pad_token_id, dtype=torch.long)
     attention = torch.zeros((n, p + q), dtype=torch.long)
@@ -110,10 +120,13 @@ def _versions(train: TrainSample) -> tuple[int, int]:
 
 
 def rollout_sample(group: Sequence[TrainSample], *, epoch: int = 0, rewards: Rewards = "stage",
-                   pad_token_id: int = 0) -> Any:
+                   pad_token_id: int = 0, prompt_length: int | None = None,
+                   response_length: int | None = None) -> Any:
     """verl's `RolloutSample` of one prompt group (verl's rollouter puts one per prompt, its n rows)."""
-    return RolloutSample(full_batch=data_proto(group, rewards=rewards, pad_token_id=pad_token_id),
-                         sample_id=group[0].group_key if group else "", epoch=epoch, rollout_status={})
+    data = data_proto(group, rewards=rewards, pad_token_id=pad_token_id, prompt_length=prompt_length,
+                      response_length=response_length)
+    return RolloutSample(full_batch=data, sample_id=group[0].group_key if group else "", epoch=epoch,
+                         rollout_status={})
 
 
 def samples_of(data: Any, *, group_index: int, run_id: str | None = None, weight_version: int | None = None,
@@ -151,12 +164,16 @@ class StageMessageQueue:
     (`required_samples`): a batch is committed when the first group of the batch after the next one is
     asked for, by which time the step that took it is done (verl's trainer takes its samples, then trains).
     `producer`: the rollouter side, where `put_sample` publishes a pickled verl `RolloutSample`'s rows.
+    `prompt_length`, `response_length`: verl's `data.max_prompt_length` and `data.max_response_length`
+    (see `data_proto`); without them only groups of equal widths can be batched together.
     """
 
     def __init__(self, reader: TrainDataReader | None = None, producer: RolloutProducer | None = None, *,
                  max_queue_size: int = 64, rewards: Rewards = "stage", pad_token_id: int = 0,
-                 run_id: str | None = None, poll_s: float = 0.5) -> None:
+                 run_id: str | None = None, poll_s: float = 0.5, prompt_length: int | None = None,
+                 response_length: int | None = None) -> None:
         self.reader, self.producer = reader, producer
+        self.prompt_length, self.response_length = prompt_length, response_length
         self.max_queue_size = max_queue_size
         self.rewards, self.pad_token_id, self.run_id, self.poll_s = rewards, pad_token_id, run_id, poll_s
         self._queue: queue.Queue[bytes] = queue.Queue(maxsize=max_queue_size)
@@ -265,8 +282,9 @@ class StageMessageQueue:
                 for info in batch.groups:
                     if info.key not in by_key:  # another rank's share
                         continue
-                    item = pickle.dumps(rollout_sample(by_key[info.key], rewards=self.rewards,
-                                                       pad_token_id=self.pad_token_id))
+                    item = pickle.dumps(rollout_sample(
+                        by_key[info.key], rewards=self.rewards, pad_token_id=self.pad_token_id,
+                        prompt_length=self.prompt_length, response_length=self.response_length))
                     while self._running:  # back-pressure, never a drop
                         try:
                             self._queue.put(item, timeout=self.poll_s)
