@@ -150,7 +150,8 @@ def test_verl_rows_go_through_the_stage_and_train_on_its_rewards(kafka_bootstrap
 def test_rows_are_padded_to_verls_fixed_widths_and_longer_samples_refused():
     from stream.integrations.verl import data_proto
 
-    trains = train_samples(make_groups(random.Random(7), 1, rollouts=(3, 3))[0])  # 3 prompt, 4 response tokens
+    # 3 prompt and 4 response tokens each
+    trains = train_samples(make_groups(random.Random(7), 1, rollouts=(3, 3))[0])
     data = data_proto(trains, prompt_length=5, response_length=8)
     assert data.batch["prompts"].shape == (3, 5) and data.batch["responses"].shape == (3, 8)
     assert data.batch["attention_mask"][:, :2].sum() == 0 and data.batch["attention_mask"][:, 9:].sum() == 0
