@@ -108,6 +108,8 @@ class StageRolloutWorker:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        if self._failure is None:
+            self._apply_version()  # the commit the last version update allows (the thread is gone)
         self.reader.close()
 
     def update_model_version(self, model_version: int) -> None:
