@@ -70,7 +70,7 @@ class StageRolloutWorker:
     progress paced producers wait on). `check_health(stale_after_s)` raises `StageWorkerError` when the
     reader failed or the feeding thread has not come round for `stale_after_s`; a stage without data is not a
     failure unless `max_idle_s` is set (then no batch for that long is). `queue_maxsize` bounds the samples
-    read ahead of the trainer (0: one batch's worth is read while the trainer holds the previous ones).
+    read ahead of the trainer (0: no bound; the reader's own prefetch still bounds what it holds).
     """
 
     def __init__(self, reader: TrainDataReader, *, queue_maxsize: int = 0, poll_s: float = 0.5,
