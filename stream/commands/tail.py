@@ -18,6 +18,7 @@ from codec import TrainSample
 from core.rewards import declared_rollout_key
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, grouped_options
+from stream.config import check_seconds
 from stream.layout import Fit, Flow, output_console
 from stream.topics import require_topics
 
@@ -159,6 +160,7 @@ def tail(
     """
     from stream.reader import TrainDataReader  # imports torch: only when tail runs, not for every command
 
+    check_seconds("--partition-idle-ms", partition_idle_ms, zero=True, unit="ms", unit_s=0.001)
     console = output_console()
     conn = connection_from_options(bootstrap_servers, security)
     require_topics(conn, {output_topic: "--output-topic"})  # MissingTopic: exit 2
