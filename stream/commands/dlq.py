@@ -217,9 +217,16 @@ def list_(
     if not json_out:
         if rows or not shown:
             console.print(list_view(rows, console.width))
-        more = " (--limit reached)" if selection.limit is not None and shown >= selection.limit else ""
-        line = f"{shown} record(s) of {dead_letter_topic}, {selection.describe()}{more}"
-        console.print(Flow(line, indent=4))
+        console.print(Flow(list_footer(shown, dead_letter_topic, selection), indent=4))
+
+
+def list_footer(shown: int, topic: str, selection: Selection) -> str:
+    """What `dlq list` showed. Stopped at --limit, it says these are the first records only: how many more
+    there are is not known without reading them all (`dlq stats` does)."""
+    if selection.limit is not None and shown >= selection.limit:
+        return (f"the first {shown} record(s) of {topic}, {selection.describe()}: --limit {selection.limit} "
+                "reached (--limit 0 lists them all, `rollout-stream dlq stats` counts them)")
+    return f"{shown} record(s) of {topic}, {selection.describe()}"
 
 
 @dlq_app.command("show")
