@@ -624,7 +624,7 @@ class TrainDataReader:
         self._yielded: tuple[int, dict[int, Mark]] | None = None
         self._committed: tuple[int, dict[int, Mark]] | None = None
         self._committer: Any = None
-        self._failed: ReaderError | None = None
+        self._failed: ReaderError | MissingTopic | None = None
         self._closed = False
         # Rank 0 tells paced producers where this trainer group is (docs/pacing.md): on each batch, each
         # set_weight_version and commit, and on a heartbeat.
