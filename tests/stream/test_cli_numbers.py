@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.main import get_command
 from typer.testing import CliRunner
 
 from core.dead_letter_limit import MAX_WINDOW
@@ -23,7 +24,6 @@ from stream.clients import MAX_RECORD_BYTES
 from stream.commands.synth import MAX_TOKENS
 from stream.config import INT32_MAX, INT64_MAX, MAX_SECONDS
 from tests.stream.test_cli_help import COMMANDS
-from typer.main import get_command
 
 runner = CliRunner()
 UNREACHABLE = ["--bootstrap-servers", "127.0.0.1:1"]
@@ -199,5 +199,6 @@ def test_a_number_outside_its_range_is_one_error_line_naming_its_flag(command, f
     ],
 )
 def test_the_line_says_what_the_flag_takes(args, line):
-    result = runner.invoke(app, [*args, *UNREACHABLE], env={"COLUMNS": "200", "KAFKA_BOOTSTRAP_SERVERS": None})
+    env = {"COLUMNS": "200", "KAFKA_BOOTSTRAP_SERVERS": None}
+    result = runner.invoke(app, [*args, *UNREACHABLE], env=env)
     assert (result.exit_code, result.stderr.splitlines()) == (2, [line])
