@@ -63,8 +63,14 @@ def check_rate(flag: str, value: float, *, unlimited: bool = True) -> None:
 
 def check_count(flag: str, value: int, low: int, high: int = INT64_MAX, *, unit: str = "") -> None:
     """Refuse an integer outside low..high (by default the int64 the Kafka clients and msgspec carry)."""
-    if not low <= value <= high:
-        raise ConfigError(f"{flag} must be between {low} and {high}{f' {unit}' if unit else ''}, got {value}")
+    if low <= value <= high:
+        return
+    unit = f" {unit}" if unit else ""
+    if high == INT64_MAX:
+        limit = f"at least {low}{unit}" if value < low else f"at most {high}{unit} (an int64)"
+    else:
+        limit = f"between {low} and {high}{unit}"
+    raise ConfigError(f"{flag} must be {limit}, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +190,7 @@ class WorkerConfig:
                               f"group.min/max.session.timeout.ms), got {self.session_timeout_s:g}")
         if self.delivery not in ("exactly-once", "at-least-once"):
             raise ConfigError(f"--delivery must be exactly-once or at-least-once, got {self.delivery!r}")
-        if self.commit_max_records < 1:
-            raise ConfigError(f"--commit-max-records must be at least 1, got {self.commit_max_records}")
         check_count("--commit-max-records", self.commit_max_records, 1)
-        if self.max_open_groups < 1:
-            raise ConfigError(f"--max-open-groups must be at least 1, got {self.max_open_groups}")
         check_count("--max-open-groups", self.max_open_groups, 1)
         if not 1024 <= self.chunk_bytes <= self.max_record_bytes:
             raise ConfigError(f"--chunk-kib must be between 1 and {self.max_record_bytes >> 10} (the largest "
