@@ -16,7 +16,7 @@ from stream.commands.connection import (
     connection_from_options,
 )
 from stream.commands.options import Bootstrap, fail, grouped_options
-from stream.config import INT32_MAX, check_count, check_rate, check_seconds
+from stream.config import INT32_MAX, WorkerConfig, check_count, check_rate, check_seconds
 from stream.errors import described
 from stream.kafka import KafkaFailure
 
@@ -114,6 +114,8 @@ def bench(
     check_count("--repeats", repeats, 1)
     check_count("--commit-max-records", commit_max_records, 1)
     check_seconds("--commit-interval", commit_interval)
+    if delivery != "at-least-once" or compare_delivery:  # exactly-once runs: the worker's own rule applies
+        WorkerConfig(commit_interval_s=commit_interval, commit_max_records=commit_max_records)
     check_seconds("--latency-seconds", latency_seconds)
     if latency_rate is not None:
         check_rate("--latency-rate", latency_rate, unlimited=False)
