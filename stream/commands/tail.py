@@ -200,7 +200,7 @@ def tail(
 
 def following(topic: str, partitions: int | None, from_beginning: bool, groups: int | None) -> str:
     """The line `tail` says first: what it follows, from where, until when."""
-    where = f" ({partitions} partitions)" if partitions else ""
+    where = f" ({partitions} partition{'s' if partitions > 1 else ''})" if partitions else ""
     start = "from the beginning" if from_beginning else "from its end (new groups only)"
     until = f"; stops after {groups} group(s)" if groups is not None else "; Ctrl-C stops"
     return f"following {topic}{where} {start}{until}; waiting for groups…"

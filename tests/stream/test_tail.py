@@ -48,5 +48,5 @@ def test_tail_of_an_empty_topic_says_what_it_follows_and_ctrl_c_exits_130(cluste
 def test_tail_says_where_it_starts_and_when_it_stops():
     from stream.commands.tail import following
 
-    assert following("t", 1, False, 5) == ("following t (1 partitions) from its end (new groups only); stops "
+    assert following("t", 1, False, 5) == ("following t (1 partition) from its end (new groups only); stops "
                                            "after 5 group(s); waiting for groups…")
