@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -79,3 +80,12 @@ def test_a_batch_that_waits_says_what_it_has_and_what_it_waits_for(cluster, monk
     last = lines[-1].fields  # type: ignore[attr-defined]
     assert last["topic"] == "few" and last["groups"] == "1/3" and last["held"] == 1
     assert last["partitions_at_end"] == "0,1"  # nothing more to read: the topic holds too few groups
+
+
+@pytest.mark.kafka
+def test_on_the_broker_a_topic_that_does_not_exist_is_named(kafka_bootstrap, kafka_client, monkeypatch):
+    monkeypatch.setattr(reader_module, "TOPIC_WAIT_S", 1.0)
+    topic = f"nc-nosuch-{uuid.uuid4().hex[:8]}"
+    with TrainDataReader(kafka_bootstrap, topic, "trainer", groups_per_batch=1, publish_progress=False) as r, \
+            pytest.raises(MissingTopic, match=f"topic '{topic}' does not exist"):
+        r.next_batch(30)
