@@ -86,6 +86,6 @@ def test_a_batch_that_waits_says_what_it_has_and_what_it_waits_for(cluster, monk
 def test_on_the_broker_a_topic_that_does_not_exist_is_named(kafka_bootstrap, kafka_client, monkeypatch):
     monkeypatch.setattr(reader_module, "TOPIC_WAIT_S", 1.0)
     topic = f"nc-nosuch-{uuid.uuid4().hex[:8]}"
-    with TrainDataReader(kafka_bootstrap, topic, "trainer", groups_per_batch=1, publish_progress=False) as r, \
-            pytest.raises(MissingTopic, match=f"topic '{topic}' does not exist"):
-        r.next_batch(30)
+    reader = TrainDataReader(kafka_bootstrap, topic, "trainer", groups_per_batch=1, publish_progress=False)
+    with reader, pytest.raises(MissingTopic, match=f"topic '{topic}' does not exist"):
+        reader.next_batch(30)
