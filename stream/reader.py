@@ -625,6 +625,7 @@ class TrainDataReader:
         self._committed: tuple[int, dict[int, Mark]] | None = None
         self._committer: Any = None
         self._failed: ReaderError | MissingTopic | None = None
+        self._waiting: _WaitingLog | None = None  # the batch being waited for, since when
         self._closed = False
         # Rank 0 tells paced producers where this trainer group is (docs/pacing.md): on each batch, each
         # set_weight_version and commit, and on a heartbeat.
@@ -666,7 +667,8 @@ class TrainDataReader:
         good = verdicts.count(None)
         if good < len(verdicts) and self.progress is not None:  # a new version made buffered groups stale
             self._report_doomed(verdicts)
-        waiting = _WaitingLog(self, time.monotonic())
+        # one wait per batch, across calls: a trainer polling with short timeouts is told too
+        waiting = self._waiting = self._waiting or _WaitingLog(self, time.monotonic())
         while good < self.groups_per_batch:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -711,6 +713,7 @@ class TrainDataReader:
         plan = plan_batch([g for g, _ in self._buffer], verdicts, groups_per_batch=self.groups_per_batch,
                           rank=self.rank, world_size=self.world_size, balance_tokens=self.balance_tokens)
         items, self._buffer = self._buffer[:plan.taken], self._buffer[plan.taken:]
+        self._waiting = None
         for group in plan.invalid:
             log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key,
                       partition=group.partition, offset=group.first_offset,

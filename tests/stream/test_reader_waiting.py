@@ -89,3 +89,14 @@ def test_on_the_broker_a_topic_that_does_not_exist_is_named(kafka_bootstrap, kaf
     reader = TrainDataReader(kafka_bootstrap, topic, "trainer", groups_per_batch=1, publish_progress=False)
     with reader, pytest.raises(MissingTopic, match=f"topic '{topic}' does not exist"):
         reader.next_batch(30)
+
+
+def test_a_trainer_polling_with_short_timeouts_is_told_too(cluster, monkeypatch, caplog):
+    monkeypatch.setattr(reader_module, "WAITING_LOG_S", 0.5)
+    cluster.create_topic("few", 1)
+    caplog.set_level(logging.INFO, logger="rollout_stream.reader")
+    with open_reader("few", groups_per_batch=2) as reader:
+        for _ in range(12):
+            assert reader.next_batch(0.1) is None
+    lines = [getattr(r, "fields", {}) for r in caplog.records if getattr(r, "event", None) == "batch.waiting"]
+    assert lines and lines[-1]["groups"] == "0/2" and lines[-1]["waited_s"] >= 1, lines
