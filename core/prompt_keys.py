@@ -1,0 +1,75 @@
+"""Naming a prompt's attempt in the group key, and the fence that lets one attempt of a prompt train.
+
+An attempt's group is keyed `<source>@<epoch>.<attempt>/<prompt>` (`run_id` `<source>@<epoch>.<attempt>`,
+`group_index` the prompt's row), so the stage, the reader and the fold all see which prompt and which
+attempt a group is, from the key alone (docs/loop.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["AttemptKey", "PromptFence", "PromptId", "attempt_run_id", "parse_attempt_key", "valid_source"]
+
+PromptId = tuple[str, int, int]  # (source, epoch, prompt)
+
+_SOURCE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+_KEY = re.compile(r"(?P<source>[A-Za-z0-9_.:-]{1,100})@(?P<epoch>\d+)\.(?P<attempt>\d+)/(?P<prompt>\d+)")
+
+
+def valid_source(name: str) -> bool:
+    """A source name fits in a key unambiguously: letters, digits, `_ . : -`, at most 100."""
+    return _SOURCE.fullmatch(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptKey:
+    source: str
+    epoch: int
+    attempt: int  # 1 for the first
+    prompt: int
+
+    @property
+    def prompt_id(self) -> PromptId:
+        return (self.source, self.epoch, self.prompt)
+
+    def __str__(self) -> str:
+        return f"{attempt_run_id(self.source, self.epoch, self.attempt)}/{self.prompt}"
+
+
+def attempt_run_id(source: str, epoch: int, attempt: int) -> str:
+    """The `run_id` of an attempt's samples (the group index is the prompt's row)."""
+    return f"{source}@{epoch}.{attempt}"
+
+
+def parse_attempt_key(key: str) -> AttemptKey | None:
+    """The attempt a group key names; None for a key no prompt source made."""
+    m = _KEY.fullmatch(key)
+    if m is None:
+        return None
+    return AttemptKey(m["source"], int(m["epoch"]), int(m["attempt"]), int(m["prompt"]))
+
+
+class PromptFence:
+    """Exactly one attempt of a prompt trains: in the one sequence of groups every trainer rank agrees on,
+    the first group of a prompt passes and any later one (whatever its attempt) is refused.
+
+    `trained`: the prompts already trained when the reader resumed (from the fold, as of its committed
+    batch). A function of that and of the sequence, so every rank refuses the same groups.
+    """
+
+    def __init__(self, trained: Iterable[PromptId] = ()) -> None:
+        self._taken: set[PromptId] = set(trained)
+
+    def admit(self, key: str) -> bool:
+        """Whether the group keyed `key`, which would otherwise train (neither stale nor invalid), may; a
+        group no prompt source made always may. Asked once per group, in sequence order."""
+        parsed = parse_attempt_key(key)
+        if parsed is None:
+            return True
+        if parsed.prompt_id in self._taken:
+            return False
+        self._taken.add(parsed.prompt_id)
+        return True
