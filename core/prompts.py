@@ -83,10 +83,33 @@ class PromptRecord:
     reason: str | None = None  # a dead-letter reason, or `prompt_attempts_exhausted`
 
 
+_CODES = list(PromptState)
+
+
 @dataclass(slots=True)
 class _Epoch:
     cursor: int = 0  # prompts of the order handed out for the first time
     prompts: dict[int, PromptRecord] = field(default_factory=dict)  # every prompt handed out, by row
+    final: int = 0  # prompts in a final state
+    reissued: int = 0  # attempts that ended without a result and were handed out again
+    # Once every prompt is final the records shrink to one state code per row and the reasons: a week of
+    # epochs stays small in memory and in a checkpoint (the attempts' history goes; `late_trained` and
+    # `duplicates` no longer see the epoch).
+    settled: bytes | None = None
+    reasons: dict[int, str] = field(default_factory=dict)
+
+    def record(self, prompt: int) -> PromptRecord | None:
+        if self.settled is None:
+            return self.prompts.get(prompt)
+        if not 0 <= prompt < len(self.settled):
+            return None
+        return PromptRecord(_CODES[self.settled[prompt]], [], self.reasons.get(prompt))
+
+    def states(self) -> list[tuple[int, PromptState, str | None]]:
+        """(row, state, reason) of every prompt handed out."""
+        if self.settled is None:
+            return [(p, rec.state, rec.reason) for p, rec in self.prompts.items()]
+        return [(p, _CODES[code], self.reasons.get(p)) for p, code in enumerate(self.settled)]
 
 
 @dataclass(slots=True)
@@ -178,7 +201,7 @@ class PromptLog(AdmissionLog):
     def _next(self, name: str, src: SourceState) -> tuple[int, int] | None:
         while src.retry:
             epoch, prompt = src.retry.pop(0)
-            if src.epochs[epoch].prompts[prompt].state is PromptState.WAITING:
+            if src.epochs[epoch].prompts[prompt].state is PromptState.WAITING:  # never settled: not compacted
                 return epoch, prompt
             # settled while it waited: a lapsed attempt's group still made it
         n = src.dataset.prompts
@@ -222,16 +245,17 @@ class PromptLog(AdmissionLog):
             found = self._by_key(key)
             if found is None:
                 continue
-            rec, attempt = found
+            parsed, rec, attempt = found
             if attempt.ended is not None or rec.state.final:
                 continue  # an attempt that already ended says nothing more
             request = attempt.request
             if record.reason in RETRY_REASONS:
                 self._end(request, AttemptEnd.INCOMPLETE)
             elif record.reason == ZERO_VARIANCE:
-                self._settle(rec, attempt, PromptState.FILTERED, AttemptEnd.FILTERED, None)
+                self._settle(parsed, rec, attempt, PromptState.FILTERED, AttemptEnd.FILTERED, None)
             else:
-                self._settle(rec, attempt, PromptState.DEAD_LETTERED, AttemptEnd.DEAD_LETTERED, record.reason)
+                self._settle(parsed, rec, attempt, PromptState.DEAD_LETTERED, AttemptEnd.DEAD_LETTERED,
+                             record.reason)
 
     def _mark(self, mark: TrainerMark) -> None:
         pending = self.uncommitted.setdefault(mark.trainer, {})
@@ -263,7 +287,7 @@ class PromptLog(AdmissionLog):
             found = self._by_key(key)
             if found is None:
                 continue
-            rec, attempt = found
+            parsed, rec, attempt = found
             if skipped:
                 if attempt.ended is None:
                     self._end(attempt.request, AttemptEnd.SKIPPED)
@@ -273,17 +297,28 @@ class PromptLog(AdmissionLog):
                 continue
             self.late_trained += rec.state is PromptState.EXHAUSTED
             attempt.trainer, attempt.batch = trainer, batch
-            self._settle(rec, attempt, PromptState.TRAINED, AttemptEnd.TRAINED, None)
+            self._settle(parsed, rec, attempt, PromptState.TRAINED, AttemptEnd.TRAINED, None)
 
-    def _settle(self, rec: PromptRecord, attempt: Attempt, state: PromptState, end: AttemptEnd,
-                reason: str | None) -> None:
+    def _settle(self, key: AttemptKey, rec: PromptRecord, attempt: Attempt, state: PromptState,
+                end: AttemptEnd, reason: str | None) -> None:
         for a in rec.attempts:
             if a.ended is None:
                 self.live.pop(a.request, None)
                 a.ended, a.ended_ms = (end if a is attempt else AttemptEnd.SUPERSEDED), self.clock_ms
         if attempt.ended is not end:  # it had ended (lapsed) and still made it
             attempt.ended, attempt.ended_ms = end, self.clock_ms
+        was_final = rec.state.final
         rec.state, rec.reason = state, reason
+        if not was_final:
+            self._finalized(self.sources[key.source], key.epoch)
+
+    def _finalized(self, src: SourceState, epoch: int) -> None:
+        e = src.epochs[epoch]
+        e.final += 1
+        if e.final == src.dataset.prompts and e.cursor == src.dataset.prompts:
+            e.settled = bytes(_CODES.index(e.prompts[p].state) for p in range(src.dataset.prompts))
+            e.reasons = {p: rec.reason for p, rec in e.prompts.items() if rec.reason is not None}
+            e.prompts = {}
 
     def _end(self, request: int, end: AttemptEnd) -> None:
         """The live attempt admitted by `request` ended without a result: hand its prompt out again."""
@@ -297,6 +332,7 @@ class PromptLog(AdmissionLog):
             return
         if sum(a.ended in _COUNTED for a in rec.attempts) >= src.dataset.max_attempts:
             rec.state, rec.reason = PromptState.EXHAUSTED, EXHAUSTED_REASON
+            self._finalized(src, epoch)
             return
         rec.state = PromptState.WAITING
         if end is AttemptEnd.RELEASED:
@@ -304,6 +340,7 @@ class PromptLog(AdmissionLog):
         else:
             src.retry.append([epoch, prompt])
             src.reissued += 1
+            src.epochs[epoch].reissued += 1
 
     # ---- lookups ---------------------------------------------------------------------------------
     def _live_attempt(self, request: int) -> Attempt | None:
@@ -312,19 +349,19 @@ class PromptLog(AdmissionLog):
             return None
         return self.sources[str(where[0])].epochs[int(where[1])].prompts[int(where[2])].attempts[-1]
 
-    def _by_key(self, key: str) -> tuple[PromptRecord, Attempt] | None:
+    def _by_key(self, key: str) -> tuple[AttemptKey, PromptRecord, Attempt] | None:
         parsed = parse_attempt_key(key)
         rec = None if parsed is None else self.prompt(parsed.source, parsed.epoch, parsed.prompt)
         if rec is None or parsed is None or not 1 <= parsed.attempt <= len(rec.attempts):
-            return None
-        return rec, rec.attempts[parsed.attempt - 1]
+            return None  # not a prompt's, or its epoch is compacted (no attempts kept)
+        return parsed, rec, rec.attempts[parsed.attempt - 1]
 
     def prompt(self, source: str, epoch: int, prompt: int) -> PromptRecord | None:
         """One prompt's record (None: its epoch has not handed it out yet)."""
         src = self.sources.get(source)
         if src is None or not 0 <= epoch < len(src.epochs):
             return None
-        return src.epochs[epoch].prompts.get(prompt)
+        return src.epochs[epoch].record(prompt)
 
     def attempt_of(self, request: int) -> AttemptKey | None:
         """The attempt an admitted request carries (None: not a take, or it has ended)."""
@@ -340,8 +377,8 @@ class PromptLog(AdmissionLog):
         src = self.sources.get(source)
         if src is None:
             return set()
-        return {(source, e, p) for e, ep in enumerate(src.epochs) for p, rec in ep.prompts.items()
-                if rec.state is PromptState.TRAINED}
+        return {(source, e, p) for e, ep in enumerate(src.epochs) for p, state, _ in ep.states()
+                if state is PromptState.TRAINED}
 
     def status(self, source: str) -> list[EpochStatus]:
         """Per epoch handed out so far: how many prompts are in each state."""
@@ -352,13 +389,11 @@ class PromptLog(AdmissionLog):
         for number, ep in enumerate(src.epochs):
             counts = dict.fromkeys(PromptState, 0)
             dead: dict[str, int] = {}
-            reissued = 0
-            for rec in ep.prompts.values():
-                counts[rec.state] += 1
-                ends = sum(a.ended in _COUNTED for a in rec.attempts)
-                reissued += ends - (rec.state is PromptState.EXHAUSTED)  # the last end of one is no re-issue
-                if rec.state is PromptState.DEAD_LETTERED:
-                    dead[rec.reason or "?"] = dead.get(rec.reason or "?", 0) + 1
+            for _, state, reason in ep.states():
+                counts[state] += 1
+                if state is PromptState.DEAD_LETTERED:
+                    dead[reason or "?"] = dead.get(reason or "?", 0) + 1
+            reissued = ep.reissued
             out.append(EpochStatus(number, src.dataset.prompts,
                                    counts[PromptState.WAITING] + src.dataset.prompts - ep.cursor,
                                    counts[PromptState.IN_FLIGHT], counts[PromptState.TRAINED], dead,

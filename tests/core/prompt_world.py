@@ -60,6 +60,7 @@ class World:
     trainer_session: int = 0
     fence: PromptFence = field(default_factory=PromptFence)
     trained: Counter[PromptId] = field(default_factory=Counter)  # the truth: committed trainings
+    records: list[tuple[int, int, AdmissionRecord]] = field(default_factory=list)  # the log: offset, time
 
     def __post_init__(self) -> None:
         self.log(Dataset(source=SOURCE, prompts=self.prompts, fingerprint="f", seed=7, epochs=self.epochs,
@@ -71,6 +72,7 @@ class World:
             self.log(Hello(producer=p.name, session=p.sid))
 
     def log(self, record: AdmissionRecord) -> int:
+        self.records.append((self.offset, self.clock, record))
         self.fold.apply(self.offset, self.clock, record)
         self.offset += 1
         return self.offset - 1

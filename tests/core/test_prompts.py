@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.checkpoint import FOLD_VERSION, CheckpointMismatch, dump_fold, load_fold
 from core.prompt_keys import AttemptKey, PromptFence, parse_attempt_key
-from core.prompts import PromptState, epoch_order
+from core.prompts import PromptLog, PromptState, epoch_order
 from tests.core.prompt_world import SOURCE, World
 
 FINAL = {PromptState.TRAINED, PromptState.DEAD_LETTERED, PromptState.FILTERED, PromptState.EXHAUSTED}
@@ -108,17 +109,30 @@ def test_a_frozen_producer_s_late_group_does_not_train_a_second_copy() -> None:
 
 
 def test_stale_skips_and_timeouts_are_reissued_until_exhausted() -> None:
-    w = World(prompts=1, max_attempts=3, groups_per_batch=1)
+    w = World(prompts=2, max_attempts=3, groups_per_batch=1)  # 2: the epoch stays open, its history kept
     for _ in range(3):
         w.take(0)
         w.send(0)
         w.stage_step()
         w.train_batch([True])  # skipped stale
         w.commit()
-    rec = w.fold.prompt(SOURCE, 0, 0)
+    rec = w.fold.prompt(SOURCE, 0, epoch_order(2, 7, 0)[0])
     assert rec is not None and rec.state is PromptState.EXHAUSTED
     assert rec.reason == "prompt_attempts_exhausted"
     assert [a.ended.value if a.ended else None for a in rec.attempts] == ["skipped"] * 3
+
+
+def test_a_finished_epoch_keeps_each_prompt_s_outcome_and_drops_its_history() -> None:
+    w = World(prompts=4, epochs=2, groups_per_batch=1)
+    w.take(0)
+    w.send(0)
+    w.stage_step("shared_reward_violation")
+    w.drain()
+    check_settled(w)
+    epoch = w.fold.sources[SOURCE].epochs[0]
+    assert epoch.settled is not None and not epoch.prompts
+    assert w.fold.status(SOURCE)[0].dead_lettered == {"shared_reward_violation": 1}
+    assert len(w.fold.trained(SOURCE)) == 7
 
 
 def test_data_reasons_are_final_and_zero_variance_is_filtered() -> None:
@@ -157,11 +171,7 @@ STEPS = st.lists(st.tuples(
     st.integers(0, 2)), max_size=80)
 
 
-@settings(max_examples=int(os.environ.get("PROMPT_EXAMPLES", "150")), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(steps=STEPS, prompts=st.integers(1, 6), epochs=st.integers(1, 2))
-def test_any_interleaving_settles_every_prompt_once(steps: list[tuple[str, int]], prompts: int,
-                                                    epochs: int) -> None:
+def play(steps: list[tuple[str, int]], prompts: int, epochs: int) -> World:
     w = World(prompts=prompts, epochs=epochs)
     for action, i in steps:
         match action:
@@ -189,8 +199,43 @@ def test_any_interleaving_settles_every_prompt_once(steps: list[tuple[str, int]]
                 w.tick(1000 * (i * 20 + 1))
         counts = Counter(states(w).values())
         assert sum(counts.values()) == prompts * epochs  # exactly one state each, at every step
+    return w
+
+
+EXAMPLES = int(os.environ.get("PROMPT_EXAMPLES", "150"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS, prompts=st.integers(1, 6), epochs=st.integers(1, 2))
+def test_any_interleaving_settles_every_prompt_once(steps: list[tuple[str, int]], prompts: int,
+                                                    epochs: int) -> None:
+    w = play(steps, prompts, epochs)
     w.drain()
     check_settled(w)
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS, prompts=st.integers(1, 6), cut=st.floats(0, 1))
+def test_a_fold_loaded_from_a_checkpoint_goes_on_as_the_whole_fold(steps: list[tuple[str, int]],
+                                                                    prompts: int, cut: float) -> None:
+    w = play(steps, prompts, 2)
+    w.drain()
+    k = int(len(w.records) * cut)
+    head = PromptLog()
+    for offset, ms, record in w.records[:k]:
+        head.apply(offset, ms, record)
+    tail = load_fold(dump_fold(head), FOLD_VERSION)
+    for offset, ms, record in w.records[k:]:
+        tail.apply(offset, ms, record)
+    assert dump_fold(tail) == dump_fold(w.fold)
+    assert tail.status(SOURCE) == w.fold.status(SOURCE)
+
+
+def test_a_checkpoint_of_another_fold_version_is_refused() -> None:
+    with pytest.raises(CheckpointMismatch):
+        load_fold(dump_fold(PromptLog()), FOLD_VERSION + 1)
+    with pytest.raises(CheckpointMismatch):
+        load_fold(b"\x01", FOLD_VERSION)
 
 
 @pytest.mark.parametrize("reason", ["incomplete_chunks", "incomplete_group"])
