@@ -171,7 +171,7 @@ class PromptLog(AdmissionLog):
         elif isinstance(record, Resolved):
             self._resolved(record)
         elif isinstance(record, TrainerMark):
-            self._mark(record)
+            self._trainer_mark(record)
         return decisions
 
     def _declare(self, d: Dataset) -> None:
@@ -257,7 +257,7 @@ class PromptLog(AdmissionLog):
                 self._settle(parsed, rec, attempt, PromptState.DEAD_LETTERED, AttemptEnd.DEAD_LETTERED,
                              record.reason)
 
-    def _mark(self, mark: TrainerMark) -> None:
+    def _trainer_mark(self, mark: TrainerMark) -> None:
         pending = self.uncommitted.setdefault(mark.trainer, {})
         session = self.trainer_sessions.get(mark.trainer)
         if session is not None and session != mark.session:

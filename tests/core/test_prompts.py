@@ -35,6 +35,7 @@ def check_settled(world: World) -> None:
         assert truth <= 1, (epoch, prompt, truth)
         assert (state is PromptState.TRAINED) == (truth == 1), (epoch, prompt, state, truth)
     assert world.fold.duplicates == 0
+    assert not world.fold.groups  # the admission fold beneath saw every group consumed or resolved
     total = sum(s.trained + sum(s.dead_lettered.values()) + s.filtered + s.exhausted
                 for s in world.fold.status(SOURCE))
     assert total == world.prompts * world.epochs
