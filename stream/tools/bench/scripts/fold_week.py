@@ -62,9 +62,9 @@ def week(days: float, producers: int, prompts: int, groups_per_batch: int) -> li
         ms = second * 1000
         out.extend((ms, renew) for renew in renews)  # the same bytes every second
         p = second % producers
-        who = {"producer": f"p{p}", "session": f"p{p}-0"}
-        request = put(ms + 1, Request(**who, trainer="trainer", weight_version=0, max_policy_lag=None,
-                                      max_unconsumed_groups=None, source=SOURCE))
+        producer, session = f"p{p}", f"p{p}-0"
+        request = put(ms + 1, Request(producer=producer, session=session, trainer="trainer", weight_version=0,
+                                      max_policy_lag=None, max_unconsumed_groups=None, source=SOURCE))
         epoch, row = divmod(group, prompts)
         if epoch not in orders:
             orders.clear()
@@ -72,8 +72,8 @@ def week(days: float, producers: int, prompts: int, groups_per_batch: int) -> li
         order = orders[epoch]
         key = str(AttemptKey(SOURCE, epoch, 1, order[row]))
         group += 1
-        put(ms + 2, Sent(**who, request=request, key=key))
-        put(ms + 3, Delivered(**who, request=request))
+        put(ms + 2, Sent(producer=producer, session=session, request=request, key=key))
+        put(ms + 3, Delivered(producer=producer, session=session, request=request))
         keys.append(key)
         consumed: dict[int, list[str]] = {}
         if len(keys) == groups_per_batch:
