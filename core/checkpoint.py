@@ -43,6 +43,7 @@ class _State(msgspec.Struct, kw_only=True):
     settled_through: dict[str, int]
     duplicates: int
     late_trained: int
+    checkpointed_through: int
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -57,7 +58,8 @@ def dump_fold(fold: PromptLog) -> bytes:
         pending=fold.pending, sessions=fold.sessions, trainers=fold.trainers, by_key=fold.by_key,
         unmatched=fold.unmatched, sources=fold.sources, live=fold.live, uncommitted=fold.uncommitted,
         trainer_sessions=fold.trainer_sessions, settled_through=fold.settled_through,
-        duplicates=fold.duplicates, late_trained=fold.late_trained))
+        duplicates=fold.duplicates, late_trained=fold.late_trained,
+        checkpointed_through=fold.checkpointed_through))
 
 
 def load_fold(state: bytes, fold_version: int) -> PromptLog:
@@ -76,4 +78,5 @@ def load_fold(state: bytes, fold_version: int) -> PromptLog:
     fold.sources, fold.live, fold.uncommitted = s.sources, s.live, s.uncommitted
     fold.trainer_sessions, fold.settled_through = s.trainer_sessions, s.settled_through
     fold.duplicates, fold.late_trained = s.duplicates, s.late_trained
+    fold.checkpointed_through = s.checkpointed_through
     return fold

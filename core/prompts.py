@@ -20,7 +20,16 @@ import random
 from dataclasses import dataclass, field
 from enum import Enum
 
-from codec.admission import AdmissionRecord, Dataset, Delivered, Request, Resolved, Sent, TrainerMark
+from codec.admission import (
+    AdmissionRecord,
+    Checkpoint,
+    Dataset,
+    Delivered,
+    Request,
+    Resolved,
+    Sent,
+    TrainerMark,
+)
 from core.admission import AdmissionLog, AdmittedGroup, Decision
 from core.prompt_keys import AttemptKey, PromptId, parse_attempt_key, valid_source
 
@@ -154,6 +163,7 @@ class PromptLog(AdmissionLog):
         self.settled_through: dict[str, int] = {}  # trainer -> batches below it are settled
         self.duplicates = 0  # trainings of a prompt already trained (the reader's fence keeps it at 0)
         self.late_trained = 0  # exhausted prompts that trained after all
+        self.checkpointed_through = -1  # the newest checkpoint record folded holds the state through here
         self._orders: dict[tuple[str, int], list[int]] = {}  # derived, not state
 
     # ---- the fold --------------------------------------------------------------------------------
@@ -172,6 +182,8 @@ class PromptLog(AdmissionLog):
             self._resolved(record)
         elif isinstance(record, TrainerMark):
             self._trainer_mark(record)
+        elif isinstance(record, Checkpoint):
+            self.checkpointed_through = max(self.checkpointed_through, record.through)
         return decisions
 
     def _declare(self, d: Dataset) -> None:
