@@ -10,6 +10,8 @@ another version is not loaded (the newcomer folds from the start instead).
 
 from __future__ import annotations
 
+import zlib
+
 import msgspec
 
 from core.admission import _Group, _Pending, _Session, _Trainer  # the fold's own state types
@@ -51,15 +53,16 @@ _decoder = msgspec.msgpack.Decoder(_State)
 
 
 def dump_fold(fold: PromptLog) -> bytes:
-    """The fold's state through offset `fold.next_offset - 1`."""
-    return _encoder.encode(_State(
+    """The fold's state through offset `fold.next_offset - 1`, compressed (a week of settled epochs is mostly
+    the same state code over and over)."""
+    return zlib.compress(_encoder.encode(_State(
         limits=(fold.suspect_ms, fold.lease_ms, fold.sent_expiry_ms), next_offset=fold.next_offset,
         clock_ms=fold.clock_ms, expired=fold.expired, late_delivered=fold.late_delivered, groups=fold.groups,
         pending=fold.pending, sessions=fold.sessions, trainers=fold.trainers, by_key=fold.by_key,
         unmatched=fold.unmatched, sources=fold.sources, live=fold.live, uncommitted=fold.uncommitted,
         trainer_sessions=fold.trainer_sessions, settled_through=fold.settled_through,
         duplicates=fold.duplicates, late_trained=fold.late_trained,
-        checkpointed_through=fold.checkpointed_through))
+        checkpointed_through=fold.checkpointed_through)), 1)
 
 
 def load_fold(state: bytes, fold_version: int) -> PromptLog:
@@ -67,8 +70,8 @@ def load_fold(state: bytes, fold_version: int) -> PromptLog:
     if fold_version != FOLD_VERSION:
         raise CheckpointMismatch(f"a checkpoint of fold version {fold_version}, this fold is {FOLD_VERSION}")
     try:
-        s = _decoder.decode(state)
-    except msgspec.DecodeError as exc:
+        s = _decoder.decode(zlib.decompress(state))
+    except (zlib.error, msgspec.DecodeError) as exc:
         raise CheckpointMismatch(f"not a fold checkpoint: {exc}") from exc
     suspect, lease, expiry = s.limits
     fold = PromptLog(suspect_ms=suspect, lease_ms=lease, sent_expiry_ms=expiry)

@@ -1,0 +1,63 @@
+"""The loop on the real broker: a prompt source, the stage and a trainer; a process that takes a prompt and
+goes away gives it back, and every prompt of the epoch trains once (docs/loop.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from codec import Sample
+from core.prompts import PromptLog, PromptState
+from stream.config import WorkerConfig
+from stream.prompts import PromptSource, SourceFinished
+from stream.reader import TrainDataReader
+from tests.stream.helpers import new_topics, running_worker, wait_until
+
+ROWS = [{"prompt": f"q{i}"} for i in range(4)]
+
+
+def group(row: dict[str, str]) -> list[Sample]:
+    return [Sample(group_index=0, index=i, rollout_id=i, reward=float(i)) for i in range(2)]
+
+
+@pytest.mark.kafka(timeout=120)
+def test_every_prompt_of_the_epoch_trains_once_and_a_prompt_given_back_is_handed_out_again(
+        kafka_bootstrap: str) -> None:
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="prompts")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+
+    def source(name: str) -> PromptSource:
+        return PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer, topic=topics.input,
+                            train_data_topic=topics.output, producer_id=f"{name}-{topics.input}", epochs=1)
+
+    with running_worker(config):
+        reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2,
+                                 start="earliest")
+        main = source("rollout-0")
+        try:
+            gone = source("rollout-1")
+            given_back = gone.take(timeout=30)
+            gone.close()  # its unsent attempt is released: the prompt is the next handed out
+            leases = [main.take(timeout=30) for _ in range(4)]
+            assert leases[0].key.prompt == given_back.key.prompt
+            assert sorted(x.key.prompt for x in leases) == [0, 1, 2, 3]
+            for lease in leases:
+                main.publish(lease, group(lease.row))
+            trained = []
+            for _ in range(2):
+                batch = reader.next_batch(timeout=30)
+                assert batch is not None
+                trained += [g.key for g in batch.groups]
+                reader.commit()
+            assert sorted(trained) == sorted(str(x.key) for x in leases)
+            wait_until(lambda: [s.trained for s in main.status()] == [4], timeout=30, what="all trained")
+            with pytest.raises(SourceFinished):
+                main.take(timeout=1)
+            fold = main.gate.follower.fold
+            assert isinstance(fold, PromptLog)
+            states = {getattr(fold.prompt("toy", 0, p), "state", None) for p in range(4)}
+            assert states == {PromptState.TRAINED}
+        finally:
+            main.close()
+            reader.close()
