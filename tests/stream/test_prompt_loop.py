@@ -3,10 +3,14 @@ goes away gives it back, and every prompt of the epoch trains once (docs/loop.md
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from typer.testing import CliRunner
 
 from codec import Sample
 from core.prompts import PromptLog, PromptState
+from stream.app import app
 from stream.config import WorkerConfig
 from stream.prompts import PromptSource, SourceFinished
 from stream.reader import TrainDataReader
@@ -58,6 +62,23 @@ def test_every_prompt_of_the_epoch_trains_once_and_a_prompt_given_back_is_handed
             assert isinstance(fold, PromptLog)
             states = {getattr(fold.prompt("toy", 0, p), "state", None) for p in range(4)}
             assert states == {PromptState.TRAINED}
+            check_the_cli(kafka_bootstrap, topics.output, given_back.key.prompt)
         finally:
             main.close()
             reader.close()
+
+
+def check_the_cli(bootstrap: str, output_topic: str, row: int) -> None:
+    """`prompts` shows the epoch settled; `prompts show` the prompt given back, attempt by attempt."""
+    common = ["--bootstrap-servers", bootstrap, "--output-topic", output_topic, "--json"]
+    result = CliRunner().invoke(app, ["prompts", *common])
+    assert result.exit_code == 0, result.output
+    (toy,) = json.loads(result.output)["sources"]
+    assert (toy["name"], toy["epochs"][0]["trained"], toy["epochs"][0]["waiting"]) == ("toy", 4, 0)
+    result = CliRunner().invoke(app, ["prompts", "show", f"toy@0/{row}", *common])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    # the epoch is settled: its attempts are no longer kept, the outcome is
+    assert (shown["state"], shown["attempts"]) == ("trained", [])
+    result = CliRunner().invoke(app, ["prompts", "show", "toy@0/99", *common[:-1]])
+    assert result.exit_code == 1 and "not handed out" in result.output

@@ -133,3 +133,36 @@ def test_parquet_and_datasets_directories_are_read_with_pyarrow(tmp_path: Path) 
     with pa.ipc.new_stream(saved / "data-00000-of-00001.arrow", table.schema) as w:
         w.write_table(table)
     assert load_rows(saved) == [{"q": 1}, {"q": 2}, {"q": 3}]
+
+
+def test_the_status_table_and_one_prompt_s_attempts_render() -> None:
+    from rich.console import Console
+
+    from stream.tools.prompts import (
+        parse_prompt_id,
+        prompt_json,
+        prompts_report,
+        render_prompt,
+        render_prompts,
+    )
+    from tests.core.prompt_world import SOURCE, World
+
+    w = World(prompts=3, epochs=2)
+    w.take(0)
+    w.kill(0)  # its attempt lapses: re-issued
+    w.take(1)
+    w.send(1)
+    w.stage_step("shared_reward_violation")
+    console = Console(record=True, width=120)
+    console.print(render_prompts(prompts_report("td.admission", w.fold)))
+    text = console.export_text()
+    assert f"source {SOURCE}: 3 prompts, 2 epoch(s)" in text
+    assert "shared_reward_violation 1" in text
+    row = epoch_order(3, 7, 0)[0]
+    rec = w.fold.prompt(SOURCE, 0, row)
+    assert rec is not None
+    console.print(render_prompt(prompt_json(SOURCE, 0, row, rec)))
+    text = console.export_text()
+    assert "lease" in text and "dead_lettered" in text
+    assert parse_prompt_id(f"{SOURCE}@0/{row}") == parse_prompt_id(f"{SOURCE}@0.2/{row}") == (SOURCE, 0, row)
+    assert parse_prompt_id("nonsense") is None
