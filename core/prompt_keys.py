@@ -54,22 +54,28 @@ def parse_attempt_key(key: str) -> AttemptKey | None:
 
 class PromptFence:
     """Exactly one attempt of a prompt trains: in the one sequence of groups every trainer rank agrees on,
-    the first group of a prompt passes and any later one (whatever its attempt) is refused.
+    the first group of a prompt that would train claims it, and any other group of that prompt (whatever
+    its attempt) is refused while the claim stands. A claim stands once its group trains; a group skipped
+    after all (it went stale while it waited) gives its claim back (`release`).
 
-    `trained`: the prompts already trained when the reader resumed (from the fold, as of its committed
-    batch). A function of that and of the sequence, so every rank refuses the same groups.
+    `trained`: the prompts already trained when the reader resumed (the fold's, as of its committed batch).
+    A function of that and of the sequence, so every rank refuses the same groups.
     """
 
     def __init__(self, trained: Iterable[PromptId] = ()) -> None:
-        self._taken: set[PromptId] = set(trained)
+        self._claims: dict[PromptId, str | None] = dict.fromkeys(trained)  # None: trained before the resume
 
     def admit(self, key: str) -> bool:
         """Whether the group keyed `key`, which would otherwise train (neither stale nor invalid), may; a
-        group no prompt source made always may. Asked once per group, in sequence order."""
+        group no prompt source made always may. Asking again for the same group gives the same answer."""
         parsed = parse_attempt_key(key)
         if parsed is None:
             return True
-        if parsed.prompt_id in self._taken:
-            return False
-        self._taken.add(parsed.prompt_id)
-        return True
+        claim = self._claims.setdefault(parsed.prompt_id, key)
+        return claim == key
+
+    def release(self, key: str) -> None:
+        """The group keyed `key` was skipped after all: its prompt may be claimed by another."""
+        parsed = parse_attempt_key(key)
+        if parsed is not None and self._claims.get(parsed.prompt_id) == key:
+            del self._claims[parsed.prompt_id]

@@ -295,7 +295,8 @@ class PromptLog(AdmissionLog):
             self.settled_through[mark.trainer] = max(settled, mark.committed_batch)
 
     def _settle_batch(self, trainer: str, batch: int, keys: dict[str, bool]) -> None:
-        for key, skipped in keys.items():
+        # what trained first: a group of its prompt skipped in the same batch (fenced) re-issues nothing
+        for key, skipped in sorted(keys.items(), key=lambda item: item[1]):
             found = self._by_key(key)
             if found is None:
                 continue

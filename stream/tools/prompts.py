@@ -15,13 +15,8 @@ from rich.table import Table
 
 from core.prompt_keys import parse_attempt_key
 from core.prompts import EpochStatus, PromptLog, PromptRecord, PromptState
-from stream.clients import Connection
-from stream.kafka import TopicPartition, client_for
 from stream.layout import Flow
-from stream.names import admission_topic
-from stream.pacing import AdmissionFollower
-from stream.prompts.checkpoints import newest_fold
-from stream.topics import missing_topics
+from stream.prompts.checkpoints import fold_admission_log
 
 __all__ = ["PromptsReport", "SourceReport", "fold_admission_log", "parse_prompt_id", "prompt_json",
            "prompts_report", "render_prompt", "render_prompts"]
@@ -50,30 +45,6 @@ class PromptsReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def fold_admission_log(conn: Connection, output_topic: str,
-                       wait_s: float = 30.0) -> tuple[str, PromptLog | None]:
-    """The admission log of `output_topic` folded to its end (None: there is no log)."""
-    topic = admission_topic(output_topic)
-    if missing_topics(conn, [topic]):
-        return topic, None
-    client = client_for(conn)
-    consumer = client.assigned_consumer(client_id=conn.client_id, max_record_bytes=1 << 20)
-    tp = TopicPartition(topic, 0)
-    try:
-        end = consumer.end_offsets([tp])[tp]
-    finally:
-        consumer.close()
-    follower = AdmissionFollower(conn, topic, client, fold=newest_fold(client, topic))
-    try:
-        if end > 0 and not follower.wait_folded(end - 1, wait_s):
-            raise TimeoutError(f"{topic} was not folded to its end within {wait_s:g}s")
-        fold = follower.fold
-    finally:
-        follower.close()
-    assert isinstance(fold, PromptLog)
-    return topic, fold
 
 
 def prompts_report(topic: str, fold: PromptLog) -> PromptsReport:

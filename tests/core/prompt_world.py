@@ -172,6 +172,8 @@ class World:
         while self.train_data and good < self.groups_per_batch:
             key = self.train_data.pop(0)
             skip = (stale.pop(0) if stale else False) or not self.fence.admit(key)
+            if skip:
+                self.fence.release(key)
             batch.append((key, skip))
             good += not skip
         if batch:

@@ -56,6 +56,11 @@ def test_the_fence_lets_one_attempt_of_a_prompt_train() -> None:
     assert not fence.admit(f"{SOURCE}@0.2/6")  # a second attempt of the same prompt
     assert fence.admit(f"{SOURCE}@1.1/6")  # the next epoch's is another prompt
     assert fence.admit("plain/6")
+    assert fence.admit(f"{SOURCE}@0.1/6")  # the same group asked again: the same answer
+    fence.release(f"{SOURCE}@0.1/6")  # it went stale while it waited
+    assert fence.admit(f"{SOURCE}@0.2/6")
+    fence.release(f"{SOURCE}@0.1/6")  # not its claim any more: nothing changes
+    assert not fence.admit(f"{SOURCE}@0.3/6")
 
 
 def test_epoch_order_is_a_seeded_permutation() -> None:

@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 from codec import Sample
 from core.prompts import PromptLog, PromptState
 from stream.app import app
+from stream.clients import Connection
 from stream.config import WorkerConfig
-from stream.prompts import PromptSource, SourceFinished
+from stream.producer import RolloutProducer
+from stream.prompts import PromptSource, SourceFinished, prompt_fence
 from stream.reader import TrainDataReader
 from tests.stream.helpers import new_topics, running_worker, wait_until
 
@@ -66,6 +68,26 @@ def test_every_prompt_of_the_epoch_trains_once_and_a_prompt_given_back_is_handed
         finally:
             main.close()
             reader.close()
+
+
+@pytest.mark.kafka(timeout=90)
+def test_the_reader_s_fence_lets_one_attempt_of_a_prompt_train(kafka_bootstrap: str) -> None:
+    """A process frozen past its lease that still sends: two attempts of one prompt reach train-data."""
+    topics = new_topics(kafka_bootstrap, partitions=1, prefix="fence")
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    with running_worker(config):
+        with RolloutProducer(kafka_bootstrap, topic=topics.input) as producer:
+            for run_id, row in (("toy@0.1", 0), ("toy@0.2", 0), ("toy@0.1", 1)):
+                producer.send_many([Sample(group_index=row, index=i, rollout_id=i, reward=float(i))
+                                    for i in range(2)], run_id=run_id)
+        fence = prompt_fence(Connection(kafka_bootstrap), topics.output)  # no log yet: nothing trained
+        with TrainDataReader(kafka_bootstrap, topics.output, f"t-{topics.input}", groups_per_batch=2,
+                             start="earliest", fence=fence, publish_progress=False) as reader:
+            batch = reader.next_batch(timeout=30)
+            assert batch is not None
+            assert [g.key for g in batch.groups] == ["toy@0.1/0", "toy@0.1/1"]
+            assert batch.skipped_invalid == 1
 
 
 def check_the_cli(bootstrap: str, output_topic: str, row: int) -> None:
