@@ -66,7 +66,7 @@ def prompts_report(topic: str, fold: PromptLog) -> PromptsReport:
     return PromptsReport(topic, fold.next_offset, sources)
 
 
-def _bar(done: int, total: int, width: int = 20) -> str:
+def _bar(done: int, total: int, width: int = 10) -> str:
     filled = 0 if total == 0 else round(width * done / total)
     return "█" * filled + "░" * (width - filled) + f" {0 if total == 0 else 100 * done // total:3d}%"
 
@@ -87,7 +87,8 @@ def render_prompts(report: PromptsReport) -> RenderableType:
         table = Table(box=None, pad_edge=False)
         for column in ("epoch", "waiting", "in flight", "trained", "dead-lettered", "filtered", "re-issued",
                        "exhausted", "settled"):
-            table.add_column(column, justify="left" if column in ("dead-lettered", "settled") else "right")
+            table.add_column(column, justify="left" if column in ("dead-lettered", "settled") else "right",
+                             no_wrap=True)
         for e in s.epochs:
             dead = ", ".join(f"{escape(r)} {n}" for r, n in sorted(e.dead_lettered.items())) or "0"
             settled = e.trained + sum(e.dead_lettered.values()) + e.filtered + e.exhausted
