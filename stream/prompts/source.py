@@ -15,6 +15,7 @@ attempt of which prompt it is.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ from stream.prompts.dataset import Row, fingerprint, load_rows
 __all__ = ["DatasetMismatch", "PromptLease", "PromptSource", "SourceFinished"]
 
 log = logging.getLogger("rollout_stream.prompts")
+
+FINISHED_CHECK_S = 5.0  # how often a waiting take looks whether the source has finished
 
 
 class DatasetMismatch(ConfigurationError):
@@ -109,15 +112,23 @@ class PromptSource:
 
     def take(self, weight_version: int = 0, timeout: float | None = None) -> PromptLease:
         """The next prompt, as an attempt this process holds: waits like `RolloutProducer.admit` (and while
-        no prompt is free: every one in flight elsewhere). Raises SourceFinished when none is left, and
-        PacingTimeout after `timeout` seconds."""
-        try:
-            admission = self.gate.admit(int(weight_version), timeout)
-        except PacingTimeout:
+        no prompt is free: every one in flight elsewhere, any of which may come back). Raises SourceFinished
+        once every prompt of every epoch is settled, PacingTimeout after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
             if self.finished():
-                raise SourceFinished(f"prompt source {self.name!r}: every prompt of every epoch is settled "
-                                     f"or in flight elsewhere") from None
-            raise
+                raise SourceFinished(f"prompt source {self.name!r}: every prompt of every epoch is settled")
+            # in slices, so a take waiting at the end of a run learns that nothing will come back
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                admission = self.gate.admit(int(weight_version), FINISHED_CHECK_S if left is None
+                                            else min(left, FINISHED_CHECK_S))
+                break
+            except PacingTimeout:
+                if self.finished():
+                    continue
+                if left is not None and left <= FINISHED_CHECK_S:
+                    raise
         assert admission.request is not None
         request = admission.request
         key = self.gate.follower.read(lambda f: f.attempt_of(request) if isinstance(f, PromptLog) else None)

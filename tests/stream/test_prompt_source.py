@@ -97,10 +97,11 @@ def test_a_source_whose_every_prompt_settled_says_it_is_finished() -> None:
     try:
         keys = [str(a.take(timeout=5).key) for _ in range(2)]
         writer = AdmissionWriter(Connection("memory:9092"), LOG, MemoryClient(cluster))
-        writer.append(Resolved(keys=keys, reason="shared_reward_violation"))
+        offset = writer.append(Resolved(keys=keys, reason="shared_reward_violation"))
         writer.close()
+        assert a.gate.follower.wait_folded(offset, 5)
         with pytest.raises(SourceFinished):
-            a.take(timeout=0.5)
+            a.take()  # no timeout: a finished source says so at once
         fold = PromptLog()
         for offset, rec in enumerate(log(cluster)):
             fold.apply(offset, 0, rec)  # type: ignore[arg-type]
