@@ -4,11 +4,14 @@ goes away gives it back, and every prompt of the epoch trains once (docs/loop.md
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from codec import Sample
+from core.prompt_keys import parse_attempt_key
 from core.prompts import PromptLog, PromptState
 from stream.app import app
 from stream.clients import Connection
@@ -65,6 +68,57 @@ def test_every_prompt_of_the_epoch_trains_once_and_a_prompt_given_back_is_handed
             states = {getattr(fold.prompt("toy", 0, p), "state", None) for p in range(4)}
             assert states == {PromptState.TRAINED}
             check_the_cli(kafka_bootstrap, topics.output, given_back.key.prompt)
+        finally:
+            main.close()
+            reader.close()
+
+
+KILLED_MID_GROUP = """
+import os, sys
+from codec import Sample
+from stream.prompts import PromptSource
+bootstrap, topic, output, trainer = sys.argv[1:5]
+rows = [{"prompt": f"q{i}"} for i in range(4)]
+source = PromptSource(bootstrap, rows, name="toy", trainer_group_id=trainer, topic=topic,
+                      train_data_topic=output, producer_id="doomed-" + topic, epochs=1)
+lease = source.take(timeout=30)
+source.gate.bind(str(lease.key), lease.request)
+half = Sample(group_index=lease.group_index, run_id=lease.run_id, index=0, rollout_id=0, reward=1.0,
+              group_size=2, sibling_count=1, sibling_index=0)
+source.producer.send(half)
+source.producer.flush()
+print(lease.key, flush=True)
+os.kill(os.getpid(), 9)  # mid-group: one rollout of two sent
+"""
+
+
+@pytest.mark.kafka(timeout=120)
+def test_a_prompt_whose_process_was_killed_mid_group_is_handed_out_again_and_trains_once(
+        kafka_bootstrap: str) -> None:
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="killed")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    with running_worker(config):
+        done = subprocess.run([sys.executable, "-c", KILLED_MID_GROUP, kafka_bootstrap, topics.input,
+                               topics.output, trainer], capture_output=True, text=True, timeout=60)
+        assert done.returncode == -9, done.stderr
+        killed = parse_attempt_key(done.stdout.strip())
+        assert killed is not None and killed.attempt == 1
+        reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2,
+                                 start="earliest")
+        main = PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer, topic=topics.input,
+                            train_data_topic=topics.output, producer_id=f"rollout-0-{topics.input}", epochs=1)
+        try:
+            leases = [main.take(timeout=30) for _ in range(4)]  # the fourth waits for the lease to end
+            assert (leases[-1].key.prompt, leases[-1].key.attempt) == (killed.prompt, 2)
+            for lease in leases:
+                main.publish(lease, group(lease.row))
+            for _ in range(2):
+                assert reader.next_batch(timeout=30) is not None
+                reader.commit()
+            wait_until(lambda: [(s.trained, s.reissued) for s in main.status()] == [(4, 1)], timeout=30,
+                       what="four prompts trained, one of them re-issued")
         finally:
             main.close()
             reader.close()
