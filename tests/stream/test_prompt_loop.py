@@ -4,6 +4,7 @@ goes away gives it back, and every prompt of the epoch trains once (docs/loop.md
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -122,6 +123,81 @@ def test_a_prompt_whose_process_was_killed_mid_group_is_handed_out_again_and_tra
         finally:
             main.close()
             reader.close()
+
+
+FROZEN_MID_GROUP = """
+import os, signal, sys
+from codec import Sample
+from stream.prompts import PromptSource
+bootstrap, topic, output, trainer = sys.argv[1:5]
+rows = [{"prompt": f"q{i}"} for i in range(4)]
+source = PromptSource(bootstrap, rows, name="toy", trainer_group_id=trainer, topic=topic,
+                      train_data_topic=output, producer_id="frozen-" + topic, epochs=2)
+lease = source.take(timeout=30)
+source.gate.bind(str(lease.key), lease.request)
+for index in range(2):
+    source.producer.send(Sample(group_index=lease.group_index, run_id=lease.run_id, index=index,
+                                rollout_id=index, reward=float(index), group_size=2, sibling_count=1,
+                                sibling_index=0))
+    source.producer.flush()
+    if index == 0:
+        print(lease.key, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen past its lease with half the group sent
+source.close()
+"""
+
+
+@pytest.mark.kafka(timeout=120)
+def test_a_process_frozen_mid_group_past_its_lease_does_not_train_a_second_copy(kafka_bootstrap: str) -> None:
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="frozen")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    with running_worker(config):
+        frozen = subprocess.Popen([sys.executable, "-c", FROZEN_MID_GROUP, kafka_bootstrap, topics.input,
+                                   topics.output, trainer], stdout=subprocess.PIPE, text=True)
+        main = reader = None
+        try:
+            assert frozen.stdout is not None
+            first = parse_attempt_key(frozen.stdout.readline().strip())
+            assert first is not None
+            reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2,
+                                     start="earliest", fence=prompt_fence(Connection(kafka_bootstrap),
+                                                                          topics.output))
+            main = PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer,
+                                topic=topics.input, train_data_topic=topics.output,
+                                producer_id=f"rollout-0-{topics.input}", epochs=2)
+            leases = [main.take(timeout=30) for _ in range(3)]
+            # its lease ends 3 s of log time after its last renewal: then its prompt comes first
+            wait_until(lambda: main.status()[0].reissued == 1, timeout=30, what="the frozen one re-issued")
+            leases.append(main.take(timeout=30))
+            again = leases[-1].key
+            assert (again.epoch, again.prompt, again.attempt) == (0, first.prompt, 2)
+            for lease in leases:
+                main.publish(lease, group(lease.row))
+            for _ in range(2):
+                assert reader.next_batch(timeout=30) is not None
+                reader.commit()
+            frozen.send_signal(signal.SIGCONT)  # its first attempt completes and reaches train-data
+            assert frozen.wait(timeout=30) == 0
+            more = [main.take(timeout=30) for _ in range(2)]  # the next epoch, to fill one more batch
+            for lease in more:
+                main.publish(lease, group(lease.row))
+            batch = reader.next_batch(timeout=30)
+            assert batch is not None
+            assert sorted(g.key for g in batch.groups) == sorted(str(x.key) for x in more)
+            assert batch.skipped_invalid == 1  # the late first attempt, refused by the fence
+            reader.commit()
+            wait_until(lambda: [s.trained for s in main.status()] == [4, 2], timeout=30, what="trained")
+            fold = main.gate.follower.fold
+            assert isinstance(fold, PromptLog) and fold.duplicates == 0
+        finally:
+            if frozen.poll() is None:
+                frozen.kill()
+            if main is not None:
+                main.close()
+            if reader is not None:
+                reader.close()
 
 
 @pytest.mark.kafka(timeout=90)
