@@ -200,6 +200,40 @@ def test_a_process_frozen_mid_group_past_its_lease_does_not_train_a_second_copy(
                 reader.close()
 
 
+@pytest.mark.kafka(timeout=120)
+def test_a_trainer_restarted_before_its_commit_trains_the_batch_again_and_it_counts_once(
+        kafka_bootstrap: str) -> None:
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="restart")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    with running_worker(config):
+        main = PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer, topic=topics.input,
+                            train_data_topic=topics.output, producer_id=f"rollout-0-{topics.input}", epochs=1)
+        try:
+            for lease in [main.take(timeout=30) for _ in range(4)]:
+                main.publish(lease, group(lease.row))
+            first = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2)
+            assert first.next_batch(timeout=30) is not None
+            first.commit()
+            assert first.next_batch(timeout=30) is not None  # trained, never committed: the process dies
+            first.close()
+            wait_until(lambda: [s.trained for s in main.status()] == [2], timeout=30, what="batch 0 settled")
+            again = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2,
+                                    fence=prompt_fence(Connection(kafka_bootstrap), topics.output))
+            try:
+                batch = again.next_batch(timeout=30)
+                assert batch is not None and batch.index == 1 and batch.skipped_invalid == 0
+                again.commit()
+            finally:
+                again.close()
+            wait_until(lambda: [s.trained for s in main.status()] == [4], timeout=30, what="all trained")
+            fold = main.gate.follower.fold
+            assert isinstance(fold, PromptLog) and fold.duplicates == 0
+        finally:
+            main.close()
+
+
 @pytest.mark.kafka(timeout=90)
 def test_the_reader_s_fence_lets_one_attempt_of_a_prompt_train(kafka_bootstrap: str) -> None:
     """A process frozen past its lease that still sends: two attempts of one prompt reach train-data."""
