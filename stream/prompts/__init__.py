@@ -1,7 +1,7 @@
 """The prompt source (docs/loop.md): a dataset handed out to rollout processes through the admission log."""
 
-from stream.prompts.checkpoints import prompt_fence
 from stream.prompts.dataset import DatasetError, fingerprint, load_rows
+from stream.prompts.fence import prompt_fence
 from stream.prompts.source import DatasetMismatch, PromptLease, PromptSource, SourceFinished
 
 __all__ = ["DatasetError", "DatasetMismatch", "PromptLease", "PromptSource", "SourceFinished", "fingerprint",

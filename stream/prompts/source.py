@@ -34,8 +34,8 @@ from stream.kafka import Client, KafkaFailure, SendFuture, client_for
 from stream.logs import log_event
 from stream.names import admission_topic, progress_topic
 from stream.pacing import AdmissionGate, PacingTimeout
+from stream.pacing.checkpoints import CHECKPOINT_EVERY, checkpoint_due, newest_fold, take_checkpoint
 from stream.producer import RolloutProducer
-from stream.prompts.checkpoints import CHECKPOINT_EVERY, checkpoint_due, newest_fold, take_checkpoint
 from stream.prompts.dataset import Row, fingerprint, load_rows
 
 __all__ = ["DatasetMismatch", "PromptLease", "PromptSource", "SourceFinished"]

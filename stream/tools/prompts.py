@@ -16,7 +16,7 @@ from rich.table import Table
 from core.prompt_keys import parse_attempt_key
 from core.prompts import EpochStatus, PromptLog, PromptRecord, PromptState
 from stream.layout import Flow
-from stream.prompts.checkpoints import fold_admission_log
+from stream.prompts.fence import fold_admission_log
 
 __all__ = ["PromptsReport", "SourceReport", "fold_admission_log", "parse_prompt_id", "prompt_json",
            "prompts_report", "render_prompt", "render_prompts"]

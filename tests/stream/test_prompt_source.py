@@ -14,8 +14,8 @@ from core.prompts import PromptLog, epoch_order
 from stream.clients import Connection
 from stream.kafka.memory import MemoryClient, MemoryCluster
 from stream.pacing import AdmissionWriter
+from stream.pacing.checkpoints import newest_fold
 from stream.prompts import DatasetError, DatasetMismatch, PromptSource, SourceFinished, load_rows
-from stream.prompts.checkpoints import newest_fold
 
 LOG = "train-data.admission"
 ROWS = [{"prompt": f"what is {i} + {i}?", "answer": 2 * i} for i in range(6)]
