@@ -167,3 +167,25 @@ def test_the_status_table_and_one_prompt_s_attempts_render() -> None:
     assert "lease" in text and "dead_lettered" in text
     assert parse_prompt_id(f"{SOURCE}@0/{row}") == parse_prompt_id(f"{SOURCE}@0.2/{row}") == (SOURCE, 0, row)
     assert parse_prompt_id("nonsense") is None
+
+
+def test_the_worker_s_metrics_show_each_source_s_newest_epoch_and_its_settled_prompts() -> None:
+    from stream.worker.progress import prompt_metrics
+    from tests.core.prompt_world import SOURCE, World
+
+    w = World(prompts=3, epochs=2, groups_per_batch=1)
+    w.take(0)
+    w.kill(0)  # re-issued
+    w.take(1)
+    w.send(1)
+    w.stage_step("zero_variance")
+    w.drain()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for m in prompt_metrics(w.fold) for s in m.samples}
+    assert samples[("rollout_stream_prompt_epoch", (("source", SOURCE),))] == 1
+    assert samples[("rollout_stream_prompts", (("source", SOURCE), ("state", "trained")))] == 3
+    settled = {state: samples[("rollout_stream_prompts_settled_total", (("source", SOURCE),
+                                                                        ("state", state)))]
+               for state in ("trained", "filtered", "dead_lettered", "exhausted")}
+    assert settled == {"trained": 5, "filtered": 1, "dead_lettered": 0, "exhausted": 0}
+    assert samples[("rollout_stream_prompts_reissued_total", (("source", SOURCE),))] == 1
