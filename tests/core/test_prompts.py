@@ -253,3 +253,22 @@ def test_timeouts_count_as_attempts(reason: str) -> None:
         w.stage_step(reason)
     rec = w.fold.prompt(SOURCE, 0, 0)
     assert rec is not None and rec.state is PromptState.EXHAUSTED
+
+
+def test_the_prompt_fold_decides_every_admission_as_the_admission_fold_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The admission tests, run again on PromptLog: a prompt fold adds to the rule and never changes it."""
+    import inspect
+
+    import tests.core.test_admission as admission_tests
+
+    monkeypatch.setattr(admission_tests, "AdmissionLog", PromptLog)
+    ran = 0
+    for name, test in vars(admission_tests).items():
+        if not name.startswith("test_") or not callable(test):
+            continue
+        if inspect.signature(test).parameters and not hasattr(test, "hypothesis"):
+            continue  # parametrized by pytest: its cases run in its own module
+        test()
+        ran += 1
+    assert ran >= 15
