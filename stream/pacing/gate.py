@@ -190,7 +190,10 @@ class AdmissionGate:
             if name in self._keys:
                 return
             bound = self._bound.pop(name, None)
-            if bound is not None and bound in self._tickets:  # a prompt's group takes its own admission
+            if bound is not None:  # a prompt's group takes its own admission, never another's
+                if bound not in self._tickets:
+                    raise AdmissionRevoked(f"group {name!r} was bound to admission {bound}, which this "
+                                           f"producer no longer holds (sent, given back or lapsed)")
                 self._tickets.remove(bound)
                 self._tickets.appendleft(bound)
             if not self._tickets:
@@ -240,6 +243,15 @@ class AdmissionGate:
         """The group named `key`, when sent, takes the admission of `request` rather than the oldest."""
         with self._lock:
             self._bound[key] = request
+
+    def give_back(self, request: int) -> None:
+        """An admission this producer will not use: its place (and a prompt it carries) goes back now."""
+        with self._lock:
+            if request not in self._tickets:
+                return
+            self._tickets.remove(request)
+            self._bound = {k: r for k, r in self._bound.items() if r != request}
+        self._writer.send(Release(**self._me, requests=[request]))
 
     def append(self, record: AdmissionRecord, timeout: float = 10.0) -> int:
         """Append a record of this producer's to the log and wait until the fold has it; its offset."""

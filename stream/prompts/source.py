@@ -148,6 +148,10 @@ class PromptSource:
         self.producer.flush()
         return futures
 
+    def give_back(self, lease: PromptLease) -> None:
+        """A lease this process will not publish: its prompt goes back to the front, no attempt counted."""
+        self.gate.give_back(lease.request)
+
     def finished(self) -> bool:
         """No prompt is waiting to be handed out, none will be (epochs done) and none is in flight."""
         def look(fold: Any) -> bool:

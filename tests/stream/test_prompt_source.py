@@ -13,7 +13,7 @@ from core.prompt_keys import parse_attempt_key
 from core.prompts import PromptLog, epoch_order
 from stream.clients import Connection
 from stream.kafka.memory import MemoryClient, MemoryCluster
-from stream.pacing import AdmissionWriter
+from stream.pacing import AdmissionRevoked, AdmissionWriter
 from stream.pacing.checkpoints import newest_fold
 from stream.prompts import DatasetError, DatasetMismatch, PromptSource, SourceFinished, load_rows
 
@@ -57,6 +57,24 @@ def test_two_processes_take_different_prompts_in_the_epoch_s_order_and_publish_b
     finally:
         a.close()
         b.close()
+
+
+def test_a_lease_given_back_is_handed_out_next_and_cannot_be_published() -> None:
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster)
+    try:
+        first = a.take(timeout=5)
+        a.give_back(first)
+        again = a.take(timeout=5)
+        assert (again.key.prompt, again.key.attempt) == (first.key.prompt, 2)  # a new key; no attempt counted
+        rec = a.gate.follower.read(lambda f: f.prompt("sums", 0, first.key.prompt))
+        assert [x.ended.value if x.ended else None for x in rec.attempts] == ["released", None]
+        with pytest.raises(AdmissionRevoked, match="no longer holds"):
+            a.publish(first, group())
+        a.publish(again, group())
+    finally:
+        a.close()
 
 
 def test_a_process_over_other_rows_under_the_same_name_is_refused() -> None:
