@@ -236,8 +236,9 @@ def test_a_trainer_restarted_before_its_commit_trains_the_batch_again_and_it_cou
 
 @pytest.mark.kafka(timeout=90)
 def test_the_reader_s_fence_lets_one_attempt_of_a_prompt_train(kafka_bootstrap: str) -> None:
-    """A process frozen past its lease that still sends: two attempts of one prompt reach train-data."""
-    topics = new_topics(kafka_bootstrap, partitions=1, prefix="fence")
+    """A process frozen past its lease that still sends: two attempts of one prompt reach train-data. Two
+    ranks, each with its own fence, make the same call."""
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="fence")
     config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
                           commit_interval_s=0.2)
     with running_worker(config):
@@ -245,13 +246,20 @@ def test_the_reader_s_fence_lets_one_attempt_of_a_prompt_train(kafka_bootstrap: 
             for run_id, row in (("toy@0.1", 0), ("toy@0.2", 0), ("toy@0.1", 1)):
                 producer.send_many([Sample(group_index=row, index=i, rollout_id=i, reward=float(i))
                                     for i in range(2)], run_id=run_id)
-        fence = prompt_fence(Connection(kafka_bootstrap), topics.output)  # no log yet: nothing trained
-        with TrainDataReader(kafka_bootstrap, topics.output, f"t-{topics.input}", groups_per_batch=2,
-                             start="earliest", fence=fence, publish_progress=False) as reader:
-            batch = reader.next_batch(timeout=30)
-            assert batch is not None
-            assert [g.key for g in batch.groups] == ["toy@0.1/0", "toy@0.1/1"]
-            assert batch.skipped_invalid == 1
+        ranks = [TrainDataReader(kafka_bootstrap, topics.output, f"t-{topics.input}", groups_per_batch=2,
+                                 rank=rank, world_size=2, start="earliest", publish_progress=False,
+                                 fence=prompt_fence(Connection(kafka_bootstrap), topics.output))
+                 for rank in range(2)]  # no log yet: nothing trained
+        try:
+            batches = [reader.next_batch(timeout=30) for reader in ranks]
+            assert batches[0] is not None and batches[1] is not None
+            trained = [[g.key for g in b.groups] for b in batches]
+            assert trained[0] == trained[1]  # the same groups on both ranks, whichever attempt came first
+            assert sorted(k.rsplit("/", 1)[1] for k in trained[0]) == ["0", "1"]  # one attempt per prompt
+            assert batches[0].skipped_invalid == batches[1].skipped_invalid == 1
+        finally:
+            for reader in ranks:
+                reader.close()
 
 
 def check_the_cli(bootstrap: str, output_topic: str, row: int) -> None:
