@@ -16,10 +16,6 @@ the reader's fence (`core.prompt_keys.PromptFence`) is what keeps it at zero.
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass, field
-from enum import Enum
-
 from codec.admission import (
     AdmissionRecord,
     Checkpoint,
@@ -32,6 +28,18 @@ from codec.admission import (
 )
 from core.admission import AdmissionLog, AdmittedGroup, Decision
 from core.prompt_keys import AttemptKey, PromptId, parse_attempt_key, valid_source
+from core.prompt_records import (
+    CODES,
+    COUNTED,
+    Attempt,
+    AttemptEnd,
+    Epoch,
+    EpochStatus,
+    PromptRecord,
+    PromptState,
+    SourceState,
+    epoch_order,
+)
 
 __all__ = ["RETRY_REASONS", "Attempt", "AttemptEnd", "EpochStatus", "PromptLog", "PromptRecord",
            "PromptState", "SourceState", "epoch_order"]
@@ -40,115 +48,6 @@ __all__ = ["RETRY_REASONS", "Attempt", "AttemptEnd", "EpochStatus", "PromptLog",
 RETRY_REASONS = frozenset({"incomplete_group", "incomplete_chunks"})
 ZERO_VARIANCE = "zero_variance"
 EXHAUSTED_REASON = "prompt_attempts_exhausted"
-
-
-class PromptState(Enum):
-    WAITING = "waiting"
-    IN_FLIGHT = "in_flight"
-    TRAINED = "trained"
-    DEAD_LETTERED = "dead_lettered"
-    FILTERED = "filtered"
-    EXHAUSTED = "exhausted"
-
-    @property
-    def final(self) -> bool:
-        return self not in (PromptState.WAITING, PromptState.IN_FLIGHT)
-
-
-class AttemptEnd(Enum):
-    LEASE = "lease"  # its producer's lease ended before the group was whole at the stage
-    INCOMPLETE = "incomplete"  # the stage timed its group out
-    SKIPPED = "skipped"  # a committed trainer batch skipped it (stale, invalid)
-    UNCONSUMED = "unconsumed"  # sent, and neither consumed nor resolved for the sent expiry
-    RELEASED = "released"  # admitted and given back before anything was sent: not counted
-    TRAINED = "trained"
-    DEAD_LETTERED = "dead_lettered"
-    FILTERED = "filtered"
-    SUPERSEDED = "superseded"  # another attempt of its prompt settled it
-
-
-_COUNTED = frozenset({AttemptEnd.LEASE, AttemptEnd.INCOMPLETE, AttemptEnd.SKIPPED, AttemptEnd.UNCONSUMED})
-
-
-@dataclass(slots=True)
-class Attempt:
-    number: int  # 1 for the first: part of the group key
-    request: int  # the admitting request's offset
-    producer: str
-    session: str
-    taken_ms: int
-    sent: bool = False
-    delivered: bool = False
-    ended: AttemptEnd | None = None
-    ended_ms: int | None = None
-    trainer: str | None = None  # the trainer and batch that trained it
-    batch: int | None = None
-
-
-@dataclass(slots=True)
-class PromptRecord:
-    state: PromptState
-    attempts: list[Attempt] = field(default_factory=list)
-    reason: str | None = None  # a dead-letter reason, or `prompt_attempts_exhausted`
-
-
-_CODES = list(PromptState)
-
-
-@dataclass(slots=True)
-class _Epoch:
-    cursor: int = 0  # prompts of the order handed out for the first time
-    prompts: dict[int, PromptRecord] = field(default_factory=dict)  # every prompt handed out, by row
-    final: int = 0  # prompts in a final state
-    reissued: int = 0  # attempts that ended without a result and were handed out again
-    # Once every prompt is final the records shrink to one state code per row and the reasons: a week of
-    # epochs stays small in memory and in a checkpoint (the attempts' history goes; `late_trained` and
-    # `duplicates` no longer see the epoch).
-    settled: bytes | None = None
-    reasons: dict[int, str] = field(default_factory=dict)
-
-    def record(self, prompt: int) -> PromptRecord | None:
-        if self.settled is None:
-            return self.prompts.get(prompt)
-        if not 0 <= prompt < len(self.settled):
-            return None
-        return PromptRecord(_CODES[self.settled[prompt]], [], self.reasons.get(prompt))
-
-    def states(self) -> list[tuple[int, PromptState, str | None]]:
-        """(row, state, reason) of every prompt handed out."""
-        if self.settled is None:
-            return [(p, rec.state, rec.reason) for p, rec in self.prompts.items()]
-        return [(p, _CODES[code], self.reasons.get(p)) for p, code in enumerate(self.settled)]
-
-
-@dataclass(slots=True)
-class SourceState:
-    dataset: Dataset
-    epochs: list[_Epoch] = field(default_factory=list)
-    retry: list[list[int]] = field(default_factory=list)  # [epoch, prompt] to hand out again, oldest first
-    reissued: int = 0
-    refused: int = 0  # later declarations that differed from the first
-
-
-@dataclass(frozen=True, slots=True)
-class EpochStatus:
-    epoch: int
-    prompts: int
-    waiting: int
-    in_flight: int
-    trained: int
-    dead_lettered: dict[str, int]
-    filtered: int
-    exhausted: int
-    reissued: int  # attempts that ended without a result and were handed out again
-
-
-def epoch_order(prompts: int, seed: int, epoch: int) -> list[int]:
-    """The rows in the order epoch `epoch` hands them out: the same in every process (a str seed is hashed
-    with SHA-512, independent of PYTHONHASHSEED)."""
-    order = list(range(prompts))
-    random.Random(f"{seed}:{epoch}").shuffle(order)
-    return order
 
 
 class PromptLog(AdmissionLog):
@@ -222,7 +121,7 @@ class PromptLog(AdmissionLog):
         if not src.epochs or src.epochs[-1].cursor >= n:
             if src.dataset.epochs is not None and len(src.epochs) >= src.dataset.epochs:
                 return None
-            src.epochs.append(_Epoch())
+            src.epochs.append(Epoch())
         epoch = len(src.epochs) - 1
         e = src.epochs[epoch]
         e.cursor += 1
@@ -329,7 +228,7 @@ class PromptLog(AdmissionLog):
         e = src.epochs[epoch]
         e.final += 1
         if e.final == src.dataset.prompts and e.cursor == src.dataset.prompts:
-            e.settled = bytes(_CODES.index(e.prompts[p].state) for p in range(src.dataset.prompts))
+            e.settled = bytes(CODES.index(e.prompts[p].state) for p in range(src.dataset.prompts))
             e.reasons = {p: rec.reason for p, rec in e.prompts.items() if rec.reason is not None}
             e.prompts = {}
 
@@ -343,7 +242,7 @@ class PromptLog(AdmissionLog):
         attempt.ended, attempt.ended_ms = end, self.clock_ms
         if rec.state.final:
             return
-        if sum(a.ended in _COUNTED for a in rec.attempts) >= src.dataset.max_attempts:
+        if sum(a.ended in COUNTED for a in rec.attempts) >= src.dataset.max_attempts:
             rec.state, rec.reason = PromptState.EXHAUSTED, EXHAUSTED_REASON
             self._finalized(src, epoch)
             return
