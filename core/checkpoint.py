@@ -39,7 +39,7 @@ class _State(msgspec.Struct, kw_only=True):
     by_key: dict[str, int]
     unmatched: dict[str, tuple[str, int | None, int]]
     sources: dict[str, SourceState]
-    live: dict[int, list[int | str]]
+    live: dict[int, tuple[str, int, int]]
     uncommitted: dict[str, dict[int, dict[str, bool]]]
     trainer_sessions: dict[str, str]
     settled_through: dict[str, int]

@@ -56,7 +56,7 @@ class PromptLog(AdmissionLog):
     def __init__(self, **limits: int) -> None:
         super().__init__(**limits)
         self.sources: dict[str, SourceState] = {}
-        self.live: dict[int, list[int | str]] = {}  # request -> [source, epoch, prompt] of a live attempt
+        self.live: dict[int, tuple[str, int, int]] = {}  # request -> its live attempt's (source, epoch, row)
         self.uncommitted: dict[str, dict[int, dict[str, bool]]] = {}  # trainer -> batch -> key -> skipped
         self.trainer_sessions: dict[str, str] = {}
         self.settled_through: dict[str, int] = {}  # trainer -> batches below it are settled
@@ -106,7 +106,7 @@ class PromptLog(AdmissionLog):
         rec = src.epochs[epoch].prompts.setdefault(prompt, PromptRecord(PromptState.WAITING))
         rec.state = PromptState.IN_FLIGHT
         rec.attempts.append(Attempt(len(rec.attempts) + 1, request, r.producer, r.session, self.clock_ms))
-        self.live[request] = [r.source, epoch, prompt]
+        self.live[request] = (r.source, epoch, prompt)
         return True
 
     def _next(self, name: str, src: SourceState) -> tuple[int, int] | None:
@@ -234,8 +234,7 @@ class PromptLog(AdmissionLog):
 
     def _end(self, request: int, end: AttemptEnd) -> None:
         """The live attempt admitted by `request` ended without a result: hand its prompt out again."""
-        where = self.live.pop(request)
-        name, epoch, prompt = str(where[0]), int(where[1]), int(where[2])
+        name, epoch, prompt = self.live.pop(request)
         src = self.sources[name]
         rec = src.epochs[epoch].prompts[prompt]
         attempt = rec.attempts[-1]
@@ -259,7 +258,8 @@ class PromptLog(AdmissionLog):
         where = self.live.get(request)
         if where is None:
             return None
-        return self.sources[str(where[0])].epochs[int(where[1])].prompts[int(where[2])].attempts[-1]
+        name, epoch, prompt = where
+        return self.sources[name].epochs[epoch].prompts[prompt].attempts[-1]
 
     def _by_key(self, key: str) -> tuple[AttemptKey, PromptRecord, Attempt] | None:
         parsed = parse_attempt_key(key)
@@ -280,7 +280,7 @@ class PromptLog(AdmissionLog):
         where = self.live.get(request)
         if where is None:
             return None
-        name, epoch, prompt = str(where[0]), int(where[1]), int(where[2])
+        name, epoch, prompt = where
         rec = self.sources[name].epochs[epoch].prompts[prompt]
         return AttemptKey(name, epoch, rec.attempts[-1].number, prompt)
 
