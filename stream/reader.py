@@ -57,6 +57,7 @@ from core.assembly import (
 from core.chunks import ChunkAssembler, ChunkKey, Copy, Refused
 from core.collate import Collated, collate
 from core.pacing import doomed_through
+from core.prompt_keys import PromptFence
 from core.structs import InputRecord
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.errors import RuntimeFailure
@@ -543,6 +544,8 @@ class TrainDataReader:
     partition, fully deterministic even with unbounded producer delays, but an idle partition stalls).
     `max_open_chunk_bytes`: the bytes of chunked values held while incomplete (`ChunkLimitError` above
     it); `chunk_timeout_s`: when an incomplete one is dropped (`GroupAssembler` says what and why).
+    `fence`: for groups of a prompt source (docs/loop.md), the rule that lets one attempt of a prompt train
+    (`stream.prompts.prompt_fence` builds it from the log at start); the others are skipped as invalid.
     """
 
     def __init__(
@@ -569,6 +572,7 @@ class TrainDataReader:
         publish_progress: bool = True,
         max_open_chunk_bytes: int = MAX_OPEN_CHUNK_BYTES,
         chunk_timeout_s: float = CHUNK_TIMEOUT_S,
+        fence: PromptFence | None = None,
     ) -> None:
         if layout not in ("tensors", "miles"):
             raise ValueError(f"layout must be tensors or miles, got {layout!r}")
@@ -615,6 +619,8 @@ class TrainDataReader:
         self.chunk_timeout_s = chunk_timeout_s
         self.layout = layout
         self.balance_data = balance_data
+        # one attempt of a prompt trains (docs/loop.md): a group the fence refuses is skipped as invalid
+        self.fence = fence
         self.stats = ReaderStats()
         self.weight_version: int | None = None
         self._queue: queue.Queue[_Item] = queue.Queue(maxsize=prefetch * groups_per_batch)
@@ -707,13 +713,21 @@ class TrainDataReader:
             [g.key for (g, _), v in zip(self._buffer, verdicts, strict=True) if v is not None])
 
     def _verdict(self, group: AssembledGroup) -> Verdict | None:
-        return group_verdict(group, self.weight_version, self.max_weight_staleness)
+        verdict = group_verdict(group, self.weight_version, self.max_weight_staleness)
+        if verdict is None and self.fence is not None and not self.fence.admit(group.key):
+            return "invalid"  # another attempt of its prompt trains
+        return verdict
 
     def _batch(self, verdicts: list[Verdict | None]) -> Batch:
         plan = plan_batch([g for g, _ in self._buffer], verdicts, groups_per_batch=self.groups_per_batch,
                           rank=self.rank, world_size=self.world_size, balance_tokens=self.balance_tokens)
         items, self._buffer = self._buffer[:plan.taken], self._buffer[plan.taken:]
         self._waiting = None
+        if self.fence is not None:  # a group skipped after all gives its prompt's claim back
+            training = {id(g) for g in plan.groups}
+            for group, _ in items:
+                if id(group) not in training:
+                    self.fence.release(group.key)
         for group in plan.invalid:
             log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key,
                       partition=group.partition, offset=group.first_offset,
