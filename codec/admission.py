@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["AdmissionRecord", "Cancel", "Delivered", "Hello", "Release", "Renew", "Request", "Resolved",
-           "Sent", "TrainerMark", "decode_admission", "encode_admission"]
+__all__ = ["AdmissionRecord", "Cancel", "Checkpoint", "Dataset", "Delivered", "Hello", "Release", "Renew",
+           "Request", "Resolved", "Sent", "TrainerMark", "decode_admission", "encode_admission"]
 
 
 class Hello(msgspec.Struct, kw_only=True, tag="hello", tag_field="type"):
@@ -33,6 +33,8 @@ class Request(msgspec.Struct, kw_only=True, tag="request", tag_field="type"):
     max_policy_lag: int | None
     max_unconsumed_groups: int | None
     versions_per_batch: int = 1
+    # a prompt source's take (docs/loop.md): admitted, the request carries the next prompt of dataset `source`
+    source: str | None = None
     schema_version: int = 1
 
 
@@ -110,10 +112,36 @@ class TrainerMark(msgspec.Struct, kw_only=True, tag="mark", tag_field="type"):
     doomed: list[str] = msgspec.field(default_factory=list)
     committed_batch: int | None = None
     resumed_from: int | None = None
+    # of the keys in `consumed`, those skipped (stale, invalid, superseded) rather than trained, per batch
+    skipped: dict[int, list[str]] = msgspec.field(default_factory=dict)
     schema_version: int = 1
 
 
-AdmissionRecord = Hello | Request | Cancel | Sent | Delivered | Renew | Release | Resolved | TrainerMark
+class Dataset(msgspec.Struct, kw_only=True, tag="dataset", tag_field="type"):
+    """A prompt source `source` hands out `prompts` rows (docs/loop.md). The first declaration of a source
+    wins; a later one that differs is refused, so every party hands out the same rows in the same order."""
+
+    source: str
+    prompts: int
+    fingerprint: str  # a digest of the rows: the same name over other data is refused
+    seed: int = 0
+    epochs: int | None = None  # None: endless
+    max_attempts: int = 3
+    schema_version: int = 1
+
+
+class Checkpoint(msgspec.Struct, kw_only=True, tag="checkpoint", tag_field="type"):
+    """The whole fold's state after folding every record through offset `through`: a newcomer loads the
+    newest one and folds only what follows (`core.checkpoint`)."""
+
+    through: int
+    fold_version: int
+    state: bytes
+    schema_version: int = 1
+
+
+AdmissionRecord = (Hello | Request | Cancel | Sent | Delivered | Renew | Release | Resolved | TrainerMark
+                   | Dataset | Checkpoint)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AdmissionRecord)

@@ -24,11 +24,16 @@ __all__ = [
 
 
 class DecodeError(ValueError):
-    """Bytes that are not a valid record of a known schema version; `message` is msgspec's text."""
+    """Bytes that are not a valid record of a known schema version; `message` is msgspec's text.
 
-    def __init__(self, message: str) -> None:
+    `not_a_record`: the bytes as a whole are not one (not MessagePack, or not a map of its fields at the top),
+    as opposed to a record with a field msgspec refused (its text then names the field: `- at `$.tokens``).
+    """
+
+    def __init__(self, message: str, *, not_a_record: bool = False) -> None:
         super().__init__(message)
         self.message = message
+        self.not_a_record = not_a_record
 
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=array_enc_hook)
@@ -40,7 +45,9 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], data: bytes | memoryview) -> 
     try:
         record = decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise DecodeError(str(exc)) from exc
+        # msgspec's text names the path of a refused field; without one, the top-level value was refused
+        text = str(exc)
+        raise DecodeError(text, not_a_record=" - at `$" not in text) from exc
     except (ValueError, TypeError, OverflowError) as exc:
         # Raised by our ext/dec hooks (bad array payloads); msgspec wraps some, not all.
         raise DecodeError(f"{type(exc).__name__}: {exc}") from exc

@@ -39,7 +39,7 @@ from codec.admission import (
 )
 from core.pacing import next_batch_version
 
-__all__ = ["AdmissionLog", "AdmissionSnapshot", "Decision", "Outcome"]
+__all__ = ["AdmissionLog", "AdmissionSnapshot", "AdmittedGroup", "Decision", "Outcome"]
 
 SUSPECT_MS = 3_000
 LEASE_MS = 30_000
@@ -78,6 +78,9 @@ class _Group:
     # for good, even if the session comes back, and it is forgotten when the lease runs out
     revoked_ms: int | None = None
     forget_at_ms: int = 0  # when revoked: `lease_ms` after its session last renewed
+
+
+AdmittedGroup = _Group  # what a fold built on this one is told of a group
 
 
 @dataclass(slots=True)
@@ -214,6 +217,7 @@ class AdmissionLog:
                     group = self.groups.get(request)
                     if group is not None and group.session == record.session and not group.sent:
                         del self.groups[request]
+                        self._dropped(request, group)
         elif isinstance(record, Resolved):
             for key in record.keys:
                 self._consumed(None, key, None)
@@ -242,8 +246,10 @@ class AdmissionLog:
             if group.producer == producer and group.session == ended.session and not group.delivered:
                 if forget_unsent:
                     del self.groups[request]
+                    self._dropped(request, group)
                 elif group.revoked_ms is None:
                     group.revoked_ms, group.forget_at_ms = self.clock_ms, ended.renewed_ms + self.lease_ms
+                    self._revoked(request, group)
 
     def _mark(self, mark: TrainerMark) -> None:
         t = self.trainers.get(mark.trainer)
@@ -298,12 +304,14 @@ class AdmissionLog:
             renewed = suspected.get((group.producer, group.session))
             if group.revoked_ms is None and not group.delivered and renewed is not None:
                 group.revoked_ms, group.forget_at_ms = self.clock_ms, renewed + self.lease_ms
+                self._revoked(request, group)
             lapsed = group.sent and self.clock_ms - group.sent_ms >= self.sent_expiry_ms
             if lapsed or (group.revoked_ms is not None and self.clock_ms >= group.forget_at_ms):
                 del self.groups[request]
                 self.expired += lapsed
                 if group.key is not None:
                     self.by_key.pop(group.key, None)
+                self._dropped(request, group)
         for producer, s in list(self.sessions.items()):
             if self.clock_ms - s.renewed_ms >= self.lease_ms:
                 self._end_session(producer, offset, out, forget_unsent=False)
@@ -314,11 +322,22 @@ class AdmissionLog:
             if self._too_old(r):
                 del self.pending[request]
                 out.append(Decision(request, Outcome.TOO_OLD, offset))
-            elif self.admissible(r):
+            elif self.admissible(r) and self._granted(request, r):
                 del self.pending[request]
                 self.groups[request] = _Group(r.trainer, r.producer, r.session, r.weight_version,
                                               r.max_policy_lag, r.versions_per_batch)
                 out.append(Decision(request, Outcome.ADMITTED, offset))
+
+    # ---- what a fold built on this one hears (core.prompts) -------------------------------------
+    def _granted(self, request: int, r: Request) -> bool:
+        """`r` is admissible: may it be admitted now? (False: it stays pending, asked again later)"""
+        return True
+
+    def _revoked(self, request: int, group: _Group) -> None:
+        """`group` can no longer complete: its session stopped renewing before it was delivered."""
+
+    def _dropped(self, request: int, group: _Group) -> None:
+        """`group` stops counting without being consumed or resolved: released, forgotten or expired."""
 
     # ---- the rule ------------------------------------------------------------------------------
     def _never_trains(self, group: _Group, t: _Trainer) -> bool:

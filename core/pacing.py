@@ -74,6 +74,7 @@ class Admission:
     refused: Refusal | None
     unconsumed: int  # groups ahead of the new one
     predicted_lag: int | None  # None: the trainer has no weight version yet
+    request: int | None = None  # the admitting request's offset in the admission log (the group's id)
 
     @property
     def admitted(self) -> bool:

@@ -26,13 +26,25 @@ from core.validate import SampleLimits, plainly_valid, validate_sample
 
 __all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
            "replay_id", "REPLAY_ID_HEADER", "DEFAULT_GROUP_TIMEOUT_MS", "DEFAULT_CLOSED_RETENTION_MS",
-           "DEFAULT_MAX_CLOSED_GROUPS", "DEFAULT_MAX_GROUP_BYTES", "input_record"]
+           "DEFAULT_MAX_CLOSED_GROUPS", "DEFAULT_MAX_GROUP_BYTES", "decode_error_message", "input_record"]
 
 R = DeadLetterReason
 
 WindowKey = tuple[int, str, str]
 """(input partition, group key, replay id): a replayed group is windowed apart from its original."""
 
+
+
+def decode_error_message(value: bytes | None, error: DecodeError) -> str:
+    """What a decode_error's message tells an operator: that the value was empty, or was not a rollout sample
+    at all (a producer writing something else to the topic), before msgspec's own words; a sample with one
+    bad field keeps msgspec's text, which names the field (`Expected `int`, got `str` - at `$.group_index``).
+    """
+    if value is not None and len(value) == 0:
+        return "empty value (0 bytes)"
+    if error.not_a_record:
+        return f"not a MessagePack rollout sample: {error.message}"
+    return error.message
 
 
 def replay_id(record: InputRecord) -> str:
@@ -206,7 +218,8 @@ class WindowStore:
         """Take one consumed record; return what became of it (and of any group it completed or broke)."""
         if isinstance(decoded, DecodeError):
             key = record.key.decode("utf-8", "backslashreplace") if record.key is not None else None
-            return [DeadLettered(R.DECODE_ERROR, decoded.message, key, (record,), now_ms)]
+            return [DeadLettered(R.DECODE_ERROR, decode_error_message(record.value, decoded), key, (record,),
+                                 now_ms)]
         sample = decoded
         cfg = self.config
         gkey: str | None = plainly_valid(sample, record.key, cfg.reward.reward_key, cfg.limits)

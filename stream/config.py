@@ -3,6 +3,7 @@ else."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -22,7 +23,8 @@ from core.windows import (
 from stream.clients import MAX_RECORD_BYTES
 from stream.errors import ConfigurationError
 
-__all__ = ["ConfigError", "ZeroVariancePolicy", "TopicNames", "WorkerConfig", "parse_zero_variance"]
+__all__ = ["INT32_MAX", "INT64_MAX", "MAX_SECONDS", "ConfigError", "ZeroVariancePolicy", "TopicNames",
+           "WorkerConfig", "check_count", "check_rate", "check_seconds", "parse_zero_variance"]
 
 _REWARD_DEFAULTS = RewardConfig()  # the reward settings' defaults are core's (named as in the reference)
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -30,6 +32,45 @@ _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 class ConfigError(ConfigurationError, ValueError):
     """A configuration a person must fix before the worker can start."""
+
+
+INT32_MAX = 2**31 - 1  # Kafka's int fields: partitions, max.message.bytes, a poll's or a session's ms
+INT64_MAX = 2**63 - 1  # Kafka's and msgspec's longest integer: offsets, timestamps, retention.ms
+# The longest duration any flag takes (100 years): in ms it fits an int64 with a Kafka timestamp added to it
+# (a group's deadline), and Python's waits (threading.TIMEOUT_MAX, about 292 years) and timedelta take it.
+MAX_SECONDS = 100 * 365 * 24 * 3600
+
+
+def check_seconds(flag: str, value: float, *, zero: bool = False, unit: str = "seconds",
+                  unit_s: float = 1.0) -> None:
+    """Refuse a duration that is not a finite number of `unit`s above 0 (or 0, with `zero`) up to MAX_SECONDS:
+    NaN and infinities included, which comparisons alone let through (inf > 0)."""
+    at_most = MAX_SECONDS / unit_s
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0) and value <= at_most):
+        low = "0 or more" if zero else "above 0"
+        raise ConfigError(f"{flag} must be a number of {unit} {low} and at most {at_most:.10g} (100 years), "
+                          f"got {value:g}")
+
+
+def check_rate(flag: str, value: float, *, unlimited: bool = True) -> None:
+    """Refuse a rate per second that is not finite, negative, or so small that the wait between two events
+    exceeds MAX_SECONDS (time.sleep raises OverflowError); 0 means unlimited where `unlimited`."""
+    if not (math.isfinite(value) and ((unlimited and value == 0) or value >= 1 / MAX_SECONDS)):
+        zero = "0 (unlimited) or " if unlimited else ""
+        raise ConfigError(f"{flag} must be {zero}at least one per 100 years ({1 / MAX_SECONDS:.2g} per "
+                          f"second), got {value:g}")
+
+
+def check_count(flag: str, value: int, low: int, high: int = INT64_MAX, *, unit: str = "") -> None:
+    """Refuse an integer outside low..high (by default the int64 the Kafka clients and msgspec carry)."""
+    if low <= value <= high:
+        return
+    unit = f" {unit}" if unit else ""
+    if high == INT64_MAX:
+        limit = f"at least {low}{unit}" if value < low else f"at most {high}{unit} (an int64)"
+    else:
+        limit = f"between {low} and {high}{unit}"
+    raise ConfigError(f"{flag} must be {limit}, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +169,7 @@ class WorkerConfig:
             raise ConfigError("--group-id must not be empty")
         if self.group_size is not None and not 1 <= self.group_size <= MAX_GROUP_SIZE:
             raise ConfigError(f"--group-size must be between 1 and {MAX_GROUP_SIZE}, got {self.group_size}")
-        if not self.group_timeout_s > 0:
-            raise ConfigError(
-                f"--group-timeout must be a positive number of seconds, got {self.group_timeout_s}"
-            )
+        check_seconds("--group-timeout", self.group_timeout_s)
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             raise ConfigError(
                 f"--advantage-estimator must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, "
@@ -139,20 +177,21 @@ class WorkerConfig:
             )
         if self.reward_key is not None and not self.reward_key:
             raise ConfigError("--reward-key must not be empty")
-        if not self.commit_interval_s > 0:
-            raise ConfigError(f"--commit-interval must be positive, got {self.commit_interval_s}")
-        if not self.progress_interval_s > 0:
-            raise ConfigError(f"--progress-interval must be a positive number of seconds, got "
-                              f"{self.progress_interval_s:g}")
+        check_seconds("--commit-interval", self.commit_interval_s)
+        if self.delivery == "exactly-once" and self.commit_interval_s > self.transaction_timeout_s / 2:
+            # the broker aborts a transaction open longer than its timeout: every commit would fail
+            raise ConfigError(f"--commit-interval must be at most {self.transaction_timeout_s / 2:g} seconds "
+                              f"under exactly-once (half the {self.transaction_timeout_s:g} s transaction "
+                              f"timeout, after which the broker aborts a transaction), got "
+                              f"{self.commit_interval_s:g}")
+        check_seconds("--progress-interval", self.progress_interval_s)
         if not 6 <= self.session_timeout_s <= 1800:
             raise ConfigError(f"--session-timeout must be between 6 and 1800 seconds (the broker's default "
                               f"group.min/max.session.timeout.ms), got {self.session_timeout_s:g}")
         if self.delivery not in ("exactly-once", "at-least-once"):
             raise ConfigError(f"--delivery must be exactly-once or at-least-once, got {self.delivery!r}")
-        if self.commit_max_records < 1:
-            raise ConfigError(f"--commit-max-records must be at least 1, got {self.commit_max_records}")
-        if self.max_open_groups < 1:
-            raise ConfigError(f"--max-open-groups must be at least 1, got {self.max_open_groups}")
+        check_count("--commit-max-records", self.commit_max_records, 1)
+        check_count("--max-open-groups", self.max_open_groups, 1)
         if not 1024 <= self.chunk_bytes <= self.max_record_bytes:
             raise ConfigError(f"--chunk-kib must be between 1 and {self.max_record_bytes >> 10} (the largest "
                               f"record), got {self.chunk_bytes / 1024:g}")
@@ -160,6 +199,9 @@ class WorkerConfig:
         if self.max_open_bytes < smallest:
             raise ConfigError(f"--max-open-mib must be at least {smallest / (1 << 20):g} (room for one "
                               f"record of the largest size), got {self.max_open_bytes / (1 << 20):g}")
+        check_count("--max-open-mib", self.max_open_bytes >> 20, smallest >> 20, INT64_MAX >> 20)
+        if self.closed_group_retention_s is not None:
+            check_seconds("--closed-group-retention", self.closed_group_retention_s)
         if (
             self.closed_group_retention_s is not None
             and self.closed_group_retention_s < 2 * self.group_timeout_s

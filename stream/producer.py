@@ -14,7 +14,7 @@ from codec import Sample, encode_sample, group_key
 from codec.chunks import CHUNK_HEADER, DEFAULT_CHUNK_BYTES, split
 from core.pacing import Admission, PacingLimits
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
-from stream.kafka import SendFuture, Written, check_connection, client_for
+from stream.kafka import Client, SendFuture, Written, check_connection, client_for
 from stream.names import admission_topic, progress_topic
 from stream.pacing import AdmissionGate, PacingError, PacingStats
 from stream.security import SecuritySettings
@@ -43,7 +43,7 @@ class RolloutProducer:
                  max_policy_lag: int | None = None, max_unconsumed_groups: int | None = None,
                  versions_per_batch: int = 1, producer_id: str | None = None,
                  trainer_stale_after_s: float = 60.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 **producer_settings: Any) -> None:
+                 kafka_client: Client | None = None, **producer_settings: Any) -> None:
         """`bootstrap_servers`: an address, or a Connection (address and TLS/SASL settings); `security`
         applies to an address (e.g. SecuritySettings.from_env()); `client` picks the Kafka client library
         (confluent or kafka-python; default: $ROLLOUT_STREAM_CLIENT, else confluent).
@@ -59,6 +59,9 @@ class RolloutProducer:
         is derived from it); `versions_per_batch`: how far the trainer's version moves per batch at most;
         `producer_id`: this producer's name on the progress topic (default: random); a trainer whose
         progress is older than `trainer_stale_after_s` is reported as stale.
+
+        `kafka_client`: the seam's client to use instead of the one `client` names (tests: the in-memory
+        cluster; the topic is then not looked up first).
 
         A sample whose encoding is larger than `chunk_bytes` goes out as chunk records of its key, which the
         stage reassembles (docs/chunks.md); the default fits a cluster's default 1 MiB message.max.bytes.
@@ -79,9 +82,10 @@ class RolloutProducer:
                               security=security or SecuritySettings(), client=client or default_client())
         if check:
             check_connection(conn)
-        require_topics(conn, {topic: ""},
-                       hint="create it with `rollout-stream topics create` (check the name for a typo)")
-        self._producer = client_for(conn).producer(
+        if kafka_client is None:
+            require_topics(conn, {topic: ""},
+                           hint="create it with `rollout-stream topics create` (check the name for a typo)")
+        self._producer = (kafka_client or client_for(conn)).producer(
             client_id=conn.client_id,
             max_record_bytes=producer_settings.pop("max_record_bytes", MAX_RECORD_BYTES),
             **producer_settings,

@@ -57,6 +57,7 @@ from core.assembly import (
 from core.chunks import ChunkAssembler, ChunkKey, Copy, Refused
 from core.collate import Collated, collate
 from core.pacing import doomed_through
+from core.prompt_keys import PromptFence
 from core.structs import InputRecord
 from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.errors import RuntimeFailure
@@ -65,6 +66,7 @@ from stream.logs import log_event
 from stream.names import admission_topic, progress_topic, rank_group_id
 from stream.pacing import TrainerProgressPublisher
 from stream.security import SecuritySettings
+from stream.topics import MissingTopic, missing_topics
 
 __all__ = [
     "TrainDataReader",
@@ -286,6 +288,13 @@ class GroupAssembler:
                       last_offset=offsets[-1], reason=refused.reason.value, error=refused.message[:300])
 
 
+# How long the reader waits for its topic to appear before it raises MissingTopic: a topic created a moment
+# before the reader starts (by the stage, or `rollout-stream topics create`) is in the cluster's metadata
+# within a few seconds; a name with a typo never is.
+TOPIC_WAIT_S = 10.0
+# The least time between two `batch.waiting` log lines, which say what a batch that is not complete waits for.
+WAITING_LOG_S = 5.0
+
 # How long the merge waits on a partition read to its end before it passes a group of another one (the
 # idle rule in the module docstring). Ranks agree on the order as long as a record is readable within this
 # long of its timestamp: the stage commits every 0.1 s. Paced, the last group of each batch waits this long,
@@ -318,6 +327,7 @@ class _Prefetcher(threading.Thread):
         self.r = reader
         self.stop = threading.Event()
         self.consumer: AssignedConsumer | None = None
+        self.at_end: list[int] = []  # partitions read to their end at the last turn of the loop
 
     def run(self) -> None:
         try:
@@ -338,12 +348,18 @@ class _Prefetcher(threading.Thread):
         return False
 
     def _partitions(self) -> list[int]:
+        """The topic's partitions; MissingTopic once the cluster says, TOPIC_WAIT_S in, that it has no such
+        topic (a topic it only hides from this client, for want of an ACL, is waited for, and logged)."""
         waited = 0.0
         assert self.consumer is not None
         while not self.stop.is_set():
             parts = self.consumer.partitions_for_topic(self.r.topic)
             if parts:
                 return sorted(parts)
+            if waited >= TOPIC_WAIT_S and missing_topics(self.r.conn, [self.r.topic]):
+                raise MissingTopic({self.r.topic: ""}, self.r.conn.bootstrap_servers,
+                                   f"the reader waited {TOPIC_WAIT_S:g}s for it; check the name for a typo, "
+                                   "or create it (`rollout-stream topics create --output-topic NAME`)")
             if waited % 10 == 0:
                 log_event(log, "topic.waiting", logging.WARNING, topic=self.r.topic)
             time.sleep(0.5)
@@ -422,6 +438,7 @@ class _Prefetcher(threading.Thread):
             caught_up = _CaughtUp(c, tps)
             if assembler.chunks.open:
                 assembler.expire_chunks(int(time.time() * 1000), caught_up)
+            self.at_end = [p for p in partitions if caught_up(p)]  # said by the trainer's `batch.waiting`
             while (group := merger.pop(int(time.time() * 1000), caught_up)) is not None:
                 marks.release(group.partition, group.offsets)
                 r.stats.groups += 1
@@ -496,6 +513,31 @@ class Batch:
         return len(self.samples)
 
 
+class _WaitingLog:
+    """`batch.waiting`, at most every WAITING_LOG_S while a batch is not complete: the groups held of those
+    needed, and the partitions read to their end (all of them: the topic has no more groups for now)."""
+
+    def __init__(self, reader: TrainDataReader, now: float) -> None:
+        self.reader, self.started, self.next = reader, now, now + WAITING_LOG_S
+
+    def timeout(self, remaining: float | None) -> float:
+        """How long the next wait on the queue may last: until the next line is due, at the latest."""
+        until_log = max(0.0, self.next - time.monotonic())
+        return until_log if remaining is None else min(remaining, until_log)
+
+    def due(self, now: float, good: int) -> bool:
+        """Log the line if it is due (True: the wait goes on), else False (the caller's timeout passed)."""
+        if now < self.next:
+            return False
+        r = self.reader
+        log_event(log, "batch.waiting", topic=r.topic, batch=r._next_index or 0,
+                  groups=f"{good}/{r.groups_per_batch}", held=len(r._buffer),
+                  partitions_at_end=",".join(map(str, r._thread.at_end)) or "none",
+                  waited_s=round(now - self.started))
+        self.next = now + WAITING_LOG_S
+        return True
+
+
 class TrainDataReader:
     """Iterate whole prompt groups of a train-data topic as batches for one data-parallel rank.
 
@@ -512,6 +554,8 @@ class TrainDataReader:
     partition, fully deterministic even with unbounded producer delays, but an idle partition stalls).
     `max_open_chunk_bytes`: the bytes of chunked values held while incomplete (`ChunkLimitError` above
     it); `chunk_timeout_s`: when an incomplete one is dropped (`GroupAssembler` says what and why).
+    `fence`: for groups of a prompt source (docs/loop.md), the rule that lets one attempt of a prompt train
+    (`stream.prompts.prompt_fence` builds it from the log at start); the others are skipped as invalid.
     """
 
     def __init__(
@@ -538,6 +582,7 @@ class TrainDataReader:
         publish_progress: bool = True,
         max_open_chunk_bytes: int = MAX_OPEN_CHUNK_BYTES,
         chunk_timeout_s: float = CHUNK_TIMEOUT_S,
+        fence: PromptFence | None = None,
     ) -> None:
         if layout not in ("tensors", "miles"):
             raise ValueError(f"layout must be tensors or miles, got {layout!r}")
@@ -584,6 +629,8 @@ class TrainDataReader:
         self.chunk_timeout_s = chunk_timeout_s
         self.layout = layout
         self.balance_data = balance_data
+        # one attempt of a prompt trains (docs/loop.md): a group the fence refuses is skipped as invalid
+        self.fence = fence
         self.stats = ReaderStats()
         self.weight_version: int | None = None
         self._queue: queue.Queue[_Item] = queue.Queue(maxsize=prefetch * groups_per_batch)
@@ -593,7 +640,8 @@ class TrainDataReader:
         self._yielded: tuple[int, dict[int, Mark]] | None = None
         self._committed: tuple[int, dict[int, Mark]] | None = None
         self._committer: Any = None
-        self._failed: ReaderError | None = None
+        self._failed: ReaderError | MissingTopic | None = None
+        self._waiting: _WaitingLog | None = None  # the batch being waited for, since when
         self._closed = False
         # Rank 0 tells paced producers where this trainer group is (docs/pacing.md): on each batch, each
         # set_weight_version and commit, and on a heartbeat.
@@ -635,16 +683,20 @@ class TrainDataReader:
         good = verdicts.count(None)
         if good < len(verdicts) and self.progress is not None:  # a new version made buffered groups stale
             self._report_doomed(verdicts)
+        # one wait per batch, across calls: a trainer polling with short timeouts is told too
+        waiting = self._waiting = self._waiting or _WaitingLog(self, time.monotonic())
         while good < self.groups_per_batch:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return None
             try:
-                kind, value, snapshot = self._queue.get(timeout=remaining)
+                kind, value, snapshot = self._queue.get(timeout=waiting.timeout(remaining))
             except queue.Empty:
+                if waiting.due(time.monotonic(), good):
+                    continue
                 return None
             if kind == "error":
-                if isinstance(value, ReaderError):  # a typed failure of the reader itself (ChunkLimitError)
+                if isinstance(value, ReaderError | MissingTopic):  # typed failures: ChunkLimitError, ...
                     self._failed = value
                 else:
                     self._failed = ReaderError(
@@ -671,12 +723,21 @@ class TrainDataReader:
             [g.key for (g, _), v in zip(self._buffer, verdicts, strict=True) if v is not None])
 
     def _verdict(self, group: AssembledGroup) -> Verdict | None:
-        return group_verdict(group, self.weight_version, self.max_weight_staleness)
+        verdict = group_verdict(group, self.weight_version, self.max_weight_staleness)
+        if verdict is None and self.fence is not None and not self.fence.admit(group.key):
+            return "invalid"  # another attempt of its prompt trains
+        return verdict
 
     def _batch(self, verdicts: list[Verdict | None]) -> Batch:
         plan = plan_batch([g for g, _ in self._buffer], verdicts, groups_per_batch=self.groups_per_batch,
                           rank=self.rank, world_size=self.world_size, balance_tokens=self.balance_tokens)
         items, self._buffer = self._buffer[:plan.taken], self._buffer[plan.taken:]
+        self._waiting = None
+        if self.fence is not None:  # a group skipped after all gives its prompt's claim back
+            training = {id(g) for g in plan.groups}
+            for group, _ in items:
+                if id(group) not in training:
+                    self.fence.release(group.key)
         for group in plan.invalid:
             log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key,
                       partition=group.partition, offset=group.first_offset,

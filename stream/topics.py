@@ -12,7 +12,7 @@ from stream.kafka import Admin, Client, TopicExists, TopicSpec, UnknownTopic, cl
 
 __all__ = ["TopicSettings", "Replication", "default_replication", "replication_for", "ensure_topics",
            "ensure_changelog", "TopicMismatch", "MissingTopic", "require_topics", "missing_topics",
-           "unreplicated_warning"]
+           "partition_count", "unreplicated_warning"]
 
 log = logging.getLogger("rollout_stream.topics")
 
@@ -123,6 +123,16 @@ def missing_topics(conn: Connection, topics: list[str]) -> list[str]:
         return [t.name for t in admin.describe_topics(unlisted) if isinstance(t.error, UnknownTopic)]
     finally:
         admin.close()
+
+
+def partition_count(conn: Connection, topic: str) -> int | None:
+    """The topic's partitions as the cluster describes them (None: it does not say)."""
+    admin = _admin(conn)
+    try:
+        described = admin.describe_topics([topic])
+    finally:
+        admin.close()
+    return described[0].partitions if described else None
 
 
 def require_topics(

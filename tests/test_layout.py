@@ -32,13 +32,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # what other processes import
     "stream.producer": ("stream.producer", "stream.pacing", "stream.kafka", *BASE),
     "stream.reader": ("stream.reader", "stream.pacing", "stream.kafka", *BASE),
+    "stream.prompts": ("stream.prompts", "stream.producer", "stream.pacing", "stream.kafka", *BASE),
     # trainer frameworks on the reader and the producer (each framework imported only in its own module)
     "stream.integrations": ("stream.integrations", "stream.reader", "stream.producer", "stream.pacing",
                             "stream.kafka", *BASE),
     # operator tools
     "stream.tools": (
         "stream.tools", "stream.kafka", "stream.worker", "stream.pacing", "stream.producer", "stream.reader",
-        *BASE
+        "stream.prompts", *BASE
     ),
     # the shared base: the settings, names and errors everything else uses
     **{module: ("stream.kafka", *BASE) for module in BASE

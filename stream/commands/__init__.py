@@ -7,7 +7,7 @@ import importlib
 import typer
 
 # Order is the order of `--help`.
-_MODULES = ["run", "demo", "broker", "topics", "synth", "dlq", "tail", "lag", "acls", "bench"]
+_MODULES = ["run", "demo", "broker", "topics", "synth", "dlq", "tail", "lag", "prompts", "acls", "bench"]
 
 
 def register_all(app: typer.Typer) -> None:

@@ -16,6 +16,7 @@ from stream.commands.connection import (
     connection_from_options,
 )
 from stream.commands.options import Bootstrap, fail, grouped_options
+from stream.config import INT32_MAX, WorkerConfig, check_count, check_rate, check_seconds
 from stream.errors import described
 from stream.kafka import KafkaFailure
 
@@ -109,13 +110,15 @@ def bench(
 
     if delivery not in DELIVERIES:
         fail(f"--delivery must be exactly-once, at-least-once or both, got {delivery!r}")
-    if min(partitions, commit_max_records, repeats) < 1 or commit_interval <= 0 or latency_seconds <= 0:
-        fail(
-            "--partitions, --repeats and --commit-max-records must be >= 1; --commit-interval and "
-            "--latency-seconds > 0"
-        )
-    if latency_rate is not None and not latency_rate > 0:
-        fail(f"--latency-rate must be > 0 samples/s, got {latency_rate:g}")
+    check_count("--partitions", partitions, 1, INT32_MAX)
+    check_count("--repeats", repeats, 1)
+    check_count("--commit-max-records", commit_max_records, 1)
+    check_seconds("--commit-interval", commit_interval)
+    if delivery != "at-least-once" or compare_delivery:  # exactly-once runs: the worker's own rule applies
+        WorkerConfig(commit_interval_s=commit_interval, commit_max_records=commit_max_records)
+    check_seconds("--latency-seconds", latency_seconds)
+    if latency_rate is not None:
+        check_rate("--latency-rate", latency_rate, unlimited=False)
     workloads = _chosen_workloads(workload or [], quick)
     if profile_dir:
         os.makedirs(profile_dir, exist_ok=True)

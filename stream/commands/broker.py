@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from stream.commands.options import CommandGroup
+from stream.config import check_seconds
 from stream.tools.broker.cluster import LocalCluster, is_cluster
 from stream.tools.broker.errors import BrokerConfigError
 from stream.tools.broker.jars import cached_jars, default_cache_root, resolve_jars
@@ -114,6 +115,8 @@ def start(
     A cluster (--nodes 3) prints the bootstrap list of every node once all are ready and the group and
     transaction coordinators answer.
     """
+    if timeout is not None:
+        check_seconds("--timeout", timeout)
     overrides = dict(parse_override(item) for item in override or [])  # BadOverride: exit 2
     if nodes > 1 or is_cluster(data_dir):
         if secure:
@@ -168,6 +171,7 @@ def stop(
 
     Delete --data-dir (after stopping) to start from an empty cluster.
     """
+    check_seconds("--timeout", timeout, zero=True)
     if is_cluster(data_dir):
         cluster = LocalCluster(data_dir=data_dir)
         pids = {n.node_id: n.broker.pid for n in cluster.status()}
@@ -250,6 +254,8 @@ def restart(
         "--stop-timeout", min=0.0, help="Seconds to wait for a clean shutdown before SIGKILL.")] = 30.0,
 ) -> None:
     """Stop one node of the cluster cleanly (if it runs), start it again; print its address when ready."""
+    check_seconds("--timeout", timeout)
+    check_seconds("--stop-timeout", stop_timeout, zero=True)
     cluster = LocalCluster(data_dir=data_dir, progress=_stderr)
     print(cluster.restart(node, timeout=timeout, stop_timeout=stop_timeout), flush=True)
 

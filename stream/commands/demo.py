@@ -14,13 +14,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from core.validate import MAX_GROUP_SIZE, MAX_SIBLING_COUNT
 from stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
     connection_from_options,
 )
-from stream.commands.options import Bootstrap, grouped_options
-from stream.config import TopicNames, WorkerConfig
+from stream.commands.options import Bootstrap, fail, grouped_options
+from stream.config import TopicNames, WorkerConfig, check_count, check_rate, check_seconds
 from stream.layout import Flow, output_console, titled
 from stream.logs import configure_logging
 from stream.producer import RolloutProducer
@@ -83,6 +84,15 @@ def demo(
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Start the local broker, the worker and a synthetic producer; show live progress and a final summary."""
+    check_count("--groups", groups, 0)
+    check_count("--group-size", group_size, 1, MAX_GROUP_SIZE)
+    check_count("--max-siblings", max_siblings, 1, MAX_SIBLING_COUNT)
+    kinds = len(FaultRates.__slots__)
+    if not 0 <= fault_rate <= 1 / kinds:  # each kind of fault gets this share: at most one per group
+        fail(f"--fault-rate must be between 0 and 1/{kinds} ({1 / kinds:.4f}): each of the {kinds} kinds of "
+             f"fault gets that share of groups, at most one per group; got {fault_rate:g}")
+    check_rate("--rate", rate)
+    check_seconds("--group-timeout", group_timeout)
     console = output_console(stderr=True)
     conn = connection_from_options(bootstrap_servers, security)
     tag = uuid.uuid4().hex[:6]

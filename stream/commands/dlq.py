@@ -24,6 +24,7 @@ from stream.commands.options import (
     grouped_options,
     option_group,
 )
+from stream.config import INT32_MAX, check_count, check_rate
 from stream.errors import described
 from stream.kafka import KafkaFailure, TopicPartition, client_for
 from stream.layout import Flow, output_console
@@ -216,9 +217,16 @@ def list_(
     if not json_out:
         if rows or not shown:
             console.print(list_view(rows, console.width))
-        more = " (--limit reached)" if selection.limit is not None and shown >= selection.limit else ""
-        line = f"{shown} record(s) of {dead_letter_topic}, {selection.describe()}{more}"
-        console.print(Flow(line, indent=4))
+        console.print(Flow(list_footer(shown, dead_letter_topic, selection), indent=4))
+
+
+def list_footer(shown: int, topic: str, selection: Selection) -> str:
+    """What `dlq list` showed. Stopped at --limit, it says these are the first records only: how many more
+    there are is not known without reading them all (`dlq stats` does)."""
+    if selection.limit is not None and shown >= selection.limit:
+        return (f"the first {shown} record(s) of {topic}, {selection.describe()}: --limit {selection.limit} "
+                "reached (--limit 0 lists them all, `rollout-stream dlq stats` counts them)")
+    return f"{shown} record(s) of {topic}, {selection.describe()}"
 
 
 @dlq_app.command("show")
@@ -253,6 +261,7 @@ def show(
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """All headers, the decoded sample (or a hex preview), and the group's sibling rewards side by side."""
+    check_count("--context", context, 0, INT32_MAX)  # offsets on each side: their sum stays an offset
     partition, offset = parse_coordinates(coordinates)
     conn = _connect(bootstrap_servers, security)
     with _scanner(conn, dead_letter_topic, False) as scanner:
@@ -317,6 +326,7 @@ def replay_(
     (<dead-letter topic>.replays) move in the same transaction as the records replayed, so no dead-letter
     record is published twice, by a second identical run or an overlapping selection. See docs/dlq.md.
     """
+    check_rate("--rate", rate)
     selection = _selection(filters, limit or None)
     if to is not None and to == dead_letter_topic:
         fail("--to must not be the dead-letter topic itself")

@@ -9,6 +9,7 @@ import typer
 
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, OutputTopic, grouped_options
+from stream.config import check_seconds
 from stream.layout import output_console
 from stream.tools.lag import lag_report, render_lag
 
@@ -30,6 +31,7 @@ def lag(
 ) -> None:
     """Where each party is: producers' newest weight version and outstanding groups, the stage's input lag and
     open groups, each trainer group's batch, weight version, policy lag and the groups waiting for it."""
+    check_seconds("--stale-after", stale_after)
     conn = connection_from_options(bootstrap_servers, security)
     report = lag_report(conn, output_topic=output_topic, input_topic=input_topic, stage_group_id=group_id,
                         stale_after_s=stale_after)

@@ -17,16 +17,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar, cast, get_type_hints
 
 import typer
-from typer.core import TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
-from stream.config import TopicNames
+from stream.config import INT64_MAX, TopicNames
 from stream.errors import ConfigurationError, RolloutStreamError, RuntimeFailure, described
 
 if TYPE_CHECKING:
@@ -170,14 +171,38 @@ def _errors_in_one_line(command_path: Callable[[], str]) -> Iterator[None]:
         raise typer.Exit(exc.exit_code) from None
 
 
+def _number_kind(param: Parameter) -> type | None:
+    """int or float when `param` takes one number (`int | None` included), else None."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if annotation in (int, float):
+        return cast(type, annotation)
+    kinds = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float) else None
+
+
+def _finite_number(ctx: Context, param: Parameter, value: Any) -> Any:
+    """Every number a command takes is finite and fits an int64: the common ground of what Kafka, msgspec,
+    the clock and Python's waits carry (a value past it ended in a traceback: OverflowError). What a flag's
+    own unit allows besides is checked where the flag is used (stream/config.py `check_seconds`, ...)."""
+    name = param.opts[0] if isinstance(param, TyperOption) else (param.name or "value")  # as typer names it
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise ConfigurationError(f"{name} must fit in 64 bits (-2**63 to 2**63-1), got {value}")
+    return value
+
+
 def _uniform_value_names(params: list[Parameter], ctx: Context) -> list[Parameter]:
     """Name every option's value in `--help` as typer's `<type>` does, and only values.
 
     A flag takes no value, so it shows none (typer prints `<bool>`); a repeatable option shows the type of one
     value (`<str>`, not `<list[str]>`); a metavar given in words (`KEY=VALUE`) is written the same way
-    (`<key=value>`). Idempotent: the parameters are typer's own objects, named once.
+    (`<key=value>`). Every parameter that takes a number is also given `_finite_number` as its check, the
+    same for every command. Idempotent: the parameters are typer's own objects, prepared once.
     """
     for param in params:
+        if isinstance(param, TyperOption | TyperArgument) and param.callback is None and _number_kind(param):
+            param.callback = _finite_number
         if not isinstance(param, TyperOption):
             continue
         if param.is_flag:
@@ -191,7 +216,8 @@ def _uniform_value_names(params: list[Parameter], ctx: Context) -> list[Paramete
 
 class CommandGroup(TyperGroup):
     """The class of every command group (`Typer(cls=CommandGroup)`): failures and usage errors in one line
-    with their exit code, and one way of naming values in every command's `--help`.
+    with their exit code, one way of naming values in every command's `--help`, and one check of every
+    number a command takes (finite, within an int64).
 
     A group parses its own arguments in `make_context` and has each subcommand parse its own in `invoke`,
     so the group that catches an error knows which command was being parsed.

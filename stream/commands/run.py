@@ -28,7 +28,7 @@ from stream.commands.options import (
     fail,
     grouped_options,
 )
-from stream.config import TopicNames, WorkerConfig, parse_zero_variance
+from stream.config import INT32_MAX, TopicNames, WorkerConfig, check_count, parse_zero_variance
 from stream.errors import described
 from stream.kafka import KafkaFailure
 from stream.logs import configure_logging, log_event
@@ -192,8 +192,7 @@ def run(
         max_dead_letter_ratio=max_dead_letter_ratio,
         dead_letter_window=dead_letter_window,
     )
-    if partitions < 1:
-        fail(f"--partitions must be at least 1, got {partitions}")
+    check_count("--partitions", partitions, 1, INT32_MAX)
     configure_logging(log_format, log_level)
     signals = _StopSignals()
     conn = connection_from_options(config.bootstrap_servers, security)

@@ -8,9 +8,10 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from core.validate import SampleLimits
+from core.validate import MAX_SIBLING_COUNT, SampleLimits
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, fail, grouped_options
+from stream.config import INT64_MAX, check_count, check_rate
 from stream.producer import RolloutProducer
 from stream.tools.access import write_denials_explained
 from stream.tools.synth import (
@@ -23,6 +24,9 @@ from stream.tools.synth import (
     interruption_summary,
     send_groups,
 )
+
+# The most tokens synth puts in one sample: 64 MiB of int32 token ids, the largest record topics take.
+MAX_TOKENS = 1 << 24
 
 
 def _rate(groups: str) -> Any:
@@ -44,8 +48,8 @@ def synth(
     groups: Annotated[int, typer.Option(min=0, help="Prompt groups to send (total count).")] = 100,
     group_size: SentGroupSize = 4,
     max_siblings: Annotated[int, typer.Option(
-        min=1, help="Samples per rollout are drawn from 1..N (agentic fan-out).")] = 1,
-    tokens: Annotated[int, typer.Option(min=1, help="Tokens per sample.")] = 64,
+        min=1, max=MAX_SIBLING_COUNT, help="Samples per rollout are drawn from 1..N (agentic fan-out).")] = 1,
+    tokens: Annotated[int, typer.Option(min=1, max=MAX_TOKENS, help="Tokens per sample.")] = 64,
     rate: Annotated[float, typer.Option(min=0.0, help="Samples per second (0: as fast as possible).")] = 0.0,
     fault_rate: Annotated[float | None, typer.Option(
         min=0.0, max=1.0, show_default=False,
@@ -67,7 +71,7 @@ def synth(
         help="Leave group_size unset (the worker's --group-size applies).")] = False,
     run_id: Annotated[str | None, typer.Option(help="Namespace of the group keys (default: random).",
                                                show_default=False)] = None,
-    start_index: Annotated[int, typer.Option(help="First group_index.")] = 0,
+    start_index: Annotated[int, typer.Option(min=0, help="First group_index.")] = 0,
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same records).")] = 0,
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
@@ -76,6 +80,8 @@ def synth(
     Prints, as one JSON line on stdout, what the stage must produce for them (published samples,
     dead-letters by reason, duplicates), so a run can be checked end to end.
     """
+    check_rate("--rate", rate)
+    check_count("--start-index", start_index, 0, INT64_MAX - groups)  # every group_index fits an int64
     faults = FaultRates.uniform(fault_rate) if fault_rate is not None else FaultRates(
         malformed_rate, invalid_rate, shared_reward_rate, conflicting_duplicate_rate, incomplete_rate,
         late_rate, duplicate_rate)

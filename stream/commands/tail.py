@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated
@@ -18,13 +19,14 @@ from codec import TrainSample
 from core.rewards import declared_rollout_key
 from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
 from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, grouped_options
+from stream.config import check_seconds
 from stream.layout import Fit, Flow, output_console
-from stream.topics import require_topics
+from stream.topics import partition_count, require_topics
 
 if TYPE_CHECKING:
     from stream.reader import GroupInfo
 
-__all__ = ["register", "group_block"]
+__all__ = ["following", "group_block", "register"]
 
 
 def _rollouts(samples: Sequence[TrainSample]) -> list[list[TrainSample]]:
@@ -155,14 +157,20 @@ def tail(
 ) -> None:
     """Follow train-data: one block per prompt group, each rollout's raw → processed reward, siblings grouped.
 
-    Reads with read_committed and never commits (no consumer group is created).
+    Reads with read_committed and never commits (no consumer group is created). Says on stderr what it
+    follows as soon as it starts; Ctrl-C stops it with exit 130.
     """
     from stream.reader import TrainDataReader  # imports torch: only when tail runs, not for every command
 
+    check_seconds("--partition-idle-ms", partition_idle_ms, zero=True, unit="ms", unit_s=0.001)
     console = output_console()
     conn = connection_from_options(bootstrap_servers, security)
     require_topics(conn, {output_topic: "--output-topic"})  # MissingTopic: exit 2
+    # at once: an empty topic shows nothing until its first group, which looks like a hang
+    print(following(output_topic, partition_count(conn, output_topic), from_beginning, groups),
+          file=sys.stderr, flush=True)
     shown = 0
+    interrupted = False
     reader = TrainDataReader(conn, output_topic, f"rollout-stream-tail-{uuid.uuid4().hex[:8]}",
                              groups_per_batch=1, start="earliest" if from_beginning else "latest",
                              partition_idle_ms=partition_idle_ms, publish_progress=False)
@@ -176,7 +184,7 @@ def tail(
             if groups is not None and shown >= groups:
                 break
     except KeyboardInterrupt:
-        pass
+        interrupted = True
     finally:
         reader.close()
         st = reader.stats
@@ -186,6 +194,16 @@ def tail(
         console.file.flush()
         dropped = f"; dropped {', '.join(extra)}" if extra else ""
         Console(stderr=True).print(f"{shown} group(s) shown{dropped}")
+    if interrupted:  # 128 + SIGINT, as shells and supervisors expect of a command stopped by Ctrl-C
+        raise typer.Exit(130)
+
+
+def following(topic: str, partitions: int | None, from_beginning: bool, groups: int | None) -> str:
+    """The line `tail` says first: what it follows, from where, until when."""
+    where = f" ({partitions} partition{'s' if partitions > 1 else ''})" if partitions else ""
+    start = "from the beginning" if from_beginning else "from its end (new groups only)"
+    until = f"; stops after {groups} group(s)" if groups is not None else "; Ctrl-C stops"
+    return f"following {topic}{where} {start}{until}; waiting for groups…"
 
 
 def register(app: typer.Typer) -> None:

@@ -16,9 +16,9 @@ from stream.commands.options import (
     DeadLetterTopic,
     InputTopic,
     OutputTopic,
-    fail,
     grouped_options,
 )
+from stream.config import INT32_MAX, check_count, check_seconds
 from stream.names import admission_topic, changelog_topic_name, progress_topic
 from stream.pacing import ensure_admission_topic, ensure_progress_topic
 from stream.topics import TopicSettings, ensure_changelog, ensure_topics, unreplicated_warning
@@ -56,12 +56,15 @@ def create(
 ) -> None:
     """Create the rollout, train-data and dead-letter topics, and the train-data topic's admission log and
     progress topic for pacing (existing topics are left unchanged)."""
-    if (partitions < 1 or (replication_factor or 1) < 1 or (min_insync_replicas or 1) < 1
-            or max_message_mib < 1 or dead_letter_retention_days <= 0):
-        fail(
-            "--partitions, --replication-factor, --min-insync-replicas, --max-message-mib and "
-            "--dead-letter-retention-days must be positive"
-        )
+    # Kafka carries partitions, min.insync.replicas and max.message.bytes as int32, replicas as int16
+    check_count("--partitions", partitions, 1, INT32_MAX)
+    if replication_factor is not None:
+        check_count("--replication-factor", replication_factor, 1, 2**15 - 1)
+    if min_insync_replicas is not None:
+        check_count("--min-insync-replicas", min_insync_replicas, 1, INT32_MAX)
+    check_count("--max-message-mib", max_message_mib, 1, INT32_MAX >> 20, unit="MiB (max.message.bytes is an "
+                "int32)")
+    check_seconds("--dead-letter-retention-days", dead_letter_retention_days, unit="days", unit_s=24 * 3600)
     conn = connection_from_options(bootstrap_servers, security)
     settings = TopicSettings(partitions, replication_factor, max_message_mib * 1024 * 1024,
                              int(dead_letter_retention_days * 24 * 3600 * 1000), min_insync_replicas)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from codec import Sample
-from codec.admission import Cancel, Delivered, Hello, Release, Renew, Request, Sent
+from codec.admission import AdmissionRecord, Cancel, Delivered, Hello, Release, Renew, Request, Sent
 from codec.progress import ProducerProgress
 from core.admission import SUSPECT_MS, AdmissionLog, Decision, Outcome
 from core.pacing import Admission, PacingLimits, next_batch_version
@@ -101,8 +101,12 @@ class AdmissionGate:
 
     def __init__(self, conn: Connection, *, topic: str, admission_topic: str, progress_topic: str,
                  trainer_group: str, limits: PacingLimits, producer_id: str | None = None,
-                 stale_after_s: float = 60.0, client: Client | None = None) -> None:
+                 stale_after_s: float = 60.0, client: Client | None = None, source: str | None = None,
+                 fold: AdmissionLog | None = None) -> None:
+        """`source`: a prompt source's name, which every request takes a prompt of (docs/loop.md); `fold`:
+        where the follower starts (a fold loaded from a checkpoint; default: the log's start)."""
         self.topic, self.trainer_group, self.limits = topic, trainer_group, limits
+        self.source = source
         self.admission_topic = admission_topic
         self.producer_id = producer_id or f"producer-{uuid.uuid4().hex[:12]}"
         self.session = uuid.uuid4().hex[:12]
@@ -114,12 +118,13 @@ class AdmissionGate:
         self._lock = threading.RLock()
         self._tickets: deque[int] = deque()  # admitted requests no group has taken yet, oldest first
         self._keys: dict[str, int] = {}  # the request each group key took (the newest 10,000)
+        self._bound: dict[str, int] = {}  # group keys told which admission they take (`bind`)
         self._sending: dict[str, _Group] = {}  # groups named in the log and not yet Delivered
         self._newest: int | None = None
         self._waiting = False
         self._valid_until = 0.0  # monotonic: this producer's lease holds until then
         self._writer = AdmissionWriter(conn, admission_topic, client)
-        self._follower = AdmissionFollower(conn, admission_topic, client)
+        self._follower = AdmissionFollower(conn, admission_topic, client, fold=fold)
         sent_at = time.monotonic()
         hello = self._writer.send(Hello(**self._me))
         self._renewed(sent_at, hello)
@@ -184,6 +189,13 @@ class AdmissionGate:
         with self._lock:
             if name in self._keys:
                 return
+            bound = self._bound.pop(name, None)
+            if bound is not None:  # a prompt's group takes its own admission, never another's
+                if bound not in self._tickets:
+                    raise AdmissionRevoked(f"group {name!r} was bound to admission {bound}, which this "
+                                           f"producer no longer holds (sent, given back or lapsed)")
+                self._tickets.remove(bound)
+                self._tickets.appendleft(bound)
             if not self._tickets:
                 self.stats.unpaced_groups += 1  # sent without admit(): the log does not count it
                 self._keys[name] = -1
@@ -227,12 +239,36 @@ class AdmissionGate:
                     group.whole = True
         self._deliveries()
 
+    def bind(self, key: str, request: int) -> None:
+        """The group named `key`, when sent, takes the admission of `request` rather than the oldest."""
+        with self._lock:
+            self._bound[key] = request
+
+    def give_back(self, request: int) -> None:
+        """An admission this producer will not use: its place (and a prompt it carries) goes back now."""
+        with self._lock:
+            if request not in self._tickets:
+                return
+            self._tickets.remove(request)
+            self._bound = {k: r for k, r in self._bound.items() if r != request}
+        self._writer.send(Release(**self._me, requests=[request]))
+
+    def append(self, record: AdmissionRecord, timeout: float = 10.0) -> int:
+        """Append a record of this producer's to the log and wait until the fold has it; its offset."""
+        offset = self._writer.append(record)
+        self._follower.wait_folded(offset, timeout)
+        return offset
+
+    @property
+    def follower(self) -> AdmissionFollower:
+        return self._follower
+
     # ---- admission -------------------------------------------------------------------------------
     def _request(self, weight_version: int) -> Request:
         return Request(**self._me, trainer=self.trainer_group,
                        weight_version=weight_version, max_policy_lag=self.limits.max_policy_lag,
                        max_unconsumed_groups=self.limits.max_unconsumed_groups,
-                       versions_per_batch=self.limits.versions_per_batch)
+                       versions_per_batch=self.limits.versions_per_batch, source=self.source)
 
     def can_admit(self, weight_version: int) -> bool:
         """Whether a group at `weight_version` would be admitted now (advisory: asks nothing of the log)."""
@@ -285,7 +321,7 @@ class AdmissionGate:
         if decision.at > request:
             self._count_wait(waited)
         self._publish()
-        return Admission(None, self.outstanding(), None)
+        return Admission(None, self.outstanding(), None, request)
 
     def _count_wait(self, seconds: float) -> None:
         with self._lock:

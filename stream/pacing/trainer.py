@@ -45,6 +45,7 @@ class TrainerProgressPublisher:
                                  batch_version=None, batches=0, groups_per_batch=groups_per_batch,
                                  max_weight_staleness=max_weight_staleness)
         self._resumed = False  # no mark before the reader knows where it resumed: the first one says it
+        self._marked_through = -1  # the highest batch a written mark listed
         self._lock = threading.Lock()
         self._record = TrainerProgress(
             group_id=group_id, weight_version=None, groups_per_batch=groups_per_batch,
@@ -91,8 +92,10 @@ class TrainerProgressPublisher:
                 if s.source_offset > parts.get(s.source_partition, -1):
                     parts[s.source_partition] = s.source_offset
         groups = tokens = 0
+        trained_keys: set[str] = set()
         for group in trained:
             groups += 1
+            trained_keys.add(group.key)
             tokens += sum(len(s.sample.tokens) if s.sample.tokens is not None else 0 for s in group.samples)
             if version is not None and group.oldest_version is not None:
                 lag = version - group.oldest_version
@@ -101,9 +104,13 @@ class TrainerProgressPublisher:
             consumed = {**self._mark.consumed, batch: keys}
             if len(consumed) > MARK_BATCHES:
                 consumed = dict(sorted(consumed.items())[-MARK_BATCHES:])
+            # the prompt fold (docs/loop.md) re-issues a prompt whose group a committed batch skipped
+            skipped = {b: k for b, k in self._mark.skipped.items() if b in consumed}
+            if missed := [k for k in keys if k not in trained_keys]:
+                skipped[batch] = missed
             done = set(keys)
             self._mark = msgspec.structs.replace(
-                self._mark, consumed=consumed, batches=batch + 1, batch_version=version,
+                self._mark, consumed=consumed, skipped=skipped, batches=batch + 1, batch_version=version,
                 doomed=[k for k in self._mark.doomed if k not in done])
         r = self._record
         self._rate.append((time.monotonic(), r.accepted_tokens + tokens))
@@ -140,8 +147,11 @@ class TrainerProgressPublisher:
         not only on the next change."""
         if committed_batch is not None:
             with self._lock:
-                consumed = {b: k for b, k in self._mark.consumed.items() if b >= committed_batch}
-                self._mark = msgspec.structs.replace(self._mark, consumed=consumed,
+                # a batch no mark has listed yet stays listed: the fold learns its keys with the commit
+                keep = min(committed_batch, self._marked_through + 1)
+                consumed = {b: k for b, k in self._mark.consumed.items() if b >= keep}
+                skipped = {b: k for b, k in self._mark.skipped.items() if b >= keep}
+                self._mark = msgspec.structs.replace(self._mark, consumed=consumed, skipped=skipped,
                                                      committed_batch=committed_batch)
         self._update()
 
@@ -180,6 +190,8 @@ class TrainerProgressPublisher:
                         last_mark = time.monotonic()
                         try:
                             marks.send(mark)
+                            with self._lock:
+                                self._marked_through = max(self._marked_through, *mark.consumed, -1)
                         except KafkaFailure as exc:  # cumulative: the next mark says it again
                             log_event(log, "admission.mark_failed", logging.WARNING,
                                       topic=self.admission_topic, error=f"{type(exc).__name__}: {exc}")

@@ -19,11 +19,12 @@ from rich.table import Table
 
 from codec.progress import ProducerProgress, StageProgress, TrainerProgress
 from stream.clients import Connection
-from stream.kafka import KafkaFailure, TopicPartition, client_for
+from stream.kafka import TopicPartition, client_for
 from stream.layout import Fit, Flow
 from stream.names import admission_topic, progress_topic, rank_group_id
 from stream.pacing import AdmissionFollower, ProgressBoard
 from stream.pacing.positions import ProducerRow, TrainerRow, age_s, producer_row, trainer_row
+from stream.tools.records_behind import records_behind
 from stream.topics import missing_topics
 
 __all__ = ["AdmissionRow", "LagReport", "ProducerRow", "StageRow", "TrainerRow", "lag_report", "render_lag"]
@@ -33,9 +34,9 @@ __all__ = ["AdmissionRow", "LagReport", "ProducerRow", "StageRow", "TrainerRow",
 class StageRow:
     group_id: str
     input_topic: str
-    input_lag_records: int | None  # from the committed offsets of the worker group (None: no commit yet)
+    input_lag_records: int | None  # records after the worker group's commits (None: no commit yet)
     open_groups: int | None  # what its workers last published (None: none did)
-    workers: int
+    workers: int | None  # workers that published progress (None: none did; only --metrics-port ones do)
     age_s: float | None
     stale: bool
 
@@ -67,39 +68,6 @@ class LagReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _records_behind(conn: Connection, topic: str, groups: dict[str, str]) -> dict[str, int | None]:
-    """Per name, the records of `topic` after the commits of its consumer group (None: no commit)."""
-    if not groups:
-        return {}
-    client = client_for(conn)
-    consumer = client.assigned_consumer(client_id=conn.client_id, max_record_bytes=1 << 20)
-    admin = client.admin(client_id=conn.client_id)
-    try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        if not tps:
-            return dict.fromkeys(groups)
-        ends = consumer.end_offsets(tps)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                found = admin.group_offsets(list(groups.values()), tps)
-                break
-            except KafkaFailure as exc:  # e.g. the offsets topic of a fresh cluster is still being made
-                if not exc.retriable or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-    finally:
-        admin.close()
-        consumer.close()
-    out: dict[str, int | None] = {}
-    for name, group in groups.items():
-        committed = found.get(group, {})
-        out[name] = (sum(max(0, ends[tp] - committed[tp][0]) if tp in committed else ends[tp] for tp in tps)
-                     if committed else None)
-    return out
 
 
 def _admission(conn: Connection, topic: str, wait_s: float, notes: list[str]) -> AdmissionRow | None:
@@ -149,14 +117,14 @@ def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_g
     now = int(time.time() * 1000)
     stale_ms = stale_after_s * 1000
     producer_rows = [producer_row(p, now, stale_ms) for p in producers]
-    behind = _records_behind(conn, output_topic, {t.group_id: rank_group_id(t.group_id, 0) for t in trainers})
-    stage_lag = _records_behind(conn, input_topic, {stage_group_id: stage_group_id})[stage_group_id]
+    behind = records_behind(conn, output_topic, {t.group_id: rank_group_id(t.group_id, 0) for t in trainers})
+    stage_lag = records_behind(conn, input_topic, {stage_group_id: stage_group_id})[stage_group_id]
     mine = [s for s in stages if s.group_id == stage_group_id and s.input_topic == input_topic]
     fresh_stages = [s for s in mine if now - s.updated_ms <= stale_ms]
     newest = max((s.updated_ms for s in mine), default=None)
     stage_rows = [StageRow(
         stage_group_id, input_topic, stage_lag,
-        sum(s.open_groups for s in fresh_stages) if fresh_stages else None, len(fresh_stages),
+        sum(s.open_groups for s in fresh_stages) if fresh_stages else None, len(fresh_stages) or None,
         None if newest is None else age_s(newest, now), bool(mine) and not fresh_stages)]
     trainer_rows = [trainer_row(t, producer_rows, behind.get(t.group_id), now, stale_ms) for t in trainers]
     if not trainers and not notes:
@@ -166,6 +134,8 @@ def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_g
 
 
 # ---- rendering -------------------------------------------------------------------------------------
+# Only workers started with --metrics-port publish progress: none seen is not none running.
+UNKNOWN_WORKERS = "start run with --metrics-port to report"
 _HEADERS = ("party", "name", "version", "position", "behind", "updated", "state")
 
 
@@ -181,8 +151,9 @@ def _rows(report: LagReport) -> list[tuple[str, ...]]:
                      f"{p.admitted} admitted, {p.outstanding} outstanding", f"waited {p.wait_s:.1f}s",
                      f"{p.age_s:g}s ago", state))
     for s in report.stages:
-        rows.append(("stage", s.group_id, "-",
-                     f"{_dash(s.open_groups)} open groups ({s.workers} worker(s))",
+        workers = (f"{_dash(s.open_groups)} open groups ({s.workers} worker(s))" if s.workers else
+                   f"workers: unknown ({UNKNOWN_WORKERS})")
+        rows.append(("stage", s.group_id, "-", workers,
                      f"{_dash(s.input_lag_records)} input records",
                      "-" if s.age_s is None else f"{s.age_s:g}s ago", "stale" if s.stale else "ok"))
     for t in report.trainers:

@@ -19,10 +19,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from codec.progress import StageProgress
+from core.admission import AdmissionLog
+from core.prompts import PromptLog
 from stream.kafka import KafkaFailure
 from stream.logs import log_event
 from stream.names import admission_topic, progress_topic
 from stream.pacing import AdmissionFollower, ProgressBoard, ProgressWriter, now_ms
+from stream.pacing.checkpoints import newest_fold
 from stream.pacing.positions import producer_row, trainer_row
 
 __all__ = ["LAG_BUCKETS", "ProgressCollector", "StageProgressPublisher"]
@@ -84,8 +87,10 @@ class ProgressCollector(Collector):
         self.stale_after_s = stale_after_s
         self.board = ProgressBoard(worker.conn, progress_topic(worker.config.topics.output),
                                    client=worker.client)
-        self.admission = AdmissionFollower(worker.conn, admission_topic(worker.config.topics.output),
-                                           worker.client, poll_s=0.2)
+        topic = admission_topic(worker.config.topics.output)
+        # the prompt fold is the admission fold with prompt sources' state: one fold serves both
+        self.admission = AdmissionFollower(worker.conn, topic, worker.client, poll_s=0.2,
+                                           fold=newest_fold(worker.client, topic))
 
     def collect(self) -> Iterator[Metric]:
         now = now_ms()
@@ -195,7 +200,39 @@ class ProgressCollector(Collector):
                                   "only after their producer lost its lease (they trained in a place nobody "
                                   "counted).",
                                   value=late)
+        yield from self.admission.read(prompt_metrics)
 
     def close(self) -> None:
         self.board.close()
         self.admission.close()
+
+
+def prompt_metrics(fold: AdmissionLog) -> list[Metric]:
+    """Each prompt source (docs/loop.md): its newest epoch's prompts by state, and over every epoch the
+    prompts settled by state and the attempts handed out again. Labels stay few: the newest epoch only."""
+    if not isinstance(fold, PromptLog) or not fold.sources:
+        return []
+    epoch = GaugeMetricFamily(f"{PREFIX}_prompt_epoch", "The newest epoch a prompt source hands out.",
+                              labels=["source"])
+    now = GaugeMetricFamily(f"{PREFIX}_prompts", "Prompts of the newest epoch, by state.",
+                            labels=["source", "state"])
+    settled = CounterMetricFamily(f"{PREFIX}_prompts_settled", "Prompts settled over every epoch, by final "
+                                  "state.", labels=["source", "state"])
+    reissued = CounterMetricFamily(f"{PREFIX}_prompts_reissued", "Attempts that ended without a result and "
+                                   "were handed out again, over every epoch.", labels=["source"])
+    for name in sorted(fold.sources):
+        status = fold.status(name)
+        if not status:
+            continue
+        newest = status[-1]
+        epoch.add_metric([name], newest.epoch)
+        for state, n in (("waiting", newest.waiting), ("in_flight", newest.in_flight),
+                         ("trained", newest.trained), ("dead_lettered", sum(newest.dead_lettered.values())),
+                         ("filtered", newest.filtered), ("exhausted", newest.exhausted)):
+            now.add_metric([name, state], n)
+        settled.add_metric([name, "trained"], sum(s.trained for s in status))
+        settled.add_metric([name, "dead_lettered"], sum(sum(s.dead_lettered.values()) for s in status))
+        settled.add_metric([name, "filtered"], sum(s.filtered for s in status))
+        settled.add_metric([name, "exhausted"], sum(s.exhausted for s in status))
+        reissued.add_metric([name], sum(s.reissued for s in status))
+    return [epoch, now, settled, reissued]

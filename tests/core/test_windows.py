@@ -217,6 +217,24 @@ def test_decode_error_is_that_record_only():
     assert isinstance(pub, Published)
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (b"", "empty value (0 bytes)"),
+        (b"\x01\x02garbage", "not a MessagePack rollout sample: Expected `object`, got `int`"),
+        (b"\xc1", "not a MessagePack rollout sample: MessagePack data is malformed: invalid opcode '\\xc1' "
+                  "(byte 0)"),
+        (encode_sample(s())[:-3], "not a MessagePack rollout sample: Input data was truncated"),
+        (b"\x81\xabgroup_index\xa1x", "Expected `int | null`, got `str` - at `$.group_index`"),  # names it
+        (None, "record has no value (tombstone)"),
+    ],
+    ids=["empty", "garbage", "not-msgpack", "truncated", "bad-field", "tombstone"],
+)
+def test_a_decode_error_says_what_the_value_was(value, message):
+    (out,) = store().take(InputRecord("rollouts", 0, 5, 1_000, b"0", value), 2_000)
+    assert out.reason is R.DECODE_ERROR and out.message == message
+
+
 def test_group_size_fallback_from_stage_setting():
     st = store(default_group_size=3)
     outs = feed(st, *(rec(s(rid=i, size=None, reward=float(i)), i) for i in range(3)))

@@ -47,3 +47,13 @@ def test_the_lag_table_at_80_columns_keeps_every_name_and_state():
     assert "…" not in text
     for name in ("rollout-node-17-sglang-worker-3", "trainer-policy-main", "eval-reader", "stale", "waiting"):
         assert name in text, name
+
+
+def test_a_stage_whose_workers_say_nothing_shows_them_unknown_not_zero():
+    unknown = LagReport("train-data.progress", 60.0,
+                        stages=[StageRow("rollout-stream", "rollouts", 0, None, None, None, False)])
+    console = Console(width=PIPE_WIDTH, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_lag(unknown))
+    text = console.export_text()
+    assert "workers: unknown (start run with --metrics-port to report)" in text
+    assert "0 worker(s)" not in text and "- open groups" not in text

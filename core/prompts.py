@@ -1,0 +1,314 @@
+"""The prompt source's fold, pure: which prompt each admission carries, and where every prompt of every
+epoch stands (docs/loop.md).
+
+`PromptLog` is the admission fold (`core.admission.AdmissionLog`) with prompts added: a `Request` that
+names a declared source (`Dataset`) is admitted only with a prompt, the next re-issued one first, else the
+next of its epoch's seeded order. Every party folds the same log, so every party hands out the same prompt
+for the same request, and the log is the checkpoint.
+
+A prompt is in exactly one `PromptState`. An attempt that ends without a result (its lease ended before
+delivery, its group timed out at the stage, a committed batch skipped it, nobody consumed it for the sent
+expiry) puts its prompt back to waiting, until `max_attempts` such ends make it exhausted. A final state
+is never replaced, with one exception that is counted: an exhausted prompt whose lapsed attempt still
+trains becomes trained (`late_trained`). A second training of a trained prompt is counted (`duplicates`):
+the reader's fence (`core.prompt_keys.PromptFence`) is what keeps it at zero.
+"""
+
+from __future__ import annotations
+
+from codec.admission import (
+    AdmissionRecord,
+    Checkpoint,
+    Dataset,
+    Delivered,
+    Request,
+    Resolved,
+    Sent,
+    TrainerMark,
+)
+from core.admission import AdmissionLog, AdmittedGroup, Decision
+from core.prompt_keys import AttemptKey, PromptId, parse_attempt_key, valid_source
+from core.prompt_records import (
+    CODES,
+    COUNTED,
+    Attempt,
+    AttemptEnd,
+    Epoch,
+    EpochStatus,
+    PromptRecord,
+    PromptState,
+    SourceState,
+    epoch_order,
+)
+
+__all__ = ["RETRY_REASONS", "Attempt", "AttemptEnd", "EpochStatus", "PromptLog", "PromptRecord",
+           "PromptState", "SourceState", "epoch_order"]
+
+# Dead-letter reasons that say the attempt failed, not the prompt: it is tried again.
+RETRY_REASONS = frozenset({"incomplete_group", "incomplete_chunks"})
+ZERO_VARIANCE = "zero_variance"
+EXHAUSTED_REASON = "prompt_attempts_exhausted"
+
+
+class PromptLog(AdmissionLog):
+    """The admission fold with a prompt source's decisions: `apply` each record in offset order."""
+
+    def __init__(self, **limits: int) -> None:
+        super().__init__(**limits)
+        self.sources: dict[str, SourceState] = {}
+        self.live: dict[int, tuple[str, int, int]] = {}  # request -> its live attempt's (source, epoch, row)
+        self.uncommitted: dict[str, dict[int, dict[str, bool]]] = {}  # trainer -> batch -> key -> skipped
+        self.trainer_sessions: dict[str, str] = {}
+        self.settled_through: dict[str, int] = {}  # trainer -> batches below it are settled
+        self.duplicates = 0  # trainings of a prompt already trained (the reader's fence keeps it at 0)
+        self.late_trained = 0  # exhausted prompts that trained after all
+        self.checkpointed_through = -1  # the newest checkpoint record folded holds the state through here
+        self._orders: dict[tuple[str, int], list[int]] = {}  # derived, not state
+
+    # ---- the fold --------------------------------------------------------------------------------
+    def apply(self, offset: int, log_ms: int, record: AdmissionRecord) -> list[Decision]:
+        if offset < self.next_offset:
+            return []
+        if isinstance(record, Dataset):  # before the scan, so waiting takes can be granted at once
+            self._declare(record)
+        decisions = super().apply(offset, log_ms, record)
+        if isinstance(record, Sent | Delivered):
+            attempt = self._live_attempt(record.request)
+            if attempt is not None and attempt.session == record.session:
+                attempt.sent = True
+                attempt.delivered = attempt.delivered or isinstance(record, Delivered)
+        elif isinstance(record, Resolved):
+            self._resolved(record)
+        elif isinstance(record, TrainerMark):
+            self._trainer_mark(record)
+        elif isinstance(record, Checkpoint):
+            self.checkpointed_through = max(self.checkpointed_through, record.through)
+        return decisions
+
+    def _declare(self, d: Dataset) -> None:
+        current = self.sources.get(d.source)
+        if current is None:
+            if valid_source(d.source) and d.prompts >= 0 and d.max_attempts >= 1:
+                self.sources[d.source] = SourceState(d)
+        elif current.dataset != d:
+            current.refused += 1
+
+    def _granted(self, request: int, r: Request) -> bool:
+        if r.source is None:
+            return True
+        src = self.sources.get(r.source)
+        if src is None:
+            return False  # its source is not declared yet
+        picked = self._next(r.source, src)
+        if picked is None:
+            return False  # nothing to hand out now: it waits for a re-issue (or is cancelled)
+        epoch, prompt = picked
+        rec = src.epochs[epoch].prompts.setdefault(prompt, PromptRecord(PromptState.WAITING))
+        rec.state = PromptState.IN_FLIGHT
+        rec.attempts.append(Attempt(len(rec.attempts) + 1, request, r.producer, r.session, self.clock_ms))
+        self.live[request] = (r.source, epoch, prompt)
+        return True
+
+    def _next(self, name: str, src: SourceState) -> tuple[int, int] | None:
+        while src.retry:
+            epoch, prompt = src.retry.pop(0)
+            if src.epochs[epoch].prompts[prompt].state is PromptState.WAITING:  # never settled: not compacted
+                return epoch, prompt
+            # settled while it waited: a lapsed attempt's group still made it
+        n = src.dataset.prompts
+        if n == 0:
+            return None
+        if not src.epochs or src.epochs[-1].cursor >= n:
+            if src.dataset.epochs is not None and len(src.epochs) >= src.dataset.epochs:
+                return None
+            src.epochs.append(Epoch())
+        epoch = len(src.epochs) - 1
+        e = src.epochs[epoch]
+        e.cursor += 1
+        return epoch, self.order(name, epoch)[e.cursor - 1]
+
+    def order(self, name: str, epoch: int) -> list[int]:
+        cached = self._orders.get((name, epoch))
+        if cached is None:
+            d = self.sources[name].dataset
+            if len(self._orders) > 4:
+                self._orders.clear()
+            cached = self._orders[(name, epoch)] = epoch_order(d.prompts, d.seed, epoch)
+        return cached
+
+    # ---- attempts ending -------------------------------------------------------------------------
+    def _revoked(self, request: int, group: AdmittedGroup) -> None:
+        attempt = self._live_attempt(request)
+        if attempt is not None and not attempt.delivered:
+            self._end(request, AttemptEnd.LEASE)
+
+    def _dropped(self, request: int, group: AdmittedGroup) -> None:
+        attempt = self._live_attempt(request)
+        if attempt is None:
+            return
+        if not attempt.sent:
+            self._end(request, AttemptEnd.RELEASED)
+        else:
+            self._end(request, AttemptEnd.UNCONSUMED if attempt.delivered else AttemptEnd.LEASE)
+
+    def _resolved(self, record: Resolved) -> None:
+        for key in record.keys:
+            found = self._by_key(key)
+            if found is None:
+                continue
+            parsed, rec, attempt = found
+            if attempt.ended is not None or rec.state.final:
+                continue  # an attempt that already ended says nothing more
+            request = attempt.request
+            if record.reason in RETRY_REASONS:
+                self._end(request, AttemptEnd.INCOMPLETE)
+            elif record.reason == ZERO_VARIANCE:
+                self._settle(parsed, rec, attempt, PromptState.FILTERED, AttemptEnd.FILTERED, None)
+            else:
+                self._settle(parsed, rec, attempt, PromptState.DEAD_LETTERED, AttemptEnd.DEAD_LETTERED,
+                             record.reason)
+
+    def _trainer_mark(self, mark: TrainerMark) -> None:
+        pending = self.uncommitted.setdefault(mark.trainer, {})
+        session = self.trainer_sessions.get(mark.trainer)
+        if session is not None and session != mark.session:
+            # a restarted reader: what its predecessor committed stands, the rest it reads again
+            resumed = mark.resumed_from if mark.resumed_from is not None else -1
+            for batch in sorted(b for b in pending if 0 <= b < resumed):
+                self._settle_batch(mark.trainer, batch, pending.pop(batch))
+            pending.clear()
+            self.settled_through[mark.trainer] = resumed
+        self.trainer_sessions[mark.trainer] = mark.session
+        settled = self.settled_through.get(mark.trainer, 0)
+        for batch, keys in mark.consumed.items():
+            if 0 <= batch < settled:
+                continue  # listed again after its commit was folded
+            skipped = set(mark.skipped.get(batch, ()))
+            listed = pending.setdefault(batch, {})
+            for key in keys:
+                if parse_attempt_key(key) is not None:
+                    listed[key] = key in skipped
+        if mark.committed_batch is not None:
+            for batch in sorted(b for b in pending if b < mark.committed_batch):
+                self._settle_batch(mark.trainer, batch, pending.pop(batch))
+            self.settled_through[mark.trainer] = max(settled, mark.committed_batch)
+
+    def _settle_batch(self, trainer: str, batch: int, keys: dict[str, bool]) -> None:
+        # what trained first: a group of its prompt skipped in the same batch (fenced) re-issues nothing
+        for key, skipped in sorted(keys.items(), key=lambda item: item[1]):
+            found = self._by_key(key)
+            if found is None:
+                continue
+            parsed, rec, attempt = found
+            if skipped:
+                if attempt.ended is None:
+                    self._end(attempt.request, AttemptEnd.SKIPPED)
+                continue
+            if rec.state is PromptState.TRAINED:
+                self.duplicates += 1
+                continue
+            self.late_trained += rec.state is PromptState.EXHAUSTED
+            attempt.trainer, attempt.batch = trainer, batch
+            self._settle(parsed, rec, attempt, PromptState.TRAINED, AttemptEnd.TRAINED, None)
+
+    def _settle(self, key: AttemptKey, rec: PromptRecord, attempt: Attempt, state: PromptState,
+                end: AttemptEnd, reason: str | None) -> None:
+        for a in rec.attempts:
+            if a.ended is None:
+                self.live.pop(a.request, None)
+                a.ended, a.ended_ms = (end if a is attempt else AttemptEnd.SUPERSEDED), self.clock_ms
+        if attempt.ended is not end:  # it had ended (lapsed) and still made it
+            attempt.ended, attempt.ended_ms = end, self.clock_ms
+        was_final = rec.state.final
+        rec.state, rec.reason = state, reason
+        if not was_final:
+            self._finalized(self.sources[key.source], key.epoch)
+
+    def _finalized(self, src: SourceState, epoch: int) -> None:
+        e = src.epochs[epoch]
+        e.final += 1
+        if e.final == src.dataset.prompts and e.cursor == src.dataset.prompts:
+            e.settled = bytes(CODES.index(e.prompts[p].state) for p in range(src.dataset.prompts))
+            e.reasons = {p: rec.reason for p, rec in e.prompts.items() if rec.reason is not None}
+            e.prompts = {}
+
+    def _end(self, request: int, end: AttemptEnd) -> None:
+        """The live attempt admitted by `request` ended without a result: hand its prompt out again."""
+        name, epoch, prompt = self.live.pop(request)
+        src = self.sources[name]
+        rec = src.epochs[epoch].prompts[prompt]
+        attempt = rec.attempts[-1]
+        attempt.ended, attempt.ended_ms = end, self.clock_ms
+        if rec.state.final:
+            return
+        if sum(a.ended in COUNTED for a in rec.attempts) >= src.dataset.max_attempts:
+            rec.state, rec.reason = PromptState.EXHAUSTED, EXHAUSTED_REASON
+            self._finalized(src, epoch)
+            return
+        rec.state = PromptState.WAITING
+        if end is AttemptEnd.RELEASED:
+            src.retry.insert(0, [epoch, prompt])  # never started: it keeps its place at the front
+        else:
+            src.retry.append([epoch, prompt])
+            src.reissued += 1
+            src.epochs[epoch].reissued += 1
+
+    # ---- lookups ---------------------------------------------------------------------------------
+    def _live_attempt(self, request: int) -> Attempt | None:
+        where = self.live.get(request)
+        if where is None:
+            return None
+        name, epoch, prompt = where
+        return self.sources[name].epochs[epoch].prompts[prompt].attempts[-1]
+
+    def _by_key(self, key: str) -> tuple[AttemptKey, PromptRecord, Attempt] | None:
+        parsed = parse_attempt_key(key)
+        rec = None if parsed is None else self.prompt(parsed.source, parsed.epoch, parsed.prompt)
+        if rec is None or parsed is None or not 1 <= parsed.attempt <= len(rec.attempts):
+            return None  # not a prompt's, or its epoch is compacted (no attempts kept)
+        return parsed, rec, rec.attempts[parsed.attempt - 1]
+
+    def prompt(self, source: str, epoch: int, prompt: int) -> PromptRecord | None:
+        """One prompt's record (None: its epoch has not handed it out yet)."""
+        src = self.sources.get(source)
+        if src is None or not 0 <= epoch < len(src.epochs):
+            return None
+        return src.epochs[epoch].record(prompt)
+
+    def attempt_of(self, request: int) -> AttemptKey | None:
+        """The attempt an admitted request carries (None: not a take, or it has ended)."""
+        where = self.live.get(request)
+        if where is None:
+            return None
+        name, epoch, prompt = where
+        rec = self.sources[name].epochs[epoch].prompts[prompt]
+        return AttemptKey(name, epoch, rec.attempts[-1].number, prompt)
+
+    def trained(self, source: str) -> set[PromptId]:
+        """Every trained prompt of `source`: what a resuming reader's fence starts from."""
+        src = self.sources.get(source)
+        if src is None:
+            return set()
+        return {(source, e, p) for e, ep in enumerate(src.epochs) for p, state, _ in ep.states()
+                if state is PromptState.TRAINED}
+
+    def status(self, source: str) -> list[EpochStatus]:
+        """Per epoch handed out so far: how many prompts are in each state."""
+        src = self.sources.get(source)
+        if src is None:
+            return []
+        out = []
+        for number, ep in enumerate(src.epochs):
+            counts = dict.fromkeys(PromptState, 0)
+            dead: dict[str, int] = {}
+            for _, state, reason in ep.states():
+                counts[state] += 1
+                if state is PromptState.DEAD_LETTERED:
+                    dead[reason or "?"] = dead.get(reason or "?", 0) + 1
+            reissued = ep.reissued
+            out.append(EpochStatus(number, src.dataset.prompts,
+                                   counts[PromptState.WAITING] + src.dataset.prompts - ep.cursor,
+                                   counts[PromptState.IN_FLIGHT], counts[PromptState.TRAINED], dead,
+                                   counts[PromptState.FILTERED], counts[PromptState.EXHAUSTED], reissued))
+        return out
+

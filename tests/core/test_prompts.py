@@ -1,0 +1,274 @@
+"""The prompt fold (core/prompts.py): every prompt of an epoch ends in exactly one final state, none trains
+twice, whatever the interleaving of takes, deliveries, crashes, stale skips and trainer commits."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.checkpoint import FOLD_VERSION, CheckpointMismatch, dump_fold, load_fold
+from core.prompt_keys import AttemptKey, PromptFence, parse_attempt_key
+from core.prompts import PromptLog, PromptState, epoch_order
+from tests.core.prompt_world import SOURCE, World
+
+FINAL = {PromptState.TRAINED, PromptState.DEAD_LETTERED, PromptState.FILTERED, PromptState.EXHAUSTED}
+
+
+def states(world: World) -> dict[tuple[int, int], PromptState]:
+    out = {}
+    for epoch in range(world.epochs):
+        for prompt in range(world.prompts):
+            rec = world.fold.prompt(SOURCE, epoch, prompt)
+            out[(epoch, prompt)] = PromptState.WAITING if rec is None else rec.state
+    return out
+
+
+def check_settled(world: World) -> None:
+    """Every prompt final; trained in the fold iff the trainer really trained it, and then exactly once."""
+    for (epoch, prompt), state in states(world).items():
+        assert state in FINAL, (epoch, prompt, state)
+        truth = world.trained[(SOURCE, epoch, prompt)]
+        assert truth <= 1, (epoch, prompt, truth)
+        assert (state is PromptState.TRAINED) == (truth == 1), (epoch, prompt, state, truth)
+    assert world.fold.duplicates == 0
+    assert not world.fold.groups  # the admission fold beneath saw every group consumed or resolved
+    total = sum(s.trained + sum(s.dead_lettered.values()) + s.filtered + s.exhausted
+                for s in world.fold.status(SOURCE))
+    assert total == world.prompts * world.epochs
+
+
+def test_keys_name_the_attempt() -> None:
+    key = AttemptKey("gsm8k-train", 2, 3, 41)
+    assert str(key) == "gsm8k-train@2.3/41"
+    assert parse_attempt_key(str(key)) == key
+    assert parse_attempt_key("run-1/41") is None
+    assert parse_attempt_key("41") is None
+
+
+def test_the_fence_lets_one_attempt_of_a_prompt_train() -> None:
+    fence = PromptFence({(SOURCE, 0, 5)})
+    assert not fence.admit(f"{SOURCE}@0.2/5")  # trained before the reader resumed
+    assert fence.admit(f"{SOURCE}@0.1/6")
+    assert not fence.admit(f"{SOURCE}@0.2/6")  # a second attempt of the same prompt
+    assert fence.admit(f"{SOURCE}@1.1/6")  # the next epoch's is another prompt
+    assert fence.admit("plain/6")
+    assert fence.admit(f"{SOURCE}@0.1/6")  # the same group asked again: the same answer
+    fence.release(f"{SOURCE}@0.1/6")  # it went stale while it waited
+    assert fence.admit(f"{SOURCE}@0.2/6")
+    fence.release(f"{SOURCE}@0.1/6")  # not its claim any more: nothing changes
+    assert not fence.admit(f"{SOURCE}@0.3/6")
+
+
+def test_epoch_order_is_a_seeded_permutation() -> None:
+    assert sorted(epoch_order(50, 7, 0)) == list(range(50))
+    assert epoch_order(50, 7, 0) == epoch_order(50, 7, 0)
+    assert epoch_order(50, 7, 0) != epoch_order(50, 7, 1)
+
+
+def test_takes_follow_the_order_and_the_next_epoch_waits_for_this_one() -> None:
+    w = World(prompts=4, epochs=2)
+    for _ in range(6):
+        w.take(0)
+    taken = [(a.epoch, a.prompt) for _, a, _ in w.producers[0].holding]
+    order0, order1 = epoch_order(4, 7, 0), epoch_order(4, 7, 1)
+    assert taken == [(0, p) for p in order0] + [(1, p) for p in order1[:2]]
+    assert [s.in_flight for s in w.fold.status(SOURCE)] == [4, 2]
+
+
+def test_a_dead_producer_s_prompt_is_reissued_first_and_trains_once() -> None:
+    w = World(prompts=3)
+    w.take(0)
+    lost = w.producers[0].holding[0][1]
+    w.kill(0)  # its Hello ends the old session: the attempt can never complete
+    rec = w.fold.prompt(SOURCE, 0, lost.prompt)
+    assert rec is not None and rec.state is PromptState.WAITING
+    w.take(1)
+    again = w.producers[1].holding[0][1]
+    assert (again.prompt, again.attempt) == (lost.prompt, 2)
+    w.drain()
+    check_settled(w)
+    assert w.fold.status(SOURCE)[0].reissued == 1
+
+
+def test_a_frozen_producer_s_late_group_does_not_train_a_second_copy() -> None:
+    w = World(prompts=2, groups_per_batch=1)
+    w.take(0)
+    first = w.producers[0].holding[0][1]
+    w.freeze_mid_send(0)
+    w.tick(35_000)  # past its lease: re-issued
+    w.take(1)
+    assert w.producers[1].holding[0][1].prompt == first.prompt
+    w.send(1)
+    w.stage_step()
+    w.train_batch([])
+    w.commit()  # attempt 2 trained
+    w.resume(0)  # attempt 1's group completes now, and reaches train-data
+    w.stage_step()
+    w.train_batch([])  # the fence refuses it
+    w.commit()
+    w.drain()
+    check_settled(w)
+
+
+def test_stale_skips_and_timeouts_are_reissued_until_exhausted() -> None:
+    w = World(prompts=2, max_attempts=3, groups_per_batch=1)  # 2: the epoch stays open, its history kept
+    for _ in range(3):
+        w.take(0)
+        w.send(0)
+        w.stage_step()
+        w.train_batch([True])  # skipped stale
+        w.commit()
+    rec = w.fold.prompt(SOURCE, 0, epoch_order(2, 7, 0)[0])
+    assert rec is not None and rec.state is PromptState.EXHAUSTED
+    assert rec.reason == "prompt_attempts_exhausted"
+    assert [a.ended.value if a.ended else None for a in rec.attempts] == ["skipped"] * 3
+
+
+def test_a_finished_epoch_keeps_each_prompt_s_outcome_and_drops_its_history() -> None:
+    w = World(prompts=4, epochs=2, groups_per_batch=1)
+    w.take(0)
+    w.send(0)
+    w.stage_step("shared_reward_violation")
+    w.drain()
+    check_settled(w)
+    epoch = w.fold.sources[SOURCE].epochs[0]
+    assert epoch.settled is not None and not epoch.prompts
+    assert w.fold.status(SOURCE)[0].dead_lettered == {"shared_reward_violation": 1}
+    assert len(w.fold.trained(SOURCE)) == 7
+
+
+def test_data_reasons_are_final_and_zero_variance_is_filtered() -> None:
+    w = World(prompts=3, groups_per_batch=1)
+    for verdict in ("shared_reward_violation", "zero_variance", "incomplete_group"):
+        w.take(0)
+        w.send(0)
+        w.stage_step(verdict)
+    status = w.fold.status(SOURCE)[0]
+    assert status.dead_lettered == {"shared_reward_violation": 1}
+    assert status.filtered == 1 and status.waiting == 1 and status.reissued == 1
+    w.drain()
+    check_settled(w)
+
+
+def test_an_uncommitted_batch_is_not_trained_until_it_is() -> None:
+    w = World(prompts=2, groups_per_batch=2)
+    for _ in range(2):
+        w.take(0)
+        w.send(0)
+        w.stage_step()
+    w.train_batch([])
+    assert w.fold.status(SOURCE)[0].trained == 0
+    w.restart_trainer()  # killed before its commit: the batch is read again
+    assert w.fold.status(SOURCE)[0].trained == 0
+    w.train_batch([])
+    w.commit()
+    assert w.fold.status(SOURCE)[0].trained == 2
+    check_settled(w)
+
+
+VERDICTS = {"stage": "publish", "dead": "invalid_sample", "filter": "zero_variance"}
+STEPS = st.lists(st.tuples(
+    st.sampled_from(["take", "send", "half", "freeze", "resume", "kill", "stage", "dead", "filter",
+                     "train", "stale", "commit", "restart", "tick"]),
+    st.integers(0, 2)), max_size=80)
+
+
+def play(steps: list[tuple[str, int]], prompts: int, epochs: int) -> World:
+    w = World(prompts=prompts, epochs=epochs)
+    for action, i in steps:
+        match action:
+            case "take":
+                w.take(i)
+            case "send":
+                w.send(i)
+            case "half":
+                w.send(i, whole=False)
+            case "freeze":
+                w.freeze_mid_send(i)
+            case "resume":
+                w.resume(i)
+            case "kill":
+                w.kill(i)
+            case "stage" | "dead" | "filter":
+                w.stage_step(VERDICTS[action])
+            case "train" | "stale":
+                w.train_batch([action == "stale"] * w.groups_per_batch)
+            case "commit":
+                w.commit()
+            case "restart":
+                w.restart_trainer()
+            case "tick":
+                w.tick(1000 * (i * 20 + 1))
+        counts = Counter(states(w).values())
+        assert sum(counts.values()) == prompts * epochs  # exactly one state each, at every step
+    return w
+
+
+EXAMPLES = int(os.environ.get("PROMPT_EXAMPLES", "150"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS, prompts=st.integers(1, 6), epochs=st.integers(1, 2))
+def test_any_interleaving_settles_every_prompt_once(steps: list[tuple[str, int]], prompts: int,
+                                                    epochs: int) -> None:
+    w = play(steps, prompts, epochs)
+    w.drain()
+    check_settled(w)
+
+
+@settings(max_examples=EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=STEPS, prompts=st.integers(1, 6), cut=st.floats(0, 1))
+def test_a_fold_loaded_from_a_checkpoint_goes_on_as_the_whole_fold(steps: list[tuple[str, int]],
+                                                                    prompts: int, cut: float) -> None:
+    w = play(steps, prompts, 2)
+    w.drain()
+    k = int(len(w.records) * cut)
+    head = PromptLog()
+    for offset, ms, record in w.records[:k]:
+        head.apply(offset, ms, record)
+    tail = load_fold(dump_fold(head), FOLD_VERSION)
+    for offset, ms, record in w.records[k:]:
+        tail.apply(offset, ms, record)
+    assert dump_fold(tail) == dump_fold(w.fold)
+    assert tail.status(SOURCE) == w.fold.status(SOURCE)
+
+
+def test_a_checkpoint_of_another_fold_version_is_refused() -> None:
+    with pytest.raises(CheckpointMismatch):
+        load_fold(dump_fold(PromptLog()), FOLD_VERSION + 1)
+    with pytest.raises(CheckpointMismatch):
+        load_fold(b"\x01", FOLD_VERSION)
+
+
+@pytest.mark.parametrize("reason", ["incomplete_chunks", "incomplete_group"])
+def test_timeouts_count_as_attempts(reason: str) -> None:
+    w = World(prompts=1, max_attempts=2)
+    for _ in range(2):
+        w.take(0)
+        w.send(0)
+        w.stage_step(reason)
+    rec = w.fold.prompt(SOURCE, 0, 0)
+    assert rec is not None and rec.state is PromptState.EXHAUSTED
+
+
+def test_the_prompt_fold_decides_every_admission_as_the_admission_fold_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The admission tests, run again on PromptLog: a prompt fold adds to the rule and never changes it."""
+    import inspect
+
+    import tests.core.test_admission as admission_tests
+
+    monkeypatch.setattr(admission_tests, "AdmissionLog", PromptLog)
+    ran = 0
+    for name, test in vars(admission_tests).items():
+        if not name.startswith("test_") or not callable(test):
+            continue
+        if inspect.signature(test).parameters and not hasattr(test, "hypothesis"):
+            continue  # parametrized by pytest: its cases run in its own module
+        test()
+        ran += 1
+    assert ran >= 15

@@ -1,0 +1,278 @@
+"""The loop on the real broker: a prompt source, the stage and a trainer; a process that takes a prompt and
+goes away gives it back, and every prompt of the epoch trains once (docs/loop.md)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from codec import Sample
+from core.prompt_keys import parse_attempt_key
+from core.prompts import PromptLog, PromptState
+from stream.app import app
+from stream.clients import Connection
+from stream.config import WorkerConfig
+from stream.producer import RolloutProducer
+from stream.prompts import PromptSource, SourceFinished, prompt_fence
+from stream.reader import TrainDataReader
+from tests.stream.helpers import new_topics, running_worker, wait_until
+
+ROWS = [{"prompt": f"q{i}"} for i in range(4)]
+
+
+def group(row: dict[str, str]) -> list[Sample]:
+    return [Sample(group_index=0, index=i, rollout_id=i, reward=float(i)) for i in range(2)]
+
+
+@pytest.mark.kafka(timeout=120)
+def test_every_prompt_of_the_epoch_trains_once_and_a_prompt_given_back_is_handed_out_again(
+        kafka_bootstrap: str) -> None:
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="prompts")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+
+    def source(name: str) -> PromptSource:
+        return PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer, topic=topics.input,
+                            train_data_topic=topics.output, producer_id=f"{name}-{topics.input}", epochs=1)
+
+    with running_worker(config):
+        reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2,
+                                 start="earliest")
+        main = source("rollout-0")
+        try:
+            gone = source("rollout-1")
+            given_back = gone.take(timeout=30)
+            gone.close()  # its unsent attempt is released: the prompt is the next handed out
+            leases = [main.take(timeout=30) for _ in range(4)]
+            assert leases[0].key.prompt == given_back.key.prompt
+            assert sorted(x.key.prompt for x in leases) == [0, 1, 2, 3]
+            for lease in leases:
+                main.publish(lease, group(lease.row))
+            trained = []
+            for _ in range(2):
+                batch = reader.next_batch(timeout=30)
+                assert batch is not None
+                trained += [g.key for g in batch.groups]
+                reader.commit()
+            assert sorted(trained) == sorted(str(x.key) for x in leases)
+            wait_until(lambda: [s.trained for s in main.status()] == [4], timeout=30, what="all trained")
+            with pytest.raises(SourceFinished):
+                main.take(timeout=1)
+            fold = main.gate.follower.fold
+            assert isinstance(fold, PromptLog)
+            states = {getattr(fold.prompt("toy", 0, p), "state", None) for p in range(4)}
+            assert states == {PromptState.TRAINED}
+            check_the_cli(kafka_bootstrap, topics.output, given_back.key.prompt)
+        finally:
+            main.close()
+            reader.close()
+
+
+KILLED_MID_GROUP = """
+import os, sys
+from codec import Sample
+from stream.prompts import PromptSource
+bootstrap, topic, output, trainer = sys.argv[1:5]
+rows = [{"prompt": f"q{i}"} for i in range(4)]
+source = PromptSource(bootstrap, rows, name="toy", trainer_group_id=trainer, topic=topic,
+                      train_data_topic=output, producer_id="doomed-" + topic, epochs=1)
+lease = source.take(timeout=30)
+source.gate.bind(str(lease.key), lease.request)
+half = Sample(group_index=lease.group_index, run_id=lease.run_id, index=0, rollout_id=0, reward=1.0,
+              group_size=2, sibling_count=1, sibling_index=0)
+source.producer.send(half)
+source.producer.flush()
+print(lease.key, flush=True)
+os.kill(os.getpid(), 9)  # mid-group: one rollout of two sent
+"""
+
+
+@pytest.mark.kafka(timeout=120)
+def test_a_prompt_whose_process_was_killed_mid_group_is_handed_out_again_and_trains_once(
+        kafka_bootstrap: str) -> None:
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="killed")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    with running_worker(config):
+        done = subprocess.run([sys.executable, "-c", KILLED_MID_GROUP, kafka_bootstrap, topics.input,
+                               topics.output, trainer], capture_output=True, text=True, timeout=60)
+        assert done.returncode == -9, done.stderr
+        killed = parse_attempt_key(done.stdout.strip())
+        assert killed is not None and killed.attempt == 1
+        reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2,
+                                 start="earliest")
+        main = PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer, topic=topics.input,
+                            train_data_topic=topics.output, producer_id=f"rollout-0-{topics.input}", epochs=1)
+        try:
+            leases = [main.take(timeout=30) for _ in range(4)]  # the fourth waits for the lease to end
+            assert (leases[-1].key.prompt, leases[-1].key.attempt) == (killed.prompt, 2)
+            for lease in leases:
+                main.publish(lease, group(lease.row))
+            for _ in range(2):
+                assert reader.next_batch(timeout=30) is not None
+                reader.commit()
+            wait_until(lambda: [(s.trained, s.reissued) for s in main.status()] == [(4, 1)], timeout=30,
+                       what="four prompts trained, one of them re-issued")
+        finally:
+            main.close()
+            reader.close()
+
+
+FROZEN_MID_GROUP = """
+import os, signal, sys
+from codec import Sample
+from stream.prompts import PromptSource
+bootstrap, topic, output, trainer = sys.argv[1:5]
+rows = [{"prompt": f"q{i}"} for i in range(4)]
+source = PromptSource(bootstrap, rows, name="toy", trainer_group_id=trainer, topic=topic,
+                      train_data_topic=output, producer_id="frozen-" + topic, epochs=2)
+lease = source.take(timeout=30)
+source.gate.bind(str(lease.key), lease.request)
+for index in range(2):
+    source.producer.send(Sample(group_index=lease.group_index, run_id=lease.run_id, index=index,
+                                rollout_id=index, reward=float(index), group_size=2, sibling_count=1,
+                                sibling_index=0))
+    source.producer.flush()
+    if index == 0:
+        print(lease.key, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # frozen past its lease with half the group sent
+source.close()
+"""
+
+
+@pytest.mark.kafka(timeout=120)
+def test_a_process_frozen_mid_group_past_its_lease_does_not_train_a_second_copy(kafka_bootstrap: str) -> None:
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="frozen")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    with running_worker(config):
+        frozen = subprocess.Popen([sys.executable, "-c", FROZEN_MID_GROUP, kafka_bootstrap, topics.input,
+                                   topics.output, trainer], stdout=subprocess.PIPE, text=True)
+        main = reader = None
+        try:
+            assert frozen.stdout is not None
+            first = parse_attempt_key(frozen.stdout.readline().strip())
+            assert first is not None
+            reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2,
+                                     start="earliest", fence=prompt_fence(Connection(kafka_bootstrap),
+                                                                          topics.output))
+            main = PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer,
+                                topic=topics.input, train_data_topic=topics.output,
+                                producer_id=f"rollout-0-{topics.input}", epochs=2)
+            leases = [main.take(timeout=30) for _ in range(3)]
+            # its lease ends 3 s of log time after its last renewal: then its prompt comes first
+            wait_until(lambda: main.status()[0].reissued == 1, timeout=30, what="the frozen one re-issued")
+            leases.append(main.take(timeout=30))
+            again = leases[-1].key
+            assert (again.epoch, again.prompt, again.attempt) == (0, first.prompt, 2)
+            for lease in leases:
+                main.publish(lease, group(lease.row))
+            for _ in range(2):
+                assert reader.next_batch(timeout=30) is not None
+                reader.commit()
+            frozen.send_signal(signal.SIGCONT)  # its first attempt completes and reaches train-data
+            assert frozen.wait(timeout=30) == 0
+            more = [main.take(timeout=30) for _ in range(2)]  # the next epoch, to fill one more batch
+            for lease in more:
+                main.publish(lease, group(lease.row))
+            batch = reader.next_batch(timeout=30)
+            assert batch is not None
+            assert sorted(g.key for g in batch.groups) == sorted(str(x.key) for x in more)
+            assert batch.skipped_invalid == 1  # the late first attempt, refused by the fence
+            reader.commit()
+            wait_until(lambda: [s.trained for s in main.status()] == [4, 2], timeout=30, what="trained")
+            fold = main.gate.follower.fold
+            assert isinstance(fold, PromptLog) and fold.duplicates == 0
+        finally:
+            if frozen.poll() is None:
+                frozen.kill()
+            if main is not None:
+                main.close()
+            if reader is not None:
+                reader.close()
+
+
+@pytest.mark.kafka(timeout=120)
+def test_a_trainer_restarted_before_its_commit_trains_the_batch_again_and_it_counts_once(
+        kafka_bootstrap: str) -> None:
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="restart")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    with running_worker(config):
+        main = PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer, topic=topics.input,
+                            train_data_topic=topics.output, producer_id=f"rollout-0-{topics.input}", epochs=1)
+        try:
+            for lease in [main.take(timeout=30) for _ in range(4)]:
+                main.publish(lease, group(lease.row))
+            first = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2)
+            assert first.next_batch(timeout=30) is not None
+            first.commit()
+            assert first.next_batch(timeout=30) is not None  # trained, never committed: the process dies
+            first.close()
+            wait_until(lambda: [s.trained for s in main.status()] == [2], timeout=30, what="batch 0 settled")
+            again = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2,
+                                    fence=prompt_fence(Connection(kafka_bootstrap), topics.output))
+            try:
+                batch = again.next_batch(timeout=30)
+                assert batch is not None and batch.index == 1 and batch.skipped_invalid == 0
+                again.commit()
+            finally:
+                again.close()
+            wait_until(lambda: [s.trained for s in main.status()] == [4], timeout=30, what="all trained")
+            fold = main.gate.follower.fold
+            assert isinstance(fold, PromptLog) and fold.duplicates == 0
+        finally:
+            main.close()
+
+
+@pytest.mark.kafka(timeout=90)
+def test_the_reader_s_fence_lets_one_attempt_of_a_prompt_train(kafka_bootstrap: str) -> None:
+    """A process frozen past its lease that still sends: two attempts of one prompt reach train-data. Two
+    ranks, each with its own fence, make the same call."""
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="fence")
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    with running_worker(config):
+        with RolloutProducer(kafka_bootstrap, topic=topics.input) as producer:
+            for run_id, row in (("toy@0.1", 0), ("toy@0.2", 0), ("toy@0.1", 1)):
+                producer.send_many([Sample(group_index=row, index=i, rollout_id=i, reward=float(i))
+                                    for i in range(2)], run_id=run_id)
+        ranks = [TrainDataReader(kafka_bootstrap, topics.output, f"t-{topics.input}", groups_per_batch=2,
+                                 rank=rank, world_size=2, start="earliest", publish_progress=False,
+                                 fence=prompt_fence(Connection(kafka_bootstrap), topics.output))
+                 for rank in range(2)]  # no log yet: nothing trained
+        try:
+            batches = [reader.next_batch(timeout=30) for reader in ranks]
+            assert batches[0] is not None and batches[1] is not None
+            trained = [[g.key for g in b.groups] for b in batches]
+            assert trained[0] == trained[1]  # the same groups on both ranks, whichever attempt came first
+            assert sorted(k.rsplit("/", 1)[1] for k in trained[0]) == ["0", "1"]  # one attempt per prompt
+            assert batches[0].skipped_invalid == batches[1].skipped_invalid == 1
+        finally:
+            for reader in ranks:
+                reader.close()
+
+
+def check_the_cli(bootstrap: str, output_topic: str, row: int) -> None:
+    """`prompts` shows the epoch settled; `prompts show` the prompt given back, attempt by attempt."""
+    common = ["--bootstrap-servers", bootstrap, "--output-topic", output_topic, "--json"]
+    result = CliRunner().invoke(app, ["prompts", *common])
+    assert result.exit_code == 0, result.output
+    (toy,) = json.loads(result.output)["sources"]
+    assert (toy["name"], toy["epochs"][0]["trained"], toy["epochs"][0]["waiting"]) == ("toy", 4, 0)
+    result = CliRunner().invoke(app, ["prompts", "show", f"toy@0/{row}", *common])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    # the epoch is settled: its attempts are no longer kept, the outcome is
+    assert (shown["state"], shown["attempts"]) == ("trained", [])
+    result = CliRunner().invoke(app, ["prompts", "show", "toy@0/99", *common[:-1]])
+    assert result.exit_code == 1 and "not handed out" in result.output

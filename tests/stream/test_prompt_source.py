@@ -1,0 +1,209 @@
+"""The prompt source through the Kafka seam, on the in-memory cluster: takes, publishes, the declaration,
+checkpoints and the end of a source (docs/loop.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from codec import Sample
+from codec.admission import Checkpoint, Dataset, Delivered, Resolved, Sent, decode_admission
+from core.prompt_keys import parse_attempt_key
+from core.prompts import PromptLog, epoch_order
+from stream.clients import Connection
+from stream.kafka.memory import MemoryClient, MemoryCluster
+from stream.pacing import AdmissionRevoked, AdmissionWriter
+from stream.pacing.checkpoints import newest_fold
+from stream.prompts import DatasetError, DatasetMismatch, PromptSource, SourceFinished, load_rows
+
+LOG = "train-data.admission"
+ROWS = [{"prompt": f"what is {i} + {i}?", "answer": 2 * i} for i in range(6)]
+
+
+def source(cluster: MemoryCluster, name: str = "p0", rows: list[dict[str, object]] = ROWS,
+           **settings: object) -> PromptSource:
+    return PromptSource(Connection("memory:9092"), rows, name="sums", trainer_group_id="trainer",
+                        producer_id=name, check=False, kafka_client=MemoryClient(cluster), seed=3,
+                        **settings)  # type: ignore[arg-type]
+
+
+def group(n: int = 2) -> list[Sample]:
+    return [Sample(group_index=0, index=i, rollout_id=i, reward=float(i)) for i in range(n)]
+
+
+def log(cluster: MemoryCluster) -> list[object]:
+    return [decode_admission(r.value or b"") for r in cluster.records(LOG)]
+
+
+def test_two_processes_take_different_prompts_in_the_epoch_s_order_and_publish_by_attempt() -> None:
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 2)
+    a, b = source(cluster, "p0"), source(cluster, "p1")
+    try:
+        leases = [a.take(timeout=5), b.take(timeout=5), a.take(timeout=5)]
+        order = epoch_order(len(ROWS), 3, 0)
+        assert [(x.key.epoch, x.key.prompt, x.key.attempt) for x in leases] == [(0, p, 1) for p in order[:3]]
+        assert [x.row for x in leases] == [ROWS[p] for p in order[:3]]
+        a.publish(leases[2], group())  # out of take order: it takes its own admission
+        keys = {r.key.decode() for r in cluster.records("rollouts") if r.key is not None}
+        assert keys == {str(leases[2].key)}
+        records = log(cluster)
+        sent = [r for r in records if isinstance(r, Sent)]
+        assert [(s.request, s.key) for s in sent] == [(leases[2].request, str(leases[2].key))]
+        assert any(isinstance(r, Delivered) and r.request == leases[2].request for r in records)
+        assert sum(isinstance(r, Dataset) for r in records) == 2  # each declares; the first stands
+        assert [s.in_flight for s in a.status()] == [3]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_lease_given_back_is_handed_out_next_and_cannot_be_published() -> None:
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster)
+    try:
+        first = a.take(timeout=5)
+        a.give_back(first)
+        again = a.take(timeout=5)
+        assert (again.key.prompt, again.key.attempt) == (first.key.prompt, 2)  # a new key; no attempt counted
+        rec = a.gate.follower.read(lambda f: f.prompt("sums", 0, first.key.prompt))
+        assert [x.ended.value if x.ended else None for x in rec.attempts] == ["released", None]
+        with pytest.raises(AdmissionRevoked, match="no longer holds"):
+            a.publish(first, group())
+        a.publish(again, group())
+    finally:
+        a.close()
+
+
+def test_a_process_over_other_rows_under_the_same_name_is_refused() -> None:
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster)
+    try:
+        with pytest.raises(DatasetMismatch, match="declared over other data"):
+            source(cluster, "p1", rows=ROWS[:5])
+    finally:
+        a.close()
+
+
+def test_a_newcomer_starts_from_the_newest_checkpoint_and_goes_on_where_the_others_are() -> None:
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster, checkpoint_every=5)
+    try:
+        taken = [a.take(timeout=5).key.prompt for _ in range(3)]
+        checkpoints = [r for r in log(cluster) if isinstance(r, Checkpoint)]
+        assert checkpoints, "a checkpoint was due"
+        fold = newest_fold(MemoryClient(cluster), LOG)
+        assert fold.next_offset == checkpoints[-1].through + 1 > 0
+        b = source(cluster, "p1")
+        try:
+            assert b.take(timeout=5).key.prompt == epoch_order(len(ROWS), 3, 0)[3]
+            assert taken == epoch_order(len(ROWS), 3, 0)[:3]
+        finally:
+            b.close()
+    finally:
+        a.close()
+
+
+def test_a_source_whose_every_prompt_settled_says_it_is_finished() -> None:
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster, rows=ROWS[:2], epochs=1)
+    try:
+        keys = [str(a.take(timeout=5).key) for _ in range(2)]
+        writer = AdmissionWriter(Connection("memory:9092"), LOG, MemoryClient(cluster))
+        offset = writer.append(Resolved(keys=keys, reason="shared_reward_violation"))
+        writer.close()
+        assert a.gate.follower.wait_folded(offset, 5)
+        with pytest.raises(SourceFinished):
+            a.take()  # no timeout: a finished source says so at once
+        fold = PromptLog()
+        for offset, rec in enumerate(log(cluster)):
+            fold.apply(offset, 0, rec)  # type: ignore[arg-type]
+        assert fold.status("sums")[0].dead_lettered == {"shared_reward_violation": 2}
+        assert all(parse_attempt_key(k) is not None for k in keys)
+    finally:
+        a.close()
+
+
+def test_jsonl_rows_are_read_in_order_and_a_bad_line_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"q": 1}\n\n{"q": 2}\n')
+    assert load_rows(path) == [{"q": 1}, {"q": 2}]
+    path.write_text('{"q": 1}\n[2]\n')
+    with pytest.raises(DatasetError, match="line 2: a JSON object expected"):
+        load_rows(path)
+    with pytest.raises(DatasetError, match="no such file"):
+        load_rows(tmp_path / "missing.jsonl")
+
+
+def test_parquet_and_datasets_directories_are_read_with_pyarrow(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")  # optional: not installed with the package
+    pq = pytest.importorskip("pyarrow.parquet")
+
+    table = pa.table({"q": [1, 2, 3]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    assert load_rows(tmp_path / "d.parquet") == [{"q": 1}, {"q": 2}, {"q": 3}]
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    with pa.ipc.new_stream(saved / "data-00000-of-00001.arrow", table.schema) as w:
+        w.write_table(table)
+    assert load_rows(saved) == [{"q": 1}, {"q": 2}, {"q": 3}]
+
+
+def test_the_status_table_and_one_prompt_s_attempts_render() -> None:
+    from rich.console import Console
+
+    from stream.tools.prompts import (
+        parse_prompt_id,
+        prompt_json,
+        prompts_report,
+        render_prompt,
+        render_prompts,
+    )
+    from tests.core.prompt_world import SOURCE, World
+
+    w = World(prompts=3, epochs=2)
+    w.take(0)
+    w.kill(0)  # its attempt lapses: re-issued
+    w.take(1)
+    w.send(1)
+    w.stage_step("shared_reward_violation")
+    console = Console(record=True, width=120)
+    console.print(render_prompts(prompts_report("td.admission", w.fold)))
+    text = console.export_text()
+    assert f"source {SOURCE}: 3 prompts, 2 epoch(s)" in text
+    assert "shared_reward_violation 1" in text
+    row = epoch_order(3, 7, 0)[0]
+    rec = w.fold.prompt(SOURCE, 0, row)
+    assert rec is not None
+    console.print(render_prompt(prompt_json(SOURCE, 0, row, rec)))
+    text = console.export_text()
+    assert "lease" in text and "dead_lettered" in text
+    assert parse_prompt_id(f"{SOURCE}@0/{row}") == parse_prompt_id(f"{SOURCE}@0.2/{row}") == (SOURCE, 0, row)
+    assert parse_prompt_id("nonsense") is None
+
+
+def test_the_worker_s_metrics_show_each_source_s_newest_epoch_and_its_settled_prompts() -> None:
+    from stream.worker.progress import prompt_metrics
+    from tests.core.prompt_world import SOURCE, World
+
+    w = World(prompts=3, epochs=2, groups_per_batch=1)
+    w.take(0)
+    w.kill(0)  # re-issued
+    w.take(1)
+    w.send(1)
+    w.stage_step("zero_variance")
+    w.drain()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for m in prompt_metrics(w.fold) for s in m.samples}
+    assert samples[("rollout_stream_prompt_epoch", (("source", SOURCE),))] == 1
+    assert samples[("rollout_stream_prompts", (("source", SOURCE), ("state", "trained")))] == 3
+    settled = {state: samples[("rollout_stream_prompts_settled_total", (("source", SOURCE),
+                                                                        ("state", state)))]
+               for state in ("trained", "filtered", "dead_lettered", "exhausted")}
+    assert settled == {"trained": 5, "filtered": 1, "dead_lettered": 0, "exhausted": 0}
+    assert samples[("rollout_stream_prompts_reissued_total", (("source", SOURCE),))] == 1
