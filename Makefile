@@ -21,11 +21,18 @@ venv: $(VENV)/.installed
 # (the C extensions are built in place by the editable install). Wheels are kept in a wheelhouse under the
 # user cache so that a fresh clone installs without downloading torch (~3 GB) again.
 WHEELHOUSE ?= $(HOME)/.cache/rollout-stream/wheels
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard core/*.c codec/*.c)
+# The trainer frameworks' tests need TRL (the [trl] extra, with its requirements) and verl, which comes without
+# its requirements and with only what the imported modules need (tests/requirements-verl.txt): +176 MB of
+# downloads, ~25 s of installs (docs/integrations.md).
+FRAMEWORKS := -c tests/constraints-frameworks.txt
+VERL_TEST := tests/requirements-verl.txt
+$(VENV)/.installed: pyproject.toml setup.py $(VERL_TEST) tests/constraints-frameworks.txt $(wildcard core/*.c codec/*.c)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	mkdir -p $(WHEELHOUSE)
-	$(BIN)/pip download -q -d $(WHEELHOUSE) --find-links $(WHEELHOUSE) setuptools wheel '.[test]'
-	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) -e '.[test]'
+	$(BIN)/pip download -q -d $(WHEELHOUSE) --find-links $(WHEELHOUSE) $(FRAMEWORKS) setuptools wheel '.[test,trl]'
+	$(BIN)/pip download -q -d $(WHEELHOUSE) --find-links $(WHEELHOUSE) --no-deps -r $(VERL_TEST)
+	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) $(FRAMEWORKS) -e '.[test,trl]'
+	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) --no-deps -r $(VERL_TEST)
 	touch $@
 
 jars: venv

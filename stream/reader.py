@@ -71,6 +71,7 @@ from stream.topics import MissingTopic, missing_topics
 __all__ = [
     "TrainDataReader",
     "Batch",
+    "BatchPosition",
     "GroupInfo",
     "ReaderStats",
     "ReaderError",
@@ -111,6 +112,15 @@ CHUNK_TIMEOUT_S = 60.0
 # transaction, so the rest can only be hidden behind another producer's open transaction, which the broker
 # aborts within its transaction.max.timeout.ms (15 minutes by default).
 HIDDEN_BY_TRANSACTION_S = 15 * 60.0
+
+
+@dataclass(frozen=True)
+class BatchPosition:
+    """Where a yielded batch ends (`TrainDataReader.position`): its index and, per partition, the read mark
+    a commit after it writes."""
+
+    index: int
+    marks: dict[int, Mark]
 
 
 @dataclass
@@ -766,13 +776,23 @@ class TrainDataReader:
         return [everything[row] for row in shard["partition"]], trainer_shard(shard)
 
     # ---- commit / lifecycle --------------------------------------------------------------------
-    def commit(self) -> bool:
-        """Commit the position after the last yielded batch (this rank's group); False if nothing is new."""
+    @property
+    def position(self) -> BatchPosition | None:
+        """Where the last yielded batch ends, for `commit(position)` later (None before the first batch)."""
+        return None if self._yielded is None else BatchPosition(*self._yielded)
+
+    def commit(self, position: BatchPosition | None = None) -> bool:
+        """Commit the position after the last yielded batch (this rank's group), or after the batch `position`
+        was taken at: a trainer that consumes batches some time after reading them (a queue in between)
+        commits only what it trained. False if nothing is new (`position` not past the last commit)."""
         if self._closed:
             raise ReaderError("the reader is closed")
-        if self._yielded is None or self._yielded == self._committed:
+        target = self._yielded if position is None else (position.index, position.marks)
+        if target is None or target == self._committed:
             return False
-        index, snapshot = self._yielded
+        if self._committed is not None and target[0] <= self._committed[0]:
+            return False  # never back: a later batch was committed already
+        index, snapshot = target
         offsets = {}
         for p, mark in snapshot.items():
             meta, truncated = commit_metadata(mark, index)
@@ -784,7 +804,7 @@ class TrainDataReader:
                 client_id=self.conn.client_id, max_record_bytes=self.max_record_bytes,
                 commit_group=rank_group_id(self.group_id, self.rank))
         self._committer.commit(offsets)
-        self._committed = self._yielded
+        self._committed = target
         if self.progress is not None:
             self.progress.publish(committed_batch=index + 1)
         return True

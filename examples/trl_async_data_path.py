@@ -1,0 +1,128 @@
+"""TRL's async GRPO data path fed by the stage, on the CPU (needs the [trl] extra).
+
+    .venv/bin/python examples/trl_async_data_path.py                  # local broker (started if needed)
+    .venv/bin/python examples/trl_async_data_path.py --groups 6 --bootstrap-servers localhost:9092
+
+Prompt groups of random completions and rewards are published to the stage; `StageRolloutWorker` reads the
+stage's train data and feeds TRL's own `RolloutQueueDataset` → `FixedCountBatcher` → `DataCollatorForRollout`
+(two data-parallel rows), the pipeline `AsyncGRPOTrainer` trains from. Each sample's packed advantages are
+printed beside the reference's processed reward of its group (`core.post_process_rewards`): equal bit for
+bit. The trainer itself needs a GPU (FlashAttention-3 tree attention, `torch.cuda` FLOPs at start; its
+default rollout worker vLLM); the tests run it on the CPU with those two parts patched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import threading
+import uuid
+from collections import defaultdict
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+from accelerate import PartialState  # noqa: E402
+from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
+    DataCollatorForRollout,
+    FixedCountBatcher,
+    RolloutQueueDataset,
+)
+
+from core import RewardConfig, post_process_rewards  # noqa: E402
+from stream import TrainDataReader  # noqa: E402
+from stream.clients import Connection  # noqa: E402
+from stream.commands.options import resolve_bootstrap  # noqa: E402
+from stream.config import TopicNames, WorkerConfig  # noqa: E402
+from stream.integrations.trl import StageRolloutWorker, completion_samples  # noqa: E402
+from stream.kafka import client_for  # noqa: E402
+from stream.logs import configure_logging  # noqa: E402
+from stream.producer import RolloutProducer  # noqa: E402
+from stream.topics import TopicSettings, ensure_topics  # noqa: E402
+from stream.worker import Worker  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap-servers", default=None,
+                        help="Kafka address (default: the local development broker, started if needed)")
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--completions", type=int, default=4, help="completions per prompt")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    configure_logging("text", "warning")
+    PartialState(cpu=True)  # TRL's dataset logs through accelerate
+    rng = random.Random(args.seed)
+    bootstrap = resolve_bootstrap(args.bootstrap_servers)
+    conn = Connection(bootstrap)
+    tag = uuid.uuid4().hex[:6]
+    topics = TopicNames(f"trl-async-{tag}-rollouts", f"trl-async-{tag}-train-data", f"trl-async-{tag}-dlq")
+    ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
+                  settings=TopicSettings(partitions=2))
+    print(f"broker {bootstrap}; topics {topics.input} → {topics.output}", flush=True)
+    worker = Worker(WorkerConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"trl-async-{tag}",
+                                 group_timeout_s=30.0, commit_interval_s=0.1, progress_interval_s=3600), conn)
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+    thread.start()
+    reference: dict[tuple[int, ...], float] = {}
+    status = 0
+    feeder = None
+    try:
+        with RolloutProducer(conn, topics.input) as producer:
+            for g in range(args.groups):
+                prompt = [5, g + 10, 6]
+                completions = [[rng.randrange(100, 200) for _ in range(rng.randint(2, 5))]
+                               for _ in range(args.completions)]
+                rewards = [rng.choice([0.0, 1.0, rng.random()]) for _ in completions]
+                samples = completion_samples(prompt, completions, rewards, group_index=g, run_id=f"trl-{tag}",
+                                             log_probs=[[-0.5] * len(c) for c in completions])
+                producer.send_group(samples)
+                _, processed = post_process_rewards(samples, RewardConfig(advantage_estimator="grpo"),
+                                                    [len(samples)])
+                reference.update({tuple(prompt + c): r for c, r in zip(completions, processed, strict=True)})
+            producer.flush(30)
+        reader = TrainDataReader(conn, topics.output, f"trl-async-{tag}-trainer", groups_per_batch=1,
+                                 partition_idle_ms=100)
+        feeder = StageRolloutWorker(reader, queue_maxsize=64)
+        feeder.start()
+        dataset = RolloutQueueDataset(feeder.rollout_buffer, model_version_fn=lambda: 0,
+                                      check_health_fn=feeder.check_health, stale_after_s=60,
+                                      metrics=defaultdict(list), max_staleness=3)
+        rows = next(iter(FixedCountBatcher(dataset, num_processes=2, microbatch_size=len(reference))))
+        batch = DataCollatorForRollout(pad_token_id=0, num_processes=2).torch_call([rows])
+        exact = True
+        print(f"{'rank':>4} {'sample tokens':<28} {'reference reward':>17} {'TRL advantages':>15}")
+        for rank, row in enumerate(rows):
+            selected = batch["token_index"][rank] >= 0  # inter-rank padding is not a loss term
+            segments = batch["segment_id"][rank][selected]
+            advantages = batch["advantages"][rank][selected]
+            for i, sample in enumerate(row.samples):
+                tokens = tuple(int(t) for t in sample["input_ids"])
+                packed = advantages[segments == i]
+                want = torch.tensor(reference[tokens], dtype=torch.float32)
+                same = bool((packed.view(torch.int32) == want.view(torch.int32)).all())
+                exact &= same
+                print(f"{rank:>4} {' '.join(map(str, tokens)):<28} {reference[tokens]:+17.6f} "
+                      f"{packed[0].item():+15.6f}{'' if same else '  DIFFERS'}")
+        print(f"done: {len(reference)} samples of {args.groups} groups in the collated batch; advantages "
+              f"equal the reference's rewards bit for bit: {'yes' if exact else 'NO'}", flush=True)
+        status = 0 if exact else 1
+    finally:
+        if feeder is not None:
+            feeder.stop()
+        worker.request_stop()
+        thread.join(timeout=60)
+        admin = client_for(conn).admin()
+        try:
+            admin.delete_topics([topics.input, topics.output, topics.dead_letter])
+        except Exception as exc:  # leftover topics on a development broker are harmless
+            print(f"could not delete the run's topics: {type(exc).__name__}: {exc}", file=sys.stderr)
+        finally:
+            admin.close()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

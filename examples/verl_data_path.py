@@ -1,0 +1,165 @@
+"""verl's fully-async data path through the stage, on the CPU (needs verl: the [verl] extra).
+
+    .venv/bin/python examples/verl_data_path.py                  # local broker (started if needed)
+    .venv/bin/python examples/verl_data_path.py --bootstrap-servers localhost:9092
+
+The rollouter side puts verl `RolloutSample`s (one prompt's n generated rows, raw rewards in `rm_scores`,
+pickled as verl's rollouter pickles them) into a `StageMessageQueue`, which publishes each as a prompt group.
+The stage normalizes per group. The trainer side takes the groups back from two more queues, as verl's
+`FullyAsyncTrainer` does (`get_sample`, then verl's own `assemble_batch_from_rollout_samples` and
+`compute_advantage`): one with the stage's rewards and the pass-through estimator, one with the raw
+rewards and verl's GRPO. One prompt has a single response, where the two differ (verl: r / (1 + 1e-6), the
+stage: 0). What needs GPUs is verl's trainer itself (FSDP or Megatron workers, a vLLM or SGLang rollout);
+this is the data between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import threading
+import uuid
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from verl import DataProto
+from verl.experimental.fully_async_policy.detach_utils import (
+    RolloutSample,
+    assemble_batch_from_rollout_samples,
+)
+from verl.trainer.ppo.core_algos import AdvantageEstimator
+from verl.trainer.ppo.ray_trainer import compute_advantage
+
+from stream import TrainDataReader
+from stream.clients import Connection
+from stream.commands.options import resolve_bootstrap
+from stream.config import TopicNames, WorkerConfig
+from stream.integrations.verl import STAGE_ESTIMATOR, StageMessageQueue
+from stream.kafka import client_for
+from stream.logs import configure_logging
+from stream.producer import RolloutProducer
+from stream.topics import TopicSettings, ensure_topics
+from stream.worker import Worker
+
+PROMPT, RESPONSE = 4, 6
+
+
+def generated_rows(prompt: int, n: int, rng: np.random.Generator, step: int) -> Any:
+    """n responses to one prompt as verl's agent loop returns them (left-padded prompts, right-padded
+    responses, the reward on the last response token): reward = share of even response tokens."""
+    lengths = rng.integers(2, RESPONSE + 1, size=n)
+    # one pad on the left of each prompt
+    prompts = torch.tensor([[0] + [prompt % 90 + 10 + i for i in range(PROMPT - 1)]] * n)
+    responses = torch.zeros((n, RESPONSE), dtype=torch.long)
+    attention = torch.zeros((n, PROMPT + RESPONSE), dtype=torch.long)
+    scores = torch.zeros((n, RESPONSE), dtype=torch.float32)
+    for i, length in enumerate(lengths):
+        tokens = torch.from_numpy(rng.integers(100, 200, size=length))
+        responses[i, :length] = tokens
+        attention[i, 1:PROMPT + length] = 1
+        scores[i, length - 1] = float((tokens % 2 == 0).float().mean())
+    data = DataProto.from_dict(
+        tensors={"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
+                 "attention_mask": attention, "response_mask": attention[:, PROMPT:],
+                 "position_ids": (attention.cumsum(1) - 1).clamp(min=0), "rm_scores": scores,
+                 "rollout_log_probs": torch.full((n, RESPONSE), -0.7) * attention[:, PROMPT:]},
+        non_tensors={"uid": np.array([f"uid_{prompt}"] * n, dtype=object),
+                     "min_global_steps": np.array([step] * n, dtype=object),
+                     "max_global_steps": np.array([step] * n, dtype=object)})
+    return RolloutSample(full_batch=data, sample_id=f"sample_{prompt}", epoch=0, rollout_status={})
+
+
+async def publish(conn: Connection, topic: str, prompts: list[int], rng: np.random.Generator) -> None:
+    with RolloutProducer(conn, topic) as producer:
+        rollouter = StageMessageQueue(producer=producer, run_id="verl-example")
+        for prompt in prompts:
+            n = 1 if prompt == prompts[-1] else 4  # the last prompt: a single response
+            await rollouter.put_sample(ray.cloudpickle.dumps(generated_rows(prompt, n, rng, step=0)))
+
+
+async def take(conn: Connection, topic: str, group: str, count: int, rewards: str) -> Any:
+    """What verl's FullyAsyncTrainer._get_samples_from_queue does, then its batch assembly."""
+    reader = TrainDataReader(conn, topic, group, groups_per_batch=count, start="earliest",
+                             partition_idle_ms=200)
+    # verl's data.max_prompt_length / max_response_length: every group of a step padded alike
+    queue = StageMessageQueue(reader, rewards=rewards, prompt_length=PROMPT,  # type: ignore[arg-type]
+                              response_length=RESPONSE)
+    try:
+        items = [await asyncio.wait_for(queue.get_sample(), 60) for _ in range(count)]
+    finally:
+        await queue.shutdown()
+    samples = [ray.cloudpickle.loads(x) for x, _ in items]
+    batch = assemble_batch_from_rollout_samples(samples, None, None, None)
+    batch.batch["token_level_rewards"] = batch.batch["rm_scores"]  # verl's extract_reward, no KL in reward
+    return batch
+
+
+def keyed(batch: Any, values: list[Any] | None) -> dict[tuple[int, ...], Any]:
+    """`values` (default: each row's advantage, on its first response token) by the row's tokens."""
+    out = {}
+    for i in range(len(batch)):
+        ids = tuple(batch.batch["input_ids"][i][batch.batch["attention_mask"][i].bool()].tolist())
+        out[ids] = float(batch.batch["advantages"][i][0]) if values is None else values[i]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap-servers", default=None,
+                        help="Kafka address (default: the local development broker, started if needed)")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    configure_logging("text", "warning")
+    bootstrap = resolve_bootstrap(args.bootstrap_servers)
+    conn = Connection(bootstrap)
+    tag = uuid.uuid4().hex[:6]
+    topics = TopicNames(f"verl-{tag}-rollouts", f"verl-{tag}-train-data", f"verl-{tag}-dlq")
+    ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
+                  settings=TopicSettings(partitions=2))
+    print(f"broker {bootstrap}; topics {topics.input} → {topics.output}", flush=True)
+    worker = Worker(WorkerConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"verl-{tag}",
+                                 group_timeout_s=30.0, commit_interval_s=0.1, progress_interval_s=3600), conn)
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+    thread.start()
+    status = 0
+    try:
+        prompts = list(range(args.prompts))
+        asyncio.run(publish(conn, topics.input, prompts, np.random.default_rng(args.seed)))
+        stage = asyncio.run(take(conn, topics.output, f"verl-{tag}-stage", len(prompts), "stage"))
+        raw = asyncio.run(take(conn, topics.output, f"verl-{tag}-raw", len(prompts), "raw"))
+        # the stage's processed reward of each row: what it put on the row's last response token
+        rewards = keyed(stage, stage.batch["rm_scores"].sum(-1).tolist())
+        raw_rewards = keyed(raw, raw.batch["rm_scores"].sum(-1).tolist())
+        uids = keyed(stage, list(stage.non_tensor_batch["uid"]))
+        passed = keyed(compute_advantage(stage, adv_estimator=STAGE_ESTIMATOR), None)
+        grpo = keyed(compute_advantage(raw, adv_estimator=AdvantageEstimator.GRPO), None)
+        print(f"{'group':>14} {'raw':>7} {'stage reward':>13} {'pass-through':>13} {'verl GRPO':>10}")
+        for ids in rewards:
+            print(f"{uids[ids]:>14} {raw_rewards[ids]:7.4f} {rewards[ids]:+13.6f} {passed[ids]:+13.6f} "
+                  f"{grpo[ids]:+10.6f}")
+        exact = all(torch.tensor(passed[k]).view(torch.int32) == torch.tensor(rewards[k]).view(torch.int32)
+                    for k in rewards)
+        differ = sum(grpo[k] != rewards[k] for k in rewards)
+        print(f"done: {len(prompts)} prompt groups, {len(rewards)} rows through the stage; the pass-through "
+              f"advantages equal the stage's rewards bit for bit: {'yes' if exact else 'NO'}; verl's GRPO "
+              f"differs on {differ} row(s)", flush=True)
+        status = 0 if exact else 1
+    finally:
+        worker.request_stop()
+        thread.join(timeout=60)
+        admin = client_for(conn).admin()
+        try:
+            admin.delete_topics([topics.input, topics.output, topics.dead_letter])
+        except Exception as exc:  # leftover topics on a development broker are harmless
+            print(f"could not delete the run's topics: {type(exc).__name__}: {exc}", file=sys.stderr)
+        finally:
+            admin.close()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

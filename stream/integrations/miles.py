@@ -1,0 +1,191 @@
+"""miles (radixark/miles at 31f1ca9, not on PyPI): the stage as the data buffer of miles' fully-async
+rollout (`--custom-async-data-buffer-path`).
+
+`stage_data_buffer(...)` makes the class to point that flag at (a module-level name in one's own file).
+miles builds it with `DataBufferConstructorInput(args, unused_handler_fn)` and calls, from
+`FullyAsyncRolloutFn`:
+
+* `put(DataBufferInput(prompt_group, group))` for every finished group: an aborted one goes to
+  `unused_handler_fn(prompt_group)` (drop or retry, `--async-unused-samples-handler`), as in miles'
+  `DefaultDataBuffer`; any other is published to the stage (`RolloutProducer.send_many`, siblings of a
+  multi-sample trajectory numbered) and `put` returns once the broker has it;
+* `get(current_version=v)`: the next whole group from the train-data topic (validated, deduplicated,
+  shared rewards enforced by the stage), as miles `Sample`s carrying their **raw** rewards: miles' own reward
+  step then computes the stage's processed rewards bit for bit (the stage is that computation), which each
+  sample also carries as `metadata["rollout_stream_reward"]`. A group older than `args.max_weight_staleness`
+  versions goes to `unused_handler_fn` with its prompts, and the next one is taken;
+* `get_metrics()` once per rollout step.
+
+miles generates step k + 1 while it trains step k, so the groups handed out in a step are committed at the
+`get_metrics` two steps later: a restart repeats at most two steps' groups, never skips one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from codec import Sample, TrainSample
+from stream.clients import Connection
+from stream.producer import RolloutProducer
+from stream.reader import BatchPosition, TrainDataReader
+
+__all__ = ["BufferEntry", "StageDataBuffer", "miles_group", "stage_data_buffer"]
+
+
+@dataclass
+class BufferEntry:
+    """The shape of miles' `DataBufferInput`: the prompts (for recycling) and the finished group."""
+
+    prompt_group: list[Any]
+    group: list[Any]  # a rollout is a Sample, or a list of them (a multi-sample trajectory)
+
+
+def _miles_sample_type() -> Any:
+    from miles.utils.types import (  # type: ignore[import-not-found]  # where miles runs this
+        Sample as MilesSample,
+    )
+
+    return MilesSample
+
+
+def miles_group(group: Sequence[TrainSample], sample_type: Any) -> tuple[list[Any], list[Any]]:
+    """miles' (prompt group, group) of a train-data group: one entry per rollout in rollout order, a
+    rollout of several samples as a list of them; the prompt group has one pending prompt per rollout."""
+    rollouts: dict[Any, list[TrainSample]] = {}
+    for train in group:
+        s = train.sample
+        rollouts.setdefault(s.rollout_id if s.rollout_id is not None else s.index, []).append(train)
+    out: list[Any] = []
+    prompts: list[Any] = []
+    for members in rollouts.values():
+        members.sort(key=lambda t: t.sample.sibling_index)
+        samples = [_miles_sample(t, sample_type) for t in members]
+        out.append(samples[0] if len(samples) == 1 else samples)
+        first = members[0].sample
+        prompts.append(sample_type(group_index=first.group_index, index=first.index, prompt=first.prompt,
+                                   label=first.label, metadata=dict(first.metadata)))
+    return prompts, out
+
+
+def _miles_sample(train: TrainSample, sample_type: Any) -> Any:
+    s: Sample = train.sample
+
+    def floats(values: Any) -> list[float] | None:
+        return None if values is None else [float(v) for v in values]
+
+    return sample_type(
+        group_index=s.group_index, index=s.index, rollout_id=s.rollout_id, prompt=s.prompt,
+        tokens=[] if s.tokens is None else [int(t) for t in s.tokens], response=s.response,
+        response_length=s.response_length, label=s.label, reward=s.reward,
+        loss_mask=None if s.loss_mask is None else [int(v) for v in s.loss_mask],
+        weight_versions=list(s.weight_versions), rollout_log_probs=floats(s.rollout_log_probs),
+        remove_sample=s.remove_sample, teacher_log_probs=floats(s.teacher_log_probs),
+        opd_reverse_kl=floats(s.opd_reverse_kl), status=sample_type.Status(s.status),
+        metadata={**s.metadata, "rollout_stream_reward": train.reward}, train_metadata=s.train_metadata)
+
+
+def _samples_of(group: list[Any]) -> list[Any]:
+    return [s for item in group for s in (item if isinstance(item, list) else [item])]
+
+
+def _oldest(group: Sequence[TrainSample]) -> int | None:
+    versions = [int(v) for t in group for v in t.sample.weight_versions if str(v).isdigit()]
+    return min(versions) if versions else None  # miles' Sample.oldest_weight_version, over the group
+
+
+class StageDataBuffer:
+    """miles' `DataBuffer` on the stage (see the module docstring); `stage_data_buffer` binds its settings."""
+
+    connection: Connection | str
+    input_topic: str
+    output_topic: str
+    group_id: str
+    run_id: str | None = None
+    reader_options: dict[str, Any] = {}
+    sample_type: Any = None  # miles' Sample class (imported from miles when None)
+
+    def __init__(self, input: Any) -> None:
+        self._args = input.args
+        self._unused: Callable[[list[Any]], None] = input.unused_handler_fn
+        self._type = self.sample_type if self.sample_type is not None else _miles_sample_type()
+        self._producer = RolloutProducer(self.connection, self.input_topic)
+        # one group per batch: miles takes groups one at a time; staleness is judged here, against the
+        # version miles passes to get(), so that stale groups reach the unused handler
+        self._reader = TrainDataReader(self.connection, self.output_topic, self.group_id, groups_per_batch=1,
+                                       **self.reader_options)
+        self._handed: list[BatchPosition] = []  # this step's
+        self._steps: deque[list[BatchPosition]] = deque()
+        self._aborted = self._stale = self._published = self._consumed = 0
+
+    async def put(self, input: Any) -> None:
+        samples = _samples_of(input.group)
+        if any(getattr(s.status, "value", s.status) == "aborted" for s in samples):
+            self._aborted += 1
+            self._unused(input.prompt_group)
+            return
+        await asyncio.to_thread(self._publish, input.group)
+        self._published += 1
+
+    def _publish(self, group: list[Any]) -> None:
+        records: list[Sample] = []
+        for item in group:
+            members = [Sample.from_miles(s) for s in (item if isinstance(item, list) else [item])]
+            # a trajectory's samples are siblings: one rollout, whatever their own indices
+            rollout = members[0].rollout_id if members[0].rollout_id is not None else members[0].index
+            records += [msgspec.structs.replace(
+                s, rollout_id=rollout, group_size=len(group), sibling_count=len(members), sibling_index=i,
+                run_id=self.run_id if self.run_id is not None else s.run_id) for i, s in enumerate(members)]
+        for future in self._producer.send_group(records):
+            future.get(60)
+
+    async def get(self, current_version: int | None = None, **_: Any) -> BufferEntry:
+        limit = getattr(self._args, "max_weight_staleness", None)
+        while True:
+            batch = await asyncio.to_thread(self._reader.next_batch, None)
+            assert batch is not None  # no timeout: it waits for a group
+            if (position := self._reader.position) is not None:
+                self._handed.append(position)
+            prompts, group = miles_group(batch.samples, self._type)
+            oldest = _oldest(batch.samples)
+            if limit is not None and current_version is not None and oldest is not None \
+                    and current_version - oldest > limit:
+                self._stale += 1
+                self._unused(prompts)
+                continue
+            self._consumed += 1
+            return BufferEntry(prompt_group=prompts, group=group)
+
+    def get_metrics(self) -> dict[str, float]:
+        self._steps.append(self._handed)
+        self._handed = []
+        if len(self._steps) > 2:  # the step before last is trained: miles trains k while generating k + 1
+            done = self._steps.popleft()
+            if done:
+                self._reader.commit(done[-1])
+        prefix = "rollout/fully_async/"
+        metrics = {f"{prefix}aborted_groups_filtered": float(self._aborted),
+                   f"{prefix}stale_groups_filtered": float(self._stale),
+                   f"{prefix}stage_groups_published": float(self._published),
+                   f"{prefix}stage_groups_consumed": float(self._consumed)}
+        self._aborted = self._stale = self._published = self._consumed = 0
+        return metrics
+
+    def close(self) -> None:
+        self._producer.close()
+        self._reader.close()
+
+
+def stage_data_buffer(connection: Connection | str, *, input_topic: str, output_topic: str, group_id: str,
+                      run_id: str | None = None, sample_type: Any = None, **reader_options: Any
+                      ) -> type[StageDataBuffer]:
+    """The `StageDataBuffer` class for `--custom-async-data-buffer-path`, bound to a cluster, the stage's
+    topics and the trainer's consumer group (`reader_options`: more `TrainDataReader` settings)."""
+    return type("BoundStageDataBuffer", (StageDataBuffer,), {
+        "connection": connection, "input_topic": input_topic, "output_topic": output_topic,
+        "group_id": group_id, "run_id": run_id, "sample_type": sample_type, "reader_options": reader_options})
