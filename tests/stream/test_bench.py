@@ -86,7 +86,7 @@ def test_bench_latency_rate_and_workload_options_reach_the_run(monkeypatch):
     assert '"latency_rate": 20000' in result.output
 
     for args, message in ((["--workload", "a-g9"], "--workload a-g9: not a workload of this run"),
-                          (["--latency-rate", "0"], "--latency-rate must be > 0 samples/s")):
+                          (["--latency-rate", "0"], "--latency-rate must be at least one per 100 years")):
         result = runner.invoke(app, ["bench", "--bootstrap-servers", "127.0.0.1:1", *args])
         assert result.exit_code == 2 and message in result.output, result.output
     assert len(seen) == 1

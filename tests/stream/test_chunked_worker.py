@@ -61,6 +61,7 @@ def produce(cluster: MemoryCluster, samples: list[Sample], *, skip: set[tuple[in
 
 def worker(cluster: MemoryCluster, name: str = "w1", *, clock: list[float] | None = None, **config) -> Worker:
     config.setdefault("commit_interval_s", 3600.0)
+    config.setdefault("transaction_timeout_s", 7200.0)  # the in-memory cluster never times a transaction out
     config.setdefault("group_timeout_s", 60.0)
     now = clock or [1_000.0]
     cfg = WorkerConfig(topics=TOPICS, group_id="g", chunk_bytes=CHUNK, **config)

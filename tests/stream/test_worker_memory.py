@@ -54,6 +54,7 @@ def produce(cluster: MemoryCluster, samples: list[Sample]) -> None:
 
 def worker(cluster: MemoryCluster, name: str = "w1", *, clock: float = 1_000.0, **config) -> Worker:
     config.setdefault("commit_interval_s", 3600.0)  # commits only where a test makes them happen
+    config.setdefault("transaction_timeout_s", 7200.0)  # the in-memory cluster never times a transaction out
     cfg = WorkerConfig(topics=TOPICS, group_id="g", group_timeout_s=60.0, **config)
     w = Worker(cfg, Connection("memory:9092", client_id=name), client=cluster.client(), clock=lambda: clock,
                claim=InstanceClaim(name, Path("/nonexistent"), None))
@@ -453,7 +454,7 @@ def test_a_worker_stopped_by_an_error_does_not_leave_its_group(cluster, monkeypa
     monkeypatch.setattr(admin_class, "remove_static_member",
                         lambda self, group_id, instance_id: asked.append(instance_id) or True)
     cfg = WorkerConfig(topics=TOPICS, group_id="g", group_timeout_s=60.0, commit_interval_s=3600.0,
-                       leave_group_on_stop=True)
+                       transaction_timeout_s=7200.0, leave_group_on_stop=True)
     w = Worker(cfg, Connection("memory:9092", client_id="w1"), client=cluster.client(), clock=lambda: 1_000.0,
                claim=InstanceClaim("w1", Path("/nonexistent"), None))
 
