@@ -22,12 +22,13 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import msgspec
+import numpy as np
 from msgspec.msgpack import Ext
 
 from codec.arrays import _ITEMS_BY_CODE, Array, ShapedArray, array_ext_hook
 from codec.records import SCHEMA_VERSION, Sample
 
-__all__ = ["HEAD_MAX_BYTES", "SampleHead", "RolloutFields", "decode_head", "item_count"]
+__all__ = ["HEAD_MAX_BYTES", "SampleHead", "RolloutFields", "decode_head", "item_count", "ext_all_finite"]
 
 HEAD_MAX_BYTES = 32 * 1024
 """Larger records are decoded whole (the module's docstring says why)."""
@@ -48,6 +49,8 @@ class RolloutFields(Protocol):
     tokens: Any  # an Array in a Sample, an Ext in a SampleHead
     loss_mask: Any
     rollout_log_probs: Any
+    rollout_sampling_mask_ids: Any
+    rollout_sampling_mask_offsets: Any
 
 
 def _head_fields() -> list[tuple[str, Any, Any]]:
@@ -85,7 +88,7 @@ def decode_head(data: bytes | memoryview) -> RolloutFields | None:
         return None
     size = _ITEM_SIZE.get
     for ext in (head.tokens, head.loss_mask, head.rollout_log_probs, head.teacher_log_probs,
-                head.opd_reverse_kl):
+                head.opd_reverse_kl, head.rollout_sampling_mask_ids, head.rollout_sampling_mask_offsets):
         if ext is not None:
             itemsize = size(ext.code)
             if itemsize is None or len(ext.data) % itemsize:
@@ -96,3 +99,12 @@ def decode_head(data: bytes | memoryview) -> RolloutFields | None:
 def item_count(ext: Ext) -> int:
     """How many items a head's packed array holds (its payload was checked by `decode_head`)."""
     return len(ext.data) // _ITEM_SIZE[ext.code]  # type: ignore[arg-type]  # decoded: bytes
+
+
+def ext_all_finite(ext: Ext) -> bool:
+    """Whether a head's packed array holds no NaN or infinity (integer and bool arrays always)."""
+    dtype = _ITEMS_BY_CODE[ext.code][0]
+    if dtype.kind != "f":
+        return True
+    values = np.frombuffer(ext.data, dtype=dtype)  # type: ignore[call-overload]  # decoded: bytes
+    return bool(np.isfinite(values).all())

@@ -16,8 +16,9 @@ from msgspec.msgpack import Ext
 from codec import Array, DecodeError, Sample, ShapedArray, decode_sample, encode_sample
 from codec.head import HEAD_MAX_BYTES, SampleHead, decode_head, item_count
 
-_ARRAY_FIELDS = ("tokens", "loss_mask", "rollout_log_probs", "teacher_log_probs", "opd_reverse_kl")
-_DTYPES = ["<u1", "<i4", "<i8", "<f4", "<f8", "?"]
+_ARRAY_FIELDS = ("tokens", "loss_mask", "rollout_log_probs", "teacher_log_probs", "opd_reverse_kl",
+                 "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets")
+_DTYPES = ["<u1", "<u2", "<i4", "<i8", "<f4", "<f8", "?"]
 
 
 def _same(head: Any, sample: Sample) -> None:
