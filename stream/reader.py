@@ -276,11 +276,12 @@ class GroupAssembler:
                       last_offset=offsets[-1], reason=refused.reason.value, error=refused.message[:300])
 
 
-# A reader's fetch sizes, per partition and per response. The broker cuts a response at these sizes, in the
-# middle of a record batch, and the client drops the cut batch and fetches it again: with records of 2.3 MB
-# (32K-token MoE samples with routing replay) the clients' 4 MiB per partition fetched 1.8 times the topic
-# (docs/benchmarks.md, "Bytes each rank fetches").
-READER_FETCH_BYTES = 64 * 1024 * 1024
+# A reader's fetch size per partition, as large as a whole response (the clients' 16 MiB). The broker cuts a
+# partition's data at this size, in the middle of a record batch, and the client drops the cut batch and
+# fetches it again: with records of 2.3 MB (32K-token MoE samples with routing replay) the clients' 4 MiB per
+# partition fetched 1.8 times the topic, 16 MiB 1.04 times (64 MiB: 1.02, with 64 MiB responses held at
+# once; docs/benchmarks.md, "Bytes each rank fetches").
+READER_FETCH_BYTES = 16 * 1024 * 1024
 
 
 # How long the merge waits on a partition read to its end before it passes a group of another one (the
@@ -378,7 +379,7 @@ class _Prefetcher(threading.Thread):
         conn = replace(r.conn, client_id=f"rollout-stream-reader-{r.rank}")
         self.consumer = c = client_for(conn).assigned_consumer(
             client_id=conn.client_id, max_record_bytes=r.max_record_bytes,
-            max_partition_fetch_bytes=READER_FETCH_BYTES, fetch_max_bytes=READER_FETCH_BYTES)
+            max_partition_fetch_bytes=READER_FETCH_BYTES)
         partitions = self._partitions()
         if not partitions:
             return
