@@ -19,6 +19,8 @@ _CODE_BY_DTYPE: dict[np.dtype, int] = {
     np.dtype("<f4"): 13,
     np.dtype("<f8"): 14,
     np.dtype("?"): 15,
+    # Routing replay of up to 65,536 experts (256 fit uint8): half of int32's bytes, carried as given.
+    np.dtype("<u2"): 16,
 }
 _DTYPE_BY_CODE = {code: dtype for dtype, code in _CODE_BY_DTYPE.items()}
 
@@ -55,7 +57,8 @@ def _as_ndarray(values: Any) -> np.ndarray:
     dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
     if dtype not in _CODE_BY_DTYPE:
         raise TypeError(
-            f"unsupported array dtype {arr.dtype}; use one of uint8, int32, int64, float32, float64, bool"
+            f"unsupported array dtype {arr.dtype}; use one of uint8, uint16, int32, int64, float32, float64, "
+            "bool"
         )
     return arr.astype(dtype, copy=False)
 

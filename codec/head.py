@@ -27,7 +27,7 @@ from msgspec.msgpack import Ext
 from codec.arrays import _ITEMS_BY_CODE, Array, ShapedArray, array_ext_hook
 from codec.records import SCHEMA_VERSION, Sample
 
-__all__ = ["HEAD_MAX_BYTES", "SampleHead", "RolloutFields", "decode_head", "item_count"]
+__all__ = ["HEAD_MAX_BYTES", "SampleHead", "RolloutFields", "decode_head", "item_count", "ext_all_finite"]
 
 HEAD_MAX_BYTES = 32 * 1024
 """Larger records are decoded whole (the module's docstring says why)."""
@@ -48,6 +48,8 @@ class RolloutFields(Protocol):
     tokens: Any  # an Array in a Sample, an Ext in a SampleHead
     loss_mask: Any
     rollout_log_probs: Any
+    rollout_sampling_mask_ids: Any
+    rollout_sampling_mask_offsets: Any
 
 
 def _head_fields() -> list[tuple[str, Any, Any]]:
@@ -85,7 +87,7 @@ def decode_head(data: bytes | memoryview) -> RolloutFields | None:
         return None
     size = _ITEM_SIZE.get
     for ext in (head.tokens, head.loss_mask, head.rollout_log_probs, head.teacher_log_probs,
-                head.opd_reverse_kl):
+                head.opd_reverse_kl, head.rollout_sampling_mask_ids, head.rollout_sampling_mask_offsets):
         if ext is not None:
             itemsize = size(ext.code)
             if itemsize is None or len(ext.data) % itemsize:
@@ -96,3 +98,24 @@ def decode_head(data: bytes | memoryview) -> RolloutFields | None:
 def item_count(ext: Ext) -> int:
     """How many items a head's packed array holds (its payload was checked by `decode_head`)."""
     return len(ext.data) // _ITEM_SIZE[ext.code]  # type: ignore[arg-type]  # decoded: bytes
+
+
+def ext_all_finite(ext: Ext) -> bool:
+    """Whether a head's packed array certainly holds no NaN or infinity (integer and bool arrays always).
+
+    A float is NaN or infinite only when its exponent bits are all ones, so its most significant byte (the
+    last, little-endian) is 0x7F or 0xFF. Looking at those bytes alone is a C-speed slice and translate,
+    where numpy's `isfinite` cost more than the rest of a short record's validation. A finite value that
+    large (above 1.7e38 in float32) is rare: it answers False too, and the full check decides.
+    """
+    itemsize = _FLOAT_SIZE.get(ext.code)
+    if itemsize is None:
+        return True
+    data: bytes = ext.data  # type: ignore[assignment]  # decoded: bytes
+    return not data[itemsize - 1::itemsize].translate(None, _NOT_TOP_EXPONENT)
+
+
+_FLOAT_SIZE: dict[int, int] = {code: size for code, (dtype, size) in _ITEMS_BY_CODE.items()
+                               if dtype.kind == "f"}
+# Every most significant byte of a float except those whose exponent bits are all ones (deleted by translate).
+_NOT_TOP_EXPONENT = bytes(b for b in range(256) if b & 0x7F != 0x7F)

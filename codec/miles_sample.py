@@ -34,6 +34,8 @@ _PASSED = (
     "opd_reverse_kl",
     "rollout_routed_experts",
     "rollout_indexer_topk",
+    "rollout_sampling_mask_ids",
+    "rollout_sampling_mask_offsets",
 )
 # Set on a miles sample, these would change what is trained, and the wire has no field for them.
 _REFUSED = ("multimodal_train_inputs", "adapter")

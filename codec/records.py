@@ -47,6 +47,10 @@ class Sample(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type
     rollout_routed_experts: ShapedArray | None = None  # MoE routing replay, (tokens - 1, layers, top-k)
     rollout_indexer_topk: ShapedArray | None = None  # sparse-attention indexer replay, like the experts
     train_metadata: dict[str, Any] | None = None  # per-sample training options (e.g. which loss)
+    # Sampling-mask replay (miles' names), CSR over the response: the token ids the sampler could emit at
+    # response token t are ids[offsets[t]:offsets[t + 1]]; offsets has response_length + 1 entries.
+    rollout_sampling_mask_ids: Array | None = None
+    rollout_sampling_mask_offsets: Array | None = None
 
     def __post_init__(self) -> None:
         # Accept plain lists/ndarrays from callers; decoded records already hold Arrays.
@@ -60,6 +64,12 @@ class Sample(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type
             self.teacher_log_probs = Array(self.teacher_log_probs)
         if self.opd_reverse_kl is not None and not isinstance(self.opd_reverse_kl, Array):
             self.opd_reverse_kl = Array(self.opd_reverse_kl)
+        ids = self.rollout_sampling_mask_ids
+        if ids is not None and not isinstance(ids, Array):
+            self.rollout_sampling_mask_ids = Array(ids)
+        offsets = self.rollout_sampling_mask_offsets
+        if offsets is not None and not isinstance(offsets, Array):
+            self.rollout_sampling_mask_offsets = Array(offsets)
         experts, topk = self.rollout_routed_experts, self.rollout_indexer_topk
         if experts is not None and not isinstance(experts, ShapedArray):
             self.rollout_routed_experts = ShapedArray.of(experts)

@@ -19,6 +19,7 @@
 
 static PyObject *head_type = NULL; /* core.structs.PlainHead */
 static uint8_t item_size[256];     /* by ext code (as an unsigned byte); 0: not a packed-array code */
+static uint8_t float_size[256];    /* by ext code: 4 or 8 for a packed float array; 0: not one */
 static long long max_schema_version = 0;
 
 typedef struct {
@@ -198,7 +199,7 @@ enum Field {
     F_RESPONSE_LENGTH, F_REWARD, F_LOSS_MASK, F_ROLLOUT_LOG_PROBS, F_STATUS, F_REMOVE_SAMPLE,
     F_WEIGHT_VERSIONS, F_METADATA, F_GROUP_SIZE, F_SIBLING_COUNT, F_SIBLING_INDEX, F_RUN_ID,
     F_TEACHER_LOG_PROBS, F_OPD_REVERSE_KL, F_ROLLOUT_ROUTED_EXPERTS, F_ROLLOUT_INDEXER_TOPK,
-    F_TRAIN_METADATA, F_COUNT
+    F_TRAIN_METADATA, F_ROLLOUT_SAMPLING_MASK_IDS, F_ROLLOUT_SAMPLING_MASK_OFFSETS, F_COUNT
 };
 
 static const char *const FIELD_NAMES[F_COUNT] = {
@@ -206,7 +207,7 @@ static const char *const FIELD_NAMES[F_COUNT] = {
     "response_length", "reward", "loss_mask", "rollout_log_probs", "status", "remove_sample",
     "weight_versions", "metadata", "group_size", "sibling_count", "sibling_index", "run_id",
     "teacher_log_probs", "opd_reverse_kl", "rollout_routed_experts", "rollout_indexer_topk",
-    "train_metadata",
+    "train_metadata", "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets",
 };
 static Py_ssize_t field_length[F_COUNT];
 
@@ -235,6 +236,31 @@ typedef struct {
     Item rollout_str, run_id; /* run_id.kind K_NIL when absent */
     Py_ssize_t tokens, loss_mask, log_probs; /* -1: nil */
 } Head;
+
+/* Whether a packed float array holds only finite values (any other packed array: yes). The wire's floats
+ * are little-endian; on another host the Python path judges. */
+static int all_finite(const Item *it) {
+    uint8_t size = float_size[(uint8_t)it->code];
+    if (size == 0) return 1;
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    return 0;
+#else
+    if (size == 4) {
+        for (Py_ssize_t k = 0; k + 4 <= it->n; k += 4) {
+            float x;
+            memcpy(&x, it->s + k, 4);
+            if (!isfinite(x)) return 0;
+        }
+    } else {
+        for (Py_ssize_t k = 0; k + 8 <= it->n; k += 8) {
+            double x;
+            memcpy(&x, it->s + k, 8);
+            if (!isfinite(x)) return 0;
+        }
+    }
+    return 1;
+#endif
+}
 
 /* An int, or nil when `nullable`: 1 int, 2 nil, 0 neither. */
 static int int_or_nil(const Item *it, int nullable) {
@@ -305,13 +331,14 @@ static int read_fields(Cursor *c, Head *h) {
         case F_LOSS_MASK:
             if ((h->loss_mask = packed(&v)) == -2) return 0;
             break;
-        case F_ROLLOUT_LOG_PROBS:
-            if ((h->log_probs = packed(&v)) == -2) return 0;
+        case F_ROLLOUT_LOG_PROBS: /* a NaN or infinity may sit on a trainable token: the full check */
+            if ((h->log_probs = packed(&v)) == -2 || (h->log_probs >= 0 && !all_finite(&v))) return 0;
             break;
         case F_TEACHER_LOG_PROBS: case F_OPD_REVERSE_KL:
             if (packed(&v) == -2) return 0;
             break;
         case F_ROLLOUT_ROUTED_EXPERTS: case F_ROLLOUT_INDEXER_TOPK: /* replay arrays: the whole decode */
+        case F_ROLLOUT_SAMPLING_MASK_IDS: case F_ROLLOUT_SAMPLING_MASK_OFFSETS: /* validated whole */
             if (v.kind != K_NIL) return 0;
             break;
         case F_RESPONSE_LENGTH:
@@ -428,9 +455,22 @@ done:
 }
 
 static PyObject *configure(PyObject *module, PyObject *args) {
-    PyObject *type, *sizes;
+    PyObject *type, *sizes, *floats = NULL;
     long long version;
-    if (!PyArg_ParseTuple(args, "OO!L", &type, &PyDict_Type, &sizes, &version)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO!L|O!", &type, &PyDict_Type, &sizes, &version, &PyDict_Type, &floats))
+        return NULL;
+    uint8_t floats_table[256] = {0};
+    PyObject *fcode, *fsize;
+    Py_ssize_t fpos = 0;
+    while (floats != NULL && PyDict_Next(floats, &fpos, &fcode, &fsize)) {
+        long c = PyLong_AsLong(fcode), s = PyLong_AsLong(fsize);
+        if (PyErr_Occurred()) return NULL;
+        if (c < -128 || c > 127 || (s != 4 && s != 8)) {
+            PyErr_Format(PyExc_ValueError, "float size %ld for ext code %ld is not 4 or 8", s, c);
+            return NULL;
+        }
+        floats_table[(uint8_t)(int8_t)c] = (uint8_t)s;
+    }
     uint8_t table[256] = {0};
     PyObject *code, *size;
     Py_ssize_t pos = 0;
@@ -444,6 +484,7 @@ static PyObject *configure(PyObject *module, PyObject *args) {
         table[(uint8_t)(int8_t)c] = (uint8_t)s;
     }
     memcpy(item_size, table, sizeof table);
+    memcpy(float_size, floats_table, sizeof floats_table);
     max_schema_version = version;
     Py_XSETREF(head_type, Py_NewRef(type));
     Py_RETURN_NONE;
@@ -453,7 +494,8 @@ static PyMethodDef methods[] = {
     {"plain_head", (PyCFunction)(void (*)(void))plain_head, METH_FASTCALL,
      "plain_head(value, key, default_group_size, max_group_size, max_sibling_count) -> PlainHead | None"},
     {"configure", configure, METH_VARARGS,
-     "configure(head_type, item_sizes_by_ext_code, schema_version): once, before plain_head"},
+     "configure(head_type, item_sizes_by_ext_code, schema_version[, float_sizes_by_ext_code]): once, before "
+     "plain_head"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -43,6 +43,8 @@ PER_SAMPLE_KEYS: tuple[str, ...] = (
     "rollout_log_probs",
     "rollout_routed_experts",
     "rollout_indexer_topk",
+    "rollout_sampling_mask_ids",
+    "rollout_sampling_mask_offsets",
     "prompt",
     "teacher_log_probs",
     "opd_reverse_kl",
@@ -73,6 +75,20 @@ def _shaped(values: ShapedArray | None, arrays: bool) -> np.ndarray | None:
     if values is None:
         return None
     return values.numpy() if arrays else values.numpy().copy()
+
+
+def _sampling_masks(samples: Sequence[Sample], arrays: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every row's sampling mask as miles' `RolloutSamplingMask` holds it: ids int32, offsets int64 (the
+    only conversion: the wire carries what the producer gave, int32 by miles' convention). With `arrays`,
+    views of the records where the dtype is already right; else private, writable copies."""
+    ids, offsets = [], []
+    for row, sample in enumerate(samples):
+        if sample.rollout_sampling_mask_ids is None or sample.rollout_sampling_mask_offsets is None:
+            # miles refuses a batch where a training sample lacks it, like this
+            raise ValueError(f"row {row}: no sampling mask, but the batch's first sample has one")
+        ids.append(sample.rollout_sampling_mask_ids.numpy().astype(np.int32, copy=not arrays))
+        offsets.append(sample.rollout_sampling_mask_offsets.numpy().astype(np.int64, copy=not arrays))
+    return ids, offsets
 
 
 def _loss_mask(sample: Sample, row: int, arrays: bool) -> Any:
@@ -151,6 +167,9 @@ def train_data(
         data["rollout_routed_experts"] = [_shaped(s.rollout_routed_experts, arrays) for s in rollout]
     if first.rollout_indexer_topk is not None:
         data["rollout_indexer_topk"] = [_shaped(s.rollout_indexer_topk, arrays) for s in rollout]
+    if first.rollout_sampling_mask_ids is not None:
+        ids, offsets = _sampling_masks(rollout, arrays)
+        data["rollout_sampling_mask_ids"], data["rollout_sampling_mask_offsets"] = ids, offsets
     if first.train_metadata is not None:
         data["metadata"] = [s.train_metadata for s in rollout]
     if any(s.weight_versions for s in rollout):

@@ -4,7 +4,8 @@ Most records are valid samples with a finite float reward, keyed by their group.
 store ran `codec.head.decode_head` (a `SampleHead` of some 25 Python objects) and then
 `core.validate.plainly_valid` over its attributes. `plain_head` does both in one pass over the MessagePack
 bytes and builds one small struct, `core.structs.PlainHead`. It decides nothing of its own: it returns a
-head only for a record `decode_sample` takes, with the same values, and `plainly_valid` accepts, with the
+head only for a record `decode_sample` takes, with the same values, and `plainly_valid` accepts (rollout
+log-probs all finite, no sampling mask), with the
 same group key; anything else is None, and the store takes the Python path, which says what is wrong.
 tests/core/test_plain_scan.py compares it with that path on random and corrupted records.
 
@@ -35,7 +36,8 @@ if not compiled.enabled():
 if _plain_scan is not None:
     # the packed arrays' item sizes and the schema version from the codec's own tables, not copies in C
     _plain_scan.configure(PlainHead, {code: size for code, (_, size) in _ITEMS_BY_CODE.items()},
-                          SCHEMA_VERSION)
+                          SCHEMA_VERSION,
+                          {code: size for code, (dtype, size) in _ITEMS_BY_CODE.items() if dtype.kind == "f"})
 
 
 def scanner() -> PlainScan | None:

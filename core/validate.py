@@ -6,7 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from codec import Sample, group_key_of
+import numpy as np
+
+from codec import Array, Sample, group_key_of
 from codec.head import RolloutFields
 from core.rewards import RewardSelectionError, select_reward
 
@@ -73,6 +75,9 @@ def validate_sample(
     if sample.rollout_log_probs is not None and len(sample.rollout_log_probs) != sample.response_length:
         return (f"rollout_log_probs has {len(sample.rollout_log_probs)} entries but response_length is "
                 f"{sample.response_length}")
+    problem = _log_prob_problem(sample) or _sampling_mask_problem(sample)
+    if problem is not None:
+        return problem
     expected_key = group_key_of(sample.run_id, sample.group_index).encode()
     if key != expected_key:
         shown = key.decode("utf-8", "backslashreplace") if key is not None else None
@@ -80,16 +85,72 @@ def validate_sample(
     return None
 
 
+def _log_prob_problem(sample: Sample) -> str | None:
+    """A NaN or infinite rollout log-prob on a token the loss uses (a non-zero loss mask; a missing mask is
+    all ones, a removed sample has none): it would poison importance ratios and the gradient, every time the
+    group is trained. Elsewhere it is left alone, as the trainer masks it out."""
+    log_probs = sample.rollout_log_probs
+    if log_probs is None or log_probs.dtype.kind != "f" or sample.remove_sample:
+        return None
+    values = log_probs.numpy()
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return None
+    if sample.loss_mask is not None:
+        bad &= sample.loss_mask.numpy() != 0
+        if not bad.any():
+            return None
+    token = int(np.argmax(bad))
+    return (f"rollout_log_probs[{token}] is {values[token]} on a trainable response token "
+            f"({int(bad.sum())} such tokens)")
+
+
+def _sampling_mask_problem(sample: Sample) -> str | None:
+    """The sampling mask (CSR over the response) must describe exactly the response's tokens: offsets start at
+    0, never decrease, end at the number of ids, one more of them than response tokens."""
+    ids, offsets = sample.rollout_sampling_mask_ids, sample.rollout_sampling_mask_offsets
+    if ids is None and offsets is None:
+        return None
+    if ids is None or offsets is None:
+        given = "rollout_sampling_mask_ids" if offsets is None else "rollout_sampling_mask_offsets"
+        return f"{given} is set without its other half (the sampling mask needs ids and offsets)"
+    for name, arr in (("rollout_sampling_mask_ids", ids), ("rollout_sampling_mask_offsets", offsets)):
+        if arr.dtype.kind not in "iu":
+            return f"{name} must hold integers, got {arr.dtype}"
+    length = sample.response_length
+    if len(offsets) != length + 1:
+        return (f"rollout_sampling_mask_offsets has {len(offsets)} entries but a response of {length} tokens "
+                f"needs {length + 1}")
+    values = offsets.numpy().astype(np.int64, copy=False)
+    if values[0] != 0:
+        return f"rollout_sampling_mask_offsets must start at 0, got {int(values[0])}"
+    if values[-1] != len(ids):
+        return (f"rollout_sampling_mask_offsets ends at {int(values[-1])} but rollout_sampling_mask_ids has "
+                f"{len(ids)} entries")
+    falls = np.diff(values) < 0
+    if falls.any():
+        token = int(np.argmax(falls))
+        return (f"rollout_sampling_mask_offsets decrease at response token {token} "
+                f"({int(values[token])} then {int(values[token + 1])})")
+    return None
+
+
+def _finite(values: Array) -> bool:
+    return values.dtype.kind != "f" or bool(np.isfinite(values.numpy()).all())
+
+
 def plainly_valid(
     sample: RolloutFields, key: bytes | None, reward_key: str | None, limits: SampleLimits,
-    count: Callable[[Any], int] = len,
+    count: Callable[[Any], int] = len, finite: Callable[[Any], bool] = _finite,
 ) -> str | None:
     """The sample's group key when it is valid the common way (a finite float reward without a reward key,
     every size in range, its record keyed by its group), else None: then `validate_sample` says why, or
     that it is valid after all (an int or keyed reward). One pass of attribute loads instead of
     `validate_sample`'s calls; every check here is one of `validate_sample`'s, so a sample this accepts
     that one accepts too (tests/core/test_fast_paths.py checks it on random samples). `count` is how many
-    items an array holds: `len` for a `Sample`, `codec.head.item_count` for a `SampleHead`.
+    items an array holds: `len` for a `Sample`, `codec.head.item_count` for a `SampleHead`; `finite` whether
+    one holds no NaN or infinity (`codec.head.ext_all_finite` for a `SampleHead`). A sampling mask takes the
+    full check.
     """
     reward = sample.reward
     group_index = sample.group_index
@@ -107,7 +168,9 @@ def plainly_valid(
         return None
     mask, tokens, log_probs = sample.loss_mask, sample.tokens, sample.rollout_log_probs
     if (mask is not None and count(mask) != length) or (tokens is not None and length > count(tokens)) \
-            or (log_probs is not None and count(log_probs) != length):
+            or (log_probs is not None and (count(log_probs) != length or not finite(log_probs))):
+        return None
+    if sample.rollout_sampling_mask_ids is not None or sample.rollout_sampling_mask_offsets is not None:
         return None
     run_id = sample.run_id
     gkey = f"{run_id}/{group_index}" if run_id else str(group_index)  # codec.group_key_of, inlined

@@ -12,7 +12,7 @@ from typing import Any
 
 from codec import DeadLetterReason, DecodeError, Sample, decode_sample, group_key_of
 from codec.chunks import ChunkHeaderError, chunk_header_of, decode_chunk_header
-from codec.head import RolloutFields, decode_head, item_count
+from codec.head import RolloutFields, decode_head, ext_all_finite, item_count
 from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
 from core.chunks import ChunkAssembler, ChunkKey, Copy, Refused
 from core.config import RewardConfig
@@ -189,7 +189,8 @@ class WindowStore:
         head = decode_head(value)
         if head is not None:
             cfg = self.config
-            gkey = plainly_valid(head, record.key, cfg.reward.reward_key, cfg.limits, item_count)
+            gkey = plainly_valid(head, record.key, cfg.reward.reward_key, cfg.limits, item_count,
+                                 ext_all_finite)
             if gkey is not None:
                 return self._place(record, head, gkey, now_ms)
         try:

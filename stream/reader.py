@@ -295,6 +295,13 @@ TOPIC_WAIT_S = 10.0
 # The least time between two `batch.waiting` log lines, which say what a batch that is not complete waits for.
 WAITING_LOG_S = 5.0
 
+# A reader's fetch size per partition, as large as a whole response (the clients' 16 MiB). The broker cuts a
+# partition's data at this size, in the middle of a record batch, and the client drops the cut batch and
+# fetches it again: with records of 2.3 MB (32K-token MoE samples with routing replay) the clients' 4 MiB per
+# partition fetched 1.8 times the topic, 16 MiB 1.04 times (64 MiB: 1.02, with 64 MiB responses held at
+# once; docs/benchmarks.md, "Bytes each rank fetches").
+READER_FETCH_BYTES = 16 * 1024 * 1024
+
 # How long the merge waits on a partition read to its end before it passes a group of another one (the
 # idle rule in the module docstring). Ranks agree on the order as long as a record is readable within this
 # long of its timestamp: the stage commits every 0.1 s. Paced, the last group of each batch waits this long,
@@ -395,8 +402,9 @@ class _Prefetcher(threading.Thread):
     def _run(self) -> None:
         r = self.r
         conn = replace(r.conn, client_id=f"rollout-stream-reader-{r.rank}")
-        self.consumer = c = client_for(conn).assigned_consumer(client_id=conn.client_id,
-                                                               max_record_bytes=r.max_record_bytes)
+        self.consumer = c = client_for(conn).assigned_consumer(
+            client_id=conn.client_id, max_record_bytes=r.max_record_bytes,
+            max_partition_fetch_bytes=READER_FETCH_BYTES)
         partitions = self._partitions()
         if not partitions:
             return

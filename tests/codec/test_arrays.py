@@ -23,6 +23,7 @@ DTYPES = [
     ("<f4", 13, torch.float32, [-1.5, 0.0, 3.25, float("inf"), -float("inf")]),
     ("<f8", 14, torch.float64, [0.1, 1 / 3, 5e-324, 1.7976931348623157e308, -0.0]),
     ("?", 15, torch.bool, [True, False, True]),
+    ("<u2", 16, torch.uint16, [0, 1, 255, 65535]),
 ]
 DTYPE_IDS = [d[0] for d in DTYPES]
 
@@ -256,7 +257,7 @@ def test_ext_payload_not_a_whole_number_of_items_is_refused():
         DECODER.decode(msgspec.msgpack.encode(msgspec.msgpack.Ext(11, b"\x00" * 7)))
 
 
-@pytest.mark.parametrize("code", [0, 9, 16, 127, -128])
+@pytest.mark.parametrize("code", [0, 9, 17, 127, -128])
 def test_unknown_ext_code_is_refused(code):
     with pytest.raises(ValueError, match="unknown ext type code"):
         DECODER.decode(msgspec.msgpack.encode(msgspec.msgpack.Ext(code, b"\x00" * 8)))

@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from msgspec.msgpack import Ext
 
 from codec import Array, DecodeError, Sample, ShapedArray, decode_sample, encode_sample
-from codec.head import HEAD_MAX_BYTES, SampleHead, decode_head, item_count
+from codec.head import HEAD_MAX_BYTES, SampleHead, decode_head, ext_all_finite, item_count
 
-_ARRAY_FIELDS = ("tokens", "loss_mask", "rollout_log_probs", "teacher_log_probs", "opd_reverse_kl")
-_DTYPES = ["<u1", "<i4", "<i8", "<f4", "<f8", "?"]
+_ARRAY_FIELDS = ("tokens", "loss_mask", "rollout_log_probs", "teacher_log_probs", "opd_reverse_kl",
+                 "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets")
+_DTYPES = ["<u1", "<u2", "<i4", "<i8", "<f4", "<f8", "?"]
 
 
 def _same(head: Any, sample: Sample) -> None:
@@ -139,3 +140,17 @@ def test_item_count_is_the_array_length_for_every_dtype():
         arr = np.arange(5).astype(dtype)
         head = decode_head(encode_sample(Sample(tokens=arr)))
         assert head is not None and item_count(head.tokens) == 5
+
+
+@pytest.mark.parametrize(("values", "dtype", "finite"), [
+    ([1.0, -2.5, 0.0, -0.0, 1e-45], "<f4", True), ([1.0, math.nan], "<f4", False), ([math.inf], "<f8", False),
+    ([-math.inf, 1.0], "<f8", False), ([], "<f4", True), ([1, 2**31 - 1, -1], "<i4", True),
+    ([3e38], "<f4", False),  # finite but with a near-maximal exponent: declined, the full check decides
+    ([1.7e308], "<f8", False),
+])
+def test_ext_all_finite_is_sure_or_says_no(values: list[float], dtype: str, finite: bool) -> None:
+    log_probs = np.array(values, dtype=dtype)
+    value = encode_sample(Sample(rollout_log_probs=log_probs, response_length=len(values)))  # type: ignore[arg-type]
+    head = decode_head(value)
+    assert head is not None
+    assert ext_all_finite(head.rollout_log_probs) is finite

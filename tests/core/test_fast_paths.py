@@ -36,8 +36,27 @@ def _edges(rl: int) -> dict[str, list[object]]:
         "response_length": [-1, rl + 1, rl + 3], "group_size": [None, 0, -1, 4, 5, 4096, 4097],
         "sibling_count": [0, -1, 1, 2, 3, 1024, 1025], "sibling_index": [-1, 0, 2, 3],
         "tokens": [None, [1] * max(rl - 1, 0)], "loss_mask": [None, [1] * (rl + 1), [1] * max(rl - 1, 0)],
-        "rollout_log_probs": [[1.0] * rl, [1.0] * (rl + 1)],
+        "rollout_log_probs": [[1.0] * rl, [1.0] * (rl + 1), [math.nan] * rl, [-math.inf] * rl],
+        # half a sampling mask: the full check refuses it
+        "rollout_sampling_mask_ids": [[5] * rl], "rollout_sampling_mask_offsets": [list(range(rl + 1))],
     }
+
+
+def _sampling_mask(kind: str, rl: int) -> dict[str, object]:
+    """A CSR sampling mask over `rl` response tokens: valid, or broken one way."""
+    offsets = [2 * t for t in range(rl + 1)]
+    ids = [7] * offsets[-1]
+    if kind == "decreasing" and rl >= 2:
+        offsets[1] = offsets[2] + 1
+        ids = [7] * offsets[-1]
+    elif kind == "short":
+        offsets = offsets[:-1]
+    elif kind == "end":
+        ids = ids + [7]
+    elif kind == "start":
+        offsets = [1 + o for o in offsets]
+        ids = [7] * offsets[-1]
+    return {"rollout_sampling_mask_ids": ids, "rollout_sampling_mask_offsets": offsets}
 
 
 @st.composite
@@ -51,6 +70,9 @@ def samples(draw: st.DrawFn) -> tuple[Sample, bytes | None]:
         "run_id": draw(st.sampled_from([None, "", "run", "rün"])),
         "tokens": [1] * (rl + draw(st.integers(0, 2))), "loss_mask": [1] * rl, "rollout_log_probs": None,
     }
+    mask = draw(st.sampled_from(["none", "none", "none", "valid", "decreasing", "short", "end", "start"]))
+    if mask != "none":
+        fields.update(_sampling_mask(mask, rl))
     edges = _edges(rl)
     for name in draw(st.lists(st.sampled_from(sorted(edges)), max_size=2)):
         fields[name] = draw(st.sampled_from(edges[name]))
@@ -73,7 +95,8 @@ def test_plainly_valid_accepts_only_valid_samples_with_their_group_key(drawn, re
     if fast is not None:
         assert problem is None
         assert fast == group_key_of(sample.run_id, sample.group_index)
-    elif problem is None and not reward_key and type(sample.reward) is float:
+    elif problem is None and not reward_key and type(sample.reward) is float \
+            and sample.rollout_sampling_mask_ids is None:  # a sampling mask always takes the full check
         pytest.fail("a valid sample with a plain float reward took the slow path")
 
 

@@ -259,8 +259,8 @@ def test_closed_memory_is_bounded():
 
 def test_group_larger_than_the_byte_cap_is_dead_lettered_whole():
     st = store(max_group_bytes=600)
-    feed(st, rec(s(rid=0, size=3, prompt="x" * 200), 0))
-    (out,) = feed(st, rec(s(rid=1, size=3, prompt="y" * 200), 1))
+    feed(st, rec(s(rid=0, size=3, prompt="x" * 150), 0))
+    (out,) = feed(st, rec(s(rid=1, size=3, prompt="y" * 150), 1))
     assert out.reason is R.GROUP_TOO_LARGE and len(out.records) == 2 and st.open_bytes == 0
 
 

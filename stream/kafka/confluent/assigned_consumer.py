@@ -17,6 +17,9 @@ class _AssignedConsumer(_Consumer):
         super().__init__(consumer)
         self._commit_group = commit_group
         self._start: dict[tuple[str, int], int] = {}  # where a logical seek resolved to
+        # Partitions assigned from their beginning and neither read nor sought since: a seek to the beginning
+        # changes nothing for them, and reassigning would drop and fetch again what the fetcher already has.
+        self._untouched: set[tuple[str, int]] = set()
 
     def assign(self, tps: Sequence[TopicPartition]) -> None:
         self._forget_all()
@@ -26,6 +29,7 @@ class _AssignedConsumer(_Consumer):
         start = None if self._commit_group else OFFSET_BEGINNING
         with _translated:
             self._c.assign([_rd(tp, start) for tp in tps])
+        self._untouched = {(tp.topic, tp.partition) for tp in tps} if start == OFFSET_BEGINNING else set()
 
     def _irrelevant(self, error: KafkaError) -> bool:
         # librdkafka wants a group id even here and looks for its coordinator: a least-privilege reader
@@ -42,7 +46,14 @@ class _AssignedConsumer(_Consumer):
         return super().position(tp) if self._commit_group else self.beginning_offsets([tp])[tp]
 
     def seek_to_beginning(self, tps: Sequence[TopicPartition]) -> None:
-        self._reassign(tps, OFFSET_BEGINNING)
+        fresh = [tp for tp in tps if (key := (tp.topic, tp.partition)) in self._untouched
+                 and key not in self._next and key not in self._sought]
+        if fresh:
+            for tp, offset in self.beginning_offsets(fresh).items():
+                self._start[(tp.topic, tp.partition)] = offset
+        rest = [tp for tp in tps if tp not in fresh]
+        if rest:
+            self._reassign(rest, OFFSET_BEGINNING)
 
     def seek_to_end(self, tps: Sequence[TopicPartition]) -> None:
         self._reassign(tps, OFFSET_END)
@@ -52,6 +63,7 @@ class _AssignedConsumer(_Consumer):
         current = {(tp.topic, tp.partition): tp for tp in self._c.assignment()}
         resolved = (self.beginning_offsets if logical == OFFSET_BEGINNING else self.end_offsets)(list(tps))
         for tp in tps:
+            self._untouched.discard((tp.topic, tp.partition))
             current[(tp.topic, tp.partition)] = _rd(tp, logical)
             self._forget([(tp.topic, tp.partition)], paused=False)
             self._start[(tp.topic, tp.partition)] = resolved[tp]

@@ -87,6 +87,7 @@ def settings_for(conn: Connection, client_id: str | None = None) -> dict[str, An
 
 # kafka-python spellings some callers pass as tuning, in librdkafka's names.
 _NAMES = {"linger_ms": "linger.ms", "batch_size": "batch.size", "fetch_max_wait_ms": "fetch.wait.max.ms",
+          "max_partition_fetch_bytes": "max.partition.fetch.bytes", "fetch_max_bytes": "fetch.max.bytes",
           "max_poll_records": None, "request_timeout_ms": "request.timeout.ms", "bootstrap_timeout_ms": None,
           "ssl_context": None, "ssl_check_hostname": None,
           # RolloutProducer(..., compression_type=...) (docs/compression.md): librdkafka refuses this name

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from codec import compiled, decode_sample
-from codec.head import decode_head, item_count
+from codec.head import decode_head, ext_all_finite, item_count
 from core.offsets import OffsetLedger
 from core.records import InputRecord, Published
 from core.rewards import normalize_group
@@ -153,7 +153,8 @@ def steps(recs: list[ConsumerRecord]) -> dict[str, float]:
 
     def validation() -> None:
         for r, h, s in zip(recs, heads, samples, strict=True):
-            if h is None or plainly_valid(h, r.key, reward.reward_key, wcfg.limits, item_count) is None:
+            if h is None or plainly_valid(h, r.key, reward.reward_key, wcfg.limits, item_count,
+                                          ext_all_finite) is None:
                 validate_sample(s, key=r.key, reward_key=reward.reward_key, limits=wcfg.limits)
 
     def windows() -> None:
