@@ -13,8 +13,10 @@ import pytest
 
 from codec import decode_sample
 from codec.admission import Delivered, Release, Sent, decode_admission
-from core.prompts import epoch_order
+from core.prompt_records import PromptState
+from core.prompts import PromptLog, epoch_order
 from stream.clients import Connection
+from stream.config import WorkerConfig
 from stream.errors import ConfigurationError
 from stream.integrations.miles import stage_data_buffer
 from stream.integrations.miles_prompts import (
@@ -26,7 +28,14 @@ from stream.integrations.miles_prompts import (
 )
 from stream.kafka.memory import MemoryClient, MemoryCluster
 from stream.pacing import AdmissionRevoked
-from tests.stream.integrations.test_miles import DataBufferConstructorInput, DataBufferInput, MilesSample
+from stream.prompts import SourceFinished
+from tests.stream.helpers import new_topics, running_worker, wait_until
+from tests.stream.integrations.test_miles import (
+    DataBufferConstructorInput,
+    DataBufferInput,
+    MilesSample,
+    first_sample,
+)
 
 ROWS = [{"input": f"what is {i} + {i}?", "label": str(2 * i), "metadata": {"row": i}} for i in range(5)]
 LOG = "train-data.admission"
@@ -51,11 +60,12 @@ def cluster() -> MemoryCluster:
     return c
 
 
-def generated(prompt_group: list[Any], status: Any = MilesSample.Status.COMPLETED) -> list[Any]:
+def generated(prompt_group: list[Any], status: Any = MilesSample.Status.COMPLETED,
+              version: str = "4") -> list[Any]:
     """What `generate_and_rm_group` returns: the prompt group's samples, generated and rewarded."""
     for r, s in enumerate(prompt_group):
         s.tokens, s.response, s.response_length = [1, 2, 3 + r], f"r{r}", 1
-        s.reward, s.loss_mask, s.weight_versions, s.status = float(r), [1], ["4"], status
+        s.reward, s.loss_mask, s.weight_versions, s.status = float(r), [1], [version], status
     return prompt_group
 
 
@@ -219,3 +229,94 @@ def test_the_source_is_not_paced_and_the_buffer_shares_its_topics() -> None:
                                    prompts=source_cls, sample_type=MilesSample)
     with pytest.raises(ConfigurationError, match="was not built"):
         buffer_cls(DataBufferConstructorInput(args=args(), unused_handler_fn=lambda group: None))
+
+
+@pytest.mark.any_client
+@pytest.mark.kafka(timeout=150)
+def test_miles_trains_every_prompt_of_an_epoch_once_through_the_stage(kafka_bootstrap, unique_group_id):
+    """An aborted group and a stale one come back through the log and train; every prompt trains once."""
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="miles-prompts")
+    miles_args = args(rollout_batch_size=2, rollout_global_dataset=True)
+    source_cls = stage_data_source(kafka_bootstrap, ROWS, name="sums", trainer_group_id=unique_group_id,
+                                   topic=topics.input, train_data_topic=topics.output, seed=3, epochs=1,
+                                   sample_type=MilesSample)
+    buffer_cls = stage_data_buffer(kafka_bootstrap, input_topic=topics.input, output_topic=topics.output,
+                                   group_id=unique_group_id, sample_type=MilesSample, prompts=source_cls,
+                                   start="earliest", partition_idle_ms=200)
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"w-{topics.input}",
+                          group_timeout_s=5.0, commit_interval_s=0.2)
+    with running_worker(config):
+        data_source = source_cls(miles_args)  # RolloutManager.__init__
+        output = None
+
+        def recycle(prompt_group: list[Any]) -> None:  # FullyAsyncRolloutFn._recycle
+            for sample in prompt_group:
+                sample.reset_for_retry()
+            data_source.add_samples([prompt_group])
+
+        async def submit(status: Any = MilesSample.Status.COMPLETED, version: str = "5") -> str:
+            assert output is not None
+            [prompt_group] = data_source.get_samples(1)  # _submit_one_group
+            # _worker_loop: `await self._output.put(task.result())`
+            await output.put(DataBufferInput(prompt_group=prompt_group,
+                                             group=generated(prompt_group, status, version)))
+            return str(prompt_group[0].metadata[ATTEMPT_KEY])
+
+        async def drain() -> list[list[Any]]:  # _drain, one rollout step
+            assert output is not None
+            data: list[list[Any]] = []
+            while len(data) < miles_args.rollout_batch_size:
+                entry = await output.get(current_version=5)  # _next_group(input.weight_version)
+                assert len(entry.group) == miles_args.n_samples_per_prompt
+                data.append(entry.group)
+            data.sort(key=lambda group: first_sample(group).index)
+            output.get_metrics()  # `RolloutFnTrainOutput(samples=data, metrics=self._output.get_metrics())`
+            return data
+
+        def state(key: str) -> PromptState | None:
+            row = int(key.split("/")[1])
+            return data_source.source.gate.follower.read(
+                lambda f: getattr(f.prompt("sums", 0, row), "state", None) if isinstance(f, PromptLog) else None)
+
+        async def run() -> tuple[list[str], list[list[Any]]]:
+            sent = [await submit(), await submit(MilesSample.Status.ABORTED)]
+            sent.append(await submit())  # the aborted group's prompt, handed out first again
+            sent += [await submit(version="2"), await submit()]  # stale at 5: 5 - 2 > 1
+            steps = await drain()
+            sent.append(await submit())  # the fifth prompt
+            steps += await drain()
+            for _ in range(2):  # the steps after: the two steps' groups are trained, so committed
+                output.get_metrics()
+            # the stale group was skipped in a committed batch: the log hands its prompt out again
+            await asyncio.to_thread(wait_until, lambda: state(sent[3]) is PromptState.WAITING, 20,
+                                    "the stale group's prompt re-issued")
+            sent.append(await submit())
+            steps += [(await output.get(current_version=5)).group]
+            for _ in range(3):
+                output.get_metrics()
+            return sent, steps
+
+        try:
+            # FullyAsyncRolloutFn.__call__: `self._output = buffer_cls(DataBufferConstructorInput(
+            # args=self.args, unused_handler_fn=self._handle_unused))`
+            output = buffer_cls(DataBufferConstructorInput(args=miles_args, unused_handler_fn=recycle))
+            sent, trained = asyncio.run(run())
+            wait_until(lambda: [s.trained for s in data_source.source.status()] == [len(ROWS)], 30,
+                       "every prompt trained")
+            with pytest.raises(SourceFinished):
+                data_source.get_samples(1)
+        finally:
+            if output is not None:
+                output.close()
+            data_source.close()
+
+    rows = [int(k.split("/")[1]) for k in sent]
+    assert sent[2] == f"sums@0.2/{rows[1]}" and sent[6] == f"sums@0.2/{rows[3]}"  # aborted, stale: again
+    assert sorted(set(rows)) == list(range(len(ROWS)))
+    keys = [f"{g[0].metadata[ATTEMPT_KEY]}" for g in trained]
+    assert sorted(keys) == sorted(sent[i] for i in (0, 2, 4, 5, 6))  # each prompt once, no stale group
+    for group in trained:
+        # miles' reward step groups by group_index: each group has its own, its admission's
+        assert {s.group_index for s in group} == {group[0].metadata[GROUP_INDEX_KEY]}
+        assert [s.metadata["rollout_stream_reward"] for s in group] == pytest.approx([-1.0, 0.0, 1.0])
+    assert len({g[0].group_index for g in trained}) == len(trained)
