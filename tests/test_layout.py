@@ -33,9 +33,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "stream.producer": ("stream.producer", "stream.pacing", "stream.kafka", *BASE),
     "stream.reader": ("stream.reader", "stream.pacing", "stream.kafka", *BASE),
     "stream.prompts": ("stream.prompts", "stream.producer", "stream.pacing", "stream.kafka", *BASE),
-    # trainer frameworks on the reader and the producer (each framework imported only in its own module)
-    "stream.integrations": ("stream.integrations", "stream.reader", "stream.producer", "stream.pacing",
-                            "stream.kafka", *BASE),
+    # trainer frameworks on the reader, the producer and the prompt source (each framework imported only in
+    # its own module)
+    "stream.integrations": ("stream.integrations", "stream.reader", "stream.producer", "stream.prompts",
+                            "stream.pacing", "stream.kafka", *BASE),
     # operator tools
     "stream.tools": (
         "stream.tools", "stream.kafka", "stream.worker", "stream.pacing", "stream.producer", "stream.reader",

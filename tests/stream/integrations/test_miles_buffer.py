@@ -29,7 +29,8 @@ class MilesSample(TranscribedSample):
     def reset_for_retry(self) -> None:
         self.tokens, self.response, self.response_length, self.reward = [], "", 0, None
         self.loss_mask, self.weight_versions, self.rollout_log_probs = None, [], None
-        self.status = MilesSample.Status.PENDING
+        self.status = MilesSample.Status.ABORTED  # `self.status = Sample.Status.ABORTED`
+        self.remove_sample, self.train_metadata = False, None
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,9 @@ def test_miles_fully_async_rollout_trains_through_the_stage(kafka_bootstrap, uni
             output.close()
 
     # the aborted group never reached the stage, the stale one (version 2 at 5, bound 1) was not trained:
-    # both went to the unused handler as pending prompts, recycled into the data source
+    # both went to the unused handler as prompts reset for retry, recycled into the data source
     assert sorted(g[0].group_index for g in data_source.added) == [1, 2]
-    assert all(s.status is MilesSample.Status.PENDING and s.reward is None
+    assert all(s.status is MilesSample.Status.ABORTED and s.reward is None
                for g in data_source.added for s in g)
     assert metrics[0]["rollout/fully_async/aborted_groups_filtered"] == 1.0
     assert sum(m["rollout/fully_async/stale_groups_filtered"] for m in metrics) == 1.0
