@@ -29,7 +29,7 @@ from stream.integrations.miles_prompts import (
 from stream.kafka.memory import MemoryClient, MemoryCluster
 from stream.prompts import SourceFinished
 from tests.stream.helpers import new_topics, running_worker, wait_until
-from tests.stream.integrations.test_miles import (
+from tests.stream.integrations.test_miles_buffer import (
     DataBufferConstructorInput,
     DataBufferInput,
     MilesSample,
