@@ -186,7 +186,7 @@ def test_a_process_frozen_mid_group_past_its_lease_does_not_train_a_second_copy(
             batch = reader.next_batch(timeout=30)
             assert batch is not None
             assert sorted(g.key for g in batch.groups) == sorted(str(x.key) for x in more)
-            assert batch.skipped_invalid == 1  # the late first attempt, refused by the fence
+            assert batch.skipped_superseded == 1  # the late first attempt, refused by the fence
             reader.commit()
             wait_until(lambda: [s.trained for s in main.status()] == [4, 2], timeout=30, what="trained")
             fold = main.gate.follower.fold
@@ -223,7 +223,7 @@ def test_a_trainer_restarted_before_its_commit_trains_the_batch_again_and_it_cou
                                     fence=prompt_fence(Connection(kafka_bootstrap), topics.output))
             try:
                 batch = again.next_batch(timeout=30)
-                assert batch is not None and batch.index == 1 and batch.skipped_invalid == 0
+                assert batch is not None and batch.index == 1 and batch.skipped_superseded == 0
                 again.commit()
             finally:
                 again.close()
@@ -256,7 +256,7 @@ def test_the_reader_s_fence_lets_one_attempt_of_a_prompt_train(kafka_bootstrap: 
             trained = [[g.key for g in b.groups] for b in batches]
             assert trained[0] == trained[1]  # the same groups on both ranks, whichever attempt came first
             assert sorted(k.rsplit("/", 1)[1] for k in trained[0]) == ["0", "1"]  # one attempt per prompt
-            assert batches[0].skipped_invalid == batches[1].skipped_invalid == 1
+            assert batches[0].skipped_superseded == batches[1].skipped_superseded == 1
         finally:
             for reader in ranks:
                 reader.close()

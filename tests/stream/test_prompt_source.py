@@ -15,7 +15,14 @@ from stream.clients import Connection
 from stream.kafka.memory import MemoryClient, MemoryCluster
 from stream.pacing import AdmissionRevoked, AdmissionWriter
 from stream.pacing.checkpoints import newest_fold
-from stream.prompts import DatasetError, DatasetMismatch, PromptSource, SourceFinished, load_rows
+from stream.prompts import (
+    DatasetError,
+    DatasetMismatch,
+    PromptSource,
+    SourceFinished,
+    fingerprint,
+    load_rows,
+)
 
 LOG = "train-data.admission"
 ROWS = [{"prompt": f"what is {i} + {i}?", "answer": 2 * i} for i in range(6)]
@@ -140,18 +147,39 @@ def test_jsonl_rows_are_read_in_order_and_a_bad_line_is_named(tmp_path: Path) ->
         load_rows(tmp_path / "missing.jsonl")
 
 
-def test_parquet_and_datasets_directories_are_read_with_pyarrow(tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow")  # optional: not installed with the package
-    pq = pytest.importorskip("pyarrow.parquet")
+def test_a_parquet_file_is_read_in_row_order(tmp_path: Path) -> None:
+    import pyarrow as pa  # installed with the test extras (TRL's); the package itself does not need it
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": f"p{i}", "answer": i, "tags": ["a", str(i)]} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet", row_group_size=2)  # three row groups
+    assert load_rows(tmp_path / "d.parquet") == rows
+
+
+def test_a_datasets_directory_saved_to_disk_is_read_in_row_order(tmp_path: Path) -> None:
+    import datasets
+
+    rows = [{"prompt": f"p{i}", "answer": i} for i in range(7)]
+    saved = tmp_path / "saved"
+    # two shards: the rows are the shards' in the order state.json lists them
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved), num_shards=2)
+    assert sorted(f.name for f in saved.glob("*.arrow")) == ["data-00000-of-00002.arrow",
+                                                              "data-00001-of-00002.arrow"]
+    assert load_rows(saved) == rows
+    assert fingerprint(load_rows(saved)) == fingerprint(rows)  # the same rows as a JSONL file of them
+
+
+def test_an_arrow_directory_without_state_json_is_read_file_by_file(tmp_path: Path) -> None:
+    import pyarrow as pa
 
     table = pa.table({"q": [1, 2, 3]})
-    pq.write_table(table, tmp_path / "d.parquet")
-    assert load_rows(tmp_path / "d.parquet") == [{"q": 1}, {"q": 2}, {"q": 3}]
     saved = tmp_path / "saved"
     saved.mkdir()
     with pa.ipc.new_stream(saved / "data-00000-of-00001.arrow", table.schema) as w:
         w.write_table(table)
     assert load_rows(saved) == [{"q": 1}, {"q": 2}, {"q": 3}]
+    with pytest.raises(DatasetError, match="without .arrow files"):
+        load_rows(tmp_path)  # holds only a directory
 
 
 def test_the_status_table_and_one_prompt_s_attempts_render() -> None:
@@ -207,3 +235,41 @@ def test_the_worker_s_metrics_show_each_source_s_newest_epoch_and_its_settled_pr
                for state in ("trained", "filtered", "dead_lettered", "exhausted")}
     assert settled == {"trained": 5, "filtered": 1, "dead_lettered": 0, "exhausted": 0}
     assert samples[("rollout_stream_prompts_reissued_total", (("source", SOURCE),))] == 1
+
+
+def test_the_reader_s_fence_skips_a_superseded_attempt_with_a_reason_of_its_own(monkeypatch, caplog) -> None:
+    """Two attempts of one prompt on train-data: the first trains, the other is skipped as superseded,
+    counted and logged apart from invalid groups, with the prompt and the attempt that trained it."""
+    import logging
+
+    from codec import encode_train_sample
+    from core.prompt_keys import PromptFence
+    from stream.reader import TrainDataReader
+    from tests.stream.memory_cli import on_memory
+    from tests.stream.test_reader import train_sample
+
+    cluster = MemoryCluster()
+    on_memory(monkeypatch, cluster, "stream.reader", "stream.topics")
+    cluster.create_topic("td", 1)
+    producer = cluster.client().producer(transactional_id="stage")
+    producer.init_transactions()
+    producer.begin_transaction()
+    for run, g in (("sums@0.2", 4), ("sums@0.1", 4), ("sums@0.1", 5), ("sums@0.1", 2)):
+        for rid in range(2):
+            s = train_sample(g, rid, run=run)
+            producer.send("td", encode_train_sample(s), s.group_key.encode(), partition=0)
+    producer.commit_transaction()
+    producer.close()
+    caplog.set_level(logging.INFO, logger="rollout_stream.reader")
+    with TrainDataReader("memory:9092", "td", "trainer", groups_per_batch=2, publish_progress=False,
+                         partition_idle_ms=50, start="earliest",
+                         fence=PromptFence({("sums", 0, 2)})) as reader:  # trained before the resume
+        first = reader.next_batch(30)
+        assert first is not None and [g.key for g in first.groups] == ["sums@0.2/4", "sums@0.1/5"]
+        assert (first.skipped_superseded, first.skipped_invalid) == (1, 0)
+        assert reader.next_batch(1) is None  # sums@0.1/2 alone: its prompt trained before the resume
+        assert reader.stats.skipped_superseded_groups == 1 and reader.stats.skipped_invalid_groups == 0
+    lines = {r.fields["group"]: r.fields["problem"]  # type: ignore[attr-defined]
+             for r in caplog.records if getattr(r, "event", None) == "group.skipped_superseded"}
+    assert lines == {"sums@0.1/4": "superseded: prompt sums@0/4 trained as sums@0.2/4"}
+    assert not [r for r in caplog.records if getattr(r, "event", None) == "group.skipped_invalid"]
