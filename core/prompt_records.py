@@ -99,6 +99,12 @@ class SourceState:
     retry: list[list[int]] = field(default_factory=list)  # [epoch, prompt] to hand out again, oldest first
     reissued: int = 0
     refused: int = 0  # later declarations that differed from the first
+    # Refills: prompts filtered (zero-variance) whose place another prompt took. Each counts toward the next
+    # committed trainer batch that trains a group of this source, in log order: the batch it was refilled
+    # into. `batch_refills`: how many batches saw n refills (n -> batches), over every epoch.
+    refills: int = 0
+    refills_pending: int = 0  # since the last such batch
+    batch_refills: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,6 +164,9 @@ class PromptLog(AdmissionLog):
                 self._end(request, AttemptEnd.INCOMPLETE)
             elif record.reason == ZERO_VARIANCE:
                 self._settle(parsed, rec, attempt, PromptState.FILTERED, AttemptEnd.FILTERED, None)
+                src = self.sources[parsed.source]
+                src.refills += 1  # the next take of the source is another prompt: a refill
+                src.refills_pending += 1
             else:
                 self._settle(parsed, rec, attempt, PromptState.DEAD_LETTERED, AttemptEnd.DEAD_LETTERED,
                              record.reason)
@@ -195,6 +198,7 @@ class PromptLog(AdmissionLog):
 
     def _settle_batch(self, trainer: str, batch: int, keys: dict[str, bool]) -> None:
         # what trained first: a group of its prompt skipped in the same batch (fenced) re-issues nothing
+        fed: set[str] = set()  # sources this batch trained a group of
         for key, skipped in sorted(keys.items(), key=lambda item: item[1]):
             found = self._by_key(key)
             if found is None:
@@ -210,6 +214,11 @@ class PromptLog(AdmissionLog):
             self.late_trained += rec.state is PromptState.EXHAUSTED
             attempt.trainer, attempt.batch = trainer, batch
             self._settle(parsed, rec, attempt, PromptState.TRAINED, AttemptEnd.TRAINED, None)
+            fed.add(parsed.source)
+        for name in fed:  # the refills since the source's previous batch went into this one
+            src = self.sources[name]
+            src.batch_refills[src.refills_pending] = src.batch_refills.get(src.refills_pending, 0) + 1
+            src.refills_pending = 0
 
     def _settle(self, key: AttemptKey, rec: PromptRecord, attempt: Attempt, state: PromptState,
                 end: AttemptEnd, reason: str | None) -> None:

@@ -35,6 +35,9 @@ class SourceReport:
     epochs: list[EpochStatus]
     trained_per_s: float | None  # over the last 5 minutes of log time (None: nothing trained then)
     eta_s: float | None  # until every epoch declared (or the open one, when endless) is settled
+    refills: int  # zero-variance prompts filtered, another prompt taken in their place
+    batches: int  # committed trainer batches that trained a group of the source
+    batch_refills: dict[int, int]  # refills -> how many of those batches had that many
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,9 @@ def prompts_report(topic: str, fold: PromptLog) -> PromptsReport:
         sources.append(SourceReport(name, src.dataset.prompts, src.dataset.seed, src.dataset.epochs,
                                     src.dataset.max_attempts, src.refused, epochs,
                                     None if rate is None else round(rate, 3),
-                                    None if rate is None else round(left / rate, 1)))
+                                    None if rate is None else round(left / rate, 1),
+                                    src.refills, sum(src.batch_refills.values()),
+                                    dict(sorted(src.batch_refills.items()))))
     return PromptsReport(topic, fold.next_offset, sources)
 
 
@@ -95,6 +100,10 @@ def render_prompts(report: PromptsReport) -> RenderableType:
             table.add_row(str(e.epoch), str(e.waiting), str(e.in_flight), str(e.trained), dead,
                           str(e.filtered), str(e.reissued), str(e.exhausted), _bar(settled, e.prompts))
         parts.append(table)
+        if s.refills:
+            per_batch = ", ".join(f"{n}: {b}" for n, b in s.batch_refills.items())
+            parts.append(Flow(f"refills: {s.refills} zero-variance prompt(s) replaced; batches by refills "
+                              f"({s.batches} committed) {per_batch or '-'}"))
     return Group(*parts)
 
 

@@ -154,6 +154,29 @@ def test_data_reasons_are_final_and_zero_variance_is_filtered() -> None:
     check_settled(w)
 
 
+def test_refills_count_toward_the_next_committed_batch_that_trains_a_group_of_the_source() -> None:
+    """Zero-variance groups settle their prompts as filtered; the next takes are other prompts, so every
+    batch holds `groups_per_batch` groups with signal, and each filtered prompt counts as a refill of the
+    batch it was replaced in."""
+    w = World(prompts=9, groups_per_batch=2)
+    for verdicts in (["zero_variance", "publish", "zero_variance", "publish"], ["publish", "publish"],
+                     ["zero_variance", "publish", "publish"]):
+        for verdict in verdicts:
+            w.take(0)
+            w.send(0)
+            w.stage_step(verdict)
+        w.train_batch([])
+        w.commit()
+    src = w.fold.sources[SOURCE]
+    assert w.committed == 3 and sum(w.trained.values()) == 6  # three full batches of groups with signal
+    assert src.refills == 3 and src.refills_pending == 0
+    assert src.batch_refills == {2: 1, 0: 1, 1: 1}  # batches by refills: one of 2, one of 0, one of 1
+    status = w.fold.status(SOURCE)[0]
+    assert status.filtered == 3 and status.trained == 6 and status.waiting == 0
+    tail = load_fold(dump_fold(w.fold), FOLD_VERSION)  # the counts travel in a checkpoint
+    assert tail.sources[SOURCE].batch_refills == src.batch_refills and tail.sources[SOURCE].refills == 3
+
+
 def test_an_uncommitted_batch_is_not_trained_until_it_is() -> None:
     w = World(prompts=2, groups_per_batch=2)
     for _ in range(2):

@@ -235,6 +235,32 @@ def test_the_worker_s_metrics_show_each_source_s_newest_epoch_and_its_settled_pr
                for state in ("trained", "filtered", "dead_lettered", "exhausted")}
     assert settled == {"trained": 5, "filtered": 1, "dead_lettered": 0, "exhausted": 0}
     assert samples[("rollout_stream_prompts_reissued_total", (("source", SOURCE),))] == 1
+    assert samples[("rollout_stream_prompt_refills_total", (("source", SOURCE),))] == 1
+    assert samples[("rollout_stream_prompt_batches_total", (("source", SOURCE),))] == 5  # one group each
+
+
+def test_the_report_counts_refills_per_trainer_batch() -> None:
+    from rich.console import Console
+
+    from stream.tools.prompts import prompts_report, render_prompts
+    from tests.core.prompt_world import World
+
+    w = World(prompts=4, groups_per_batch=1)
+    for verdict in ("zero_variance", "zero_variance", "publish", "publish"):
+        w.take(0)
+        w.send(0)
+        w.stage_step(verdict)
+        if verdict == "publish":
+            w.train_batch([])
+            w.commit()
+    report = prompts_report("td.admission", w.fold)
+    assert (report.sources[0].refills, report.sources[0].batches) == (2, 2)
+    assert report.sources[0].batch_refills == {0: 1, 2: 1}
+    assert report.to_json()["sources"][0]["batch_refills"] == {0: 1, 2: 1}
+    console = Console(record=True, width=120)
+    console.print(render_prompts(report))
+    assert "refills: 2 zero-variance prompt(s) replaced; batches by refills (2 committed) 0: 1, 2: 1" in \
+        console.export_text()
 
 
 def test_the_reader_s_fence_skips_a_superseded_attempt_with_a_reason_of_its_own(monkeypatch, caplog) -> None:
