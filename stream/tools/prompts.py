@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from core.prompt_keys import parse_attempt_key
+from core.prompt_records import attempt_history
 from core.prompts import EpochStatus, PromptLog, PromptRecord, PromptState
 from stream.layout import Flow
 from stream.prompts.fence import fold_admission_log
@@ -121,11 +122,7 @@ def parse_prompt_id(text: str) -> tuple[str, int, int] | None:
 
 def prompt_json(source: str, epoch: int, row: int, rec: PromptRecord) -> dict[str, Any]:
     return {"source": source, "epoch": epoch, "prompt": row, "state": rec.state.value, "reason": rec.reason,
-            "attempts": [{"attempt": a.number, "producer": a.producer, "session": a.session,
-                          "request": a.request, "taken_ms": a.taken_ms, "sent": a.sent,
-                          "delivered": a.delivered, "ended": None if a.ended is None else a.ended.value,
-                          "ended_ms": a.ended_ms, "trainer": a.trainer, "batch": a.batch}
-                         for a in rec.attempts]}
+            "attempts": attempt_history(rec.attempts)}
 
 
 def render_prompt(detail: dict[str, Any]) -> RenderableType:

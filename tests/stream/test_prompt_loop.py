@@ -20,7 +20,7 @@ from stream.config import WorkerConfig
 from stream.producer import RolloutProducer
 from stream.prompts import PromptSource, SourceFinished, prompt_fence
 from stream.reader import TrainDataReader
-from tests.stream.helpers import new_topics, running_worker, wait_until
+from tests.stream.helpers import new_topics, read_topic, running_worker, wait_until
 
 ROWS = [{"prompt": f"q{i}"} for i in range(4)]
 
@@ -276,3 +276,65 @@ def check_the_cli(bootstrap: str, output_topic: str, row: int) -> None:
     assert (shown["state"], shown["attempts"]) == ("trained", [])
     result = CliRunner().invoke(app, ["prompts", "show", "toy@0/99", *common[:-1]])
     assert result.exit_code == 1 and "not handed out" in result.output
+
+
+@pytest.mark.kafka(timeout=150)
+def test_a_prompt_whose_attempts_are_exhausted_is_dead_lettered_once_with_its_history(
+        kafka_bootstrap: str) -> None:
+    """One attempt allowed; its process killed -9 mid-group: the lease ends, the prompt is exhausted, and of
+    the two live processes of the source exactly one writes its `prompt_attempts_exhausted` record (beside
+    the stage's `incomplete_group` for the half group), which `dlq stats` and `dlq list` show."""
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="exhausted")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2, group_timeout_s=3.0)
+    script = KILLED_MID_GROUP.replace("epochs=1)", "epochs=1, max_attempts=1)")
+    with running_worker(config):
+        done = subprocess.run([sys.executable, "-c", script, kafka_bootstrap, topics.input, topics.output,
+                               trainer], capture_output=True, text=True, timeout=60)
+        assert done.returncode == -9, done.stderr
+        killed = parse_attempt_key(done.stdout.strip())
+        assert killed is not None
+
+        def source(name: str) -> PromptSource:
+            return PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer,
+                                topic=topics.input, train_data_topic=topics.output, epochs=1, max_attempts=1,
+                                producer_id=f"{name}-{topics.input}", dead_letter_topic=topics.dead_letter)
+
+        reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=3,
+                                 start="earliest")
+        a, b = source("rollout-0"), source("rollout-1")
+        try:
+            held = [(a, a.take(timeout=30)), (b, b.take(timeout=30)), (a, a.take(timeout=30))]
+            assert killed.prompt not in {x.key.prompt for _, x in held}
+            for holder, lease in held:
+                holder.publish(lease, group(lease.row))
+            assert reader.next_batch(timeout=30) is not None
+            reader.commit()
+            wait_until(lambda: [(s.trained, s.exhausted) for s in a.status()] == [(3, 1)], timeout=30,
+                       what="three prompts trained, the killed one exhausted")
+            for s in (a, b):  # both would write it; one does
+                with pytest.raises(SourceFinished):
+                    s.take(timeout=10)
+            wait_until(lambda: not a.exhausted.pending() and not b.exhausted.pending(), timeout=30,
+                       what="the exhausted prompt's record written")
+        finally:
+            a.close()
+            b.close()
+            reader.close()
+        dead = read_topic(kafka_bootstrap, topics.dead_letter, min_count=1, settle=2.0)
+    exhausted = [r for r in dead if r.headers.get("x-dlq-reason") == "prompt_attempts_exhausted"]
+    assert len(exhausted) == 1, [(r.key, r.headers.get("x-dlq-reason")) for r in dead]
+    assert exhausted[0].key == f"toy@0/{killed.prompt}".encode()
+    assert exhausted[0].headers["x-group-key"] == str(killed)
+    history = json.loads(exhausted[0].value or b"")
+    # its lease ended or the stage timed the half group out, whichever the log says first
+    assert [x["ended"] for x in history["attempts"]] in (["lease"], ["incomplete"])
+    # the stage's own word on the half group, if its timeout has passed: the attempt had ended already
+    assert {r.headers.get("x-dlq-reason") for r in dead} <= {"prompt_attempts_exhausted", "incomplete_group"}
+    common = ["--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", topics.dead_letter]
+    result = CliRunner().invoke(app, ["dlq", "stats", *common], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "prompt_attempts_exhausted" in result.output, result.output
+    result = CliRunner().invoke(app, ["dlq", "list", *common, "--reason", "prompt_attempts_exhausted",
+                                      "--json"])
+    assert result.exit_code == 0 and f"toy@0/{killed.prompt}" in result.output, result.output

@@ -299,3 +299,63 @@ def test_the_reader_s_fence_skips_a_superseded_attempt_with_a_reason_of_its_own(
              for r in caplog.records if getattr(r, "event", None) == "group.skipped_superseded"}
     assert lines == {"sums@0.1/4": "superseded: prompt sums@0/4 trained as sums@0.2/4"}
     assert not [r for r in caplog.records if getattr(r, "event", None) == "group.skipped_invalid"]
+
+
+def test_an_exhausted_prompt_is_dead_lettered_once_whichever_process_writes_it(monkeypatch) -> None:
+    """Two processes of one source see the same exhaustion; one writes the dead-letter record with its
+    marker in one transaction, the other, folding to the log's end after taking the writer's id, writes
+    nothing. `dlq list`, `stats` and `show` read it; `replay` refuses it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from codec import DeadLetterReason
+    from stream.cli import app
+    from stream.prompts.exhausted import ExhaustedWriter
+    from tests.stream.memory_cli import BOOTSTRAP, on_memory
+
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    cluster.create_topic("rollouts-dlq", 2)
+    a, b = source(cluster, "p0", max_attempts=1), source(cluster, "p1", max_attempts=1)
+    try:
+        lease = a.take(timeout=5)
+        writer = AdmissionWriter(Connection("memory:9092"), LOG, MemoryClient(cluster))
+        offset = writer.append(Resolved(keys=[str(lease.key)], reason="incomplete_group"))  # timed out
+        writer.close()
+        assert a.gate.follower.wait_folded(offset, 5) and b.gate.follower.wait_folded(offset, 5)
+        assert len(a.exhausted.pending()) == len(b.exhausted.pending()) == 1
+        late = ExhaustedWriter(Connection("memory:9092"), MemoryClient(cluster), a.gate.follower,
+                               source="sums", admission_topic=LOG, dead_letter_topic="rollouts-dlq")
+        assert b.exhausted.write() == 1
+        assert late.write() == 0  # it listed the prompt, took the id, folded the marker: nothing left
+        b.take(timeout=5)  # another prompt; nothing more written
+    finally:
+        a.close()
+        b.close()
+    dead = cluster.records("rollouts-dlq")
+    assert len(dead) == 1
+    headers = dict(dead[0].headers or [])
+    assert headers["x-dlq-reason"] == DeadLetterReason.PROMPT_ATTEMPTS_EXHAUSTED.value.encode()
+    assert headers["x-group-key"] == f"{lease.key}".encode() and headers["x-original-topic"] == LOG.encode()
+    assert dead[0].key == f"sums@0/{lease.key.prompt}".encode()
+    value = json.loads(dead[0].value or b"")
+    assert [a["ended"] for a in value["attempts"]] == ["incomplete"] and value["state"] == "exhausted"
+    markers = [r for r in log(cluster) if isinstance(r, Resolved) and r.reason == "prompt_attempts_exhausted"]
+    assert [m.keys for m in markers] == [[str(lease.key)]]
+
+    on_memory(monkeypatch, cluster, "stream.commands.dlq")
+    runner = CliRunner()
+    listed = runner.invoke(app, ["dlq", "list", *BOOTSTRAP, "--json"], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert "prompt_attempts_exhausted" in listed.stdout and f"sums@0/{lease.key.prompt}" in listed.stdout
+    stats = runner.invoke(app, ["dlq", "stats", *BOOTSTRAP], env={"COLUMNS": "200"})
+    assert stats.exit_code == 0 and "prompt_attempts_exhausted" in stats.stdout, stats.output
+    where = f"{dead[0].partition}:{dead[0].offset}"
+    shown = runner.invoke(app, ["dlq", "show", *BOOTSTRAP, where], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "prompt_attempts_exhausted" in shown.stdout, shown.output
+    from stream.tools.dlq.lineage import decide
+    from stream.tools.dlq.record import parse_record
+
+    action = decide(parse_record(dead[0]), to=None, max_replays=3, replay_id="r")
+    assert action.topic is None and action.refused is not None and "prompt's record" in action.refused
