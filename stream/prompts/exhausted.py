@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
@@ -41,6 +42,7 @@ __all__ = ["TRANSACTION_TIMEOUT_S", "ExhaustedWriter", "exhausted_record", "tran
 log = logging.getLogger("rollout_stream.prompts")
 
 TRANSACTION_TIMEOUT_S = 10.0
+LOOK_AGAIN_S = 60.0  # how often a writer whose dead-letter topic does not exist looks whether it does now
 REASON = DeadLetterReason.PROMPT_ATTEMPTS_EXHAUSTED
 try:
     STAGE_VERSION = version("rollout-stream")  # as the stage's dead-letter records say it
@@ -90,6 +92,7 @@ class ExhaustedWriter:
         self.source, self.admission_topic, self.dead_letter_topic = source, admission_topic, dead_letter_topic
         self._end_offset = end_offset or self._log_end
         self.written = 0  # records this process wrote (the log's markers count every writer's)
+        self._topic_missing_until = 0.0  # a send to a missing topic would hang the transaction: look first
 
     def pending(self) -> list[Exhausted]:
         return list(self.follower.read(lambda f: f.unrecorded(self.source) if isinstance(f, PromptLog)
@@ -98,7 +101,7 @@ class ExhaustedWriter:
     def write(self, timeout_s: float = 30.0) -> int:
         """Write the records of every exhausted prompt still unrecorded once this process is the writer and
         has folded the log to its end; how many it wrote (0: none pending, or another writer has them)."""
-        if not self.pending():
+        if not self.pending() or not self._topic_exists():
             return 0
         producer = self.client.producer(
             client_id=f"{self.conn.client_id}-exhausted", max_record_bytes=1 << 20,
@@ -137,6 +140,25 @@ class ExhaustedWriter:
             return 0
         finally:
             producer.close()
+
+    def _topic_exists(self) -> bool:
+        now = time.monotonic()
+        if now < self._topic_missing_until:
+            return False
+        admin = self.client.admin(client_id=f"{self.conn.client_id}-exhausted")
+        try:
+            if self.dead_letter_topic in admin.list_topics():
+                return True
+        except KafkaFailure:
+            return False  # asked again at the next take
+        finally:
+            admin.close()
+        self._topic_missing_until = now + LOOK_AGAIN_S
+        log_event(log, "prompt.dead_letter_topic_missing", logging.WARNING, source=self.source,
+                  topic=self.dead_letter_topic, effect="exhausted prompts wait for their record",
+                  action=f"create it (rollout-stream topics create) or give dead_letter_topic; looking again "
+                         f"in {LOOK_AGAIN_S:g}s")
+        return False
 
     def _log_end(self) -> int:
         consumer = self.client.assigned_consumer(client_id=f"{self.conn.client_id}-exhausted",

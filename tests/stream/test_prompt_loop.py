@@ -338,3 +338,22 @@ def test_a_prompt_whose_attempts_are_exhausted_is_dead_lettered_once_with_its_hi
     result = CliRunner().invoke(app, ["dlq", "list", *common, "--reason", "prompt_attempts_exhausted",
                                       "--json"])
     assert result.exit_code == 0 and f"toy@0/{killed.prompt}" in result.output, result.output
+    # a log that ends with a transaction's marker (no record at its last offset): a newcomer folds past it
+    from codec.admission import Resolved, encode_admission
+    from stream.kafka import client_for
+    from stream.names import admission_topic
+
+    producer = client_for(Connection(kafka_bootstrap)).producer(
+        client_id="marker", max_record_bytes=1 << 20, transactional_id=f"marker-{topics.input}")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send_in_transaction(admission_topic(topics.output),
+                                 encode_admission(Resolved(keys=[], reason="prompt_attempts_exhausted")),
+                                 partition=0)
+    producer.commit_transaction()
+    producer.close()
+    result = CliRunner().invoke(app, ["prompts", "--bootstrap-servers", kafka_bootstrap, "--output-topic",
+                                      topics.output, "--json"])
+    assert result.exit_code == 0, result.output
+    (toy,) = json.loads(result.output)["sources"]
+    assert (toy["epochs"][0]["trained"], toy["epochs"][0]["exhausted"]) == (3, 1)

@@ -359,3 +359,27 @@ def test_an_exhausted_prompt_is_dead_lettered_once_whichever_process_writes_it(m
 
     action = decide(parse_record(dead[0]), to=None, max_replays=3, replay_id="r")
     assert action.topic is None and action.refused is not None and "prompt's record" in action.refused
+
+
+def test_a_missing_dead_letter_topic_leaves_the_exhausted_prompt_listed_until_it_exists(caplog) -> None:
+    import logging
+
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster, max_attempts=1)
+    try:
+        lease = a.take(timeout=5)
+        writer = AdmissionWriter(Connection("memory:9092"), LOG, MemoryClient(cluster))
+        offset = writer.append(Resolved(keys=[str(lease.key)], reason="incomplete_group"))
+        writer.close()
+        assert a.gate.follower.wait_folded(offset, 5)
+        with caplog.at_level(logging.WARNING, logger="rollout_stream.prompts"):
+            assert a.exhausted.write() == 0  # no rollouts-dlq: nothing sent, nothing hangs
+        assert any(getattr(r, "event", None) == "prompt.dead_letter_topic_missing" for r in caplog.records)
+        assert len(a.exhausted.pending()) == 1
+        cluster.create_topic("rollouts-dlq", 1)
+        assert a.exhausted.write() == 0  # looks again only after a while
+        a.exhausted._topic_missing_until = 0.0
+        assert a.exhausted.write() == 1 and len(cluster.records("rollouts-dlq")) == 1
+    finally:
+        a.close()
