@@ -39,6 +39,7 @@ class SourceReport:
     refills: int  # zero-variance prompts filtered, another prompt taken in their place
     batches: int  # committed trainer batches that trained a group of the source
     batch_refills: dict[int, int]  # refills -> how many of those batches had that many
+    exhausted_unrecorded: list[str]  # exhausted prompts whose dead-letter record is not written yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,8 @@ def prompts_report(topic: str, fold: PromptLog) -> PromptsReport:
                                     None if rate is None else round(rate, 3),
                                     None if rate is None else round(left / rate, 1),
                                     src.refills, sum(src.batch_refills.values()),
-                                    dict(sorted(src.batch_refills.items()))))
+                                    dict(sorted(src.batch_refills.items())),
+                                    [f"{name}@{x.epoch}/{x.prompt}" for x in src.unrecorded]))
     return PromptsReport(topic, fold.next_offset, sources)
 
 
@@ -101,6 +103,11 @@ def render_prompts(report: PromptsReport) -> RenderableType:
             table.add_row(str(e.epoch), str(e.waiting), str(e.in_flight), str(e.trained), dead,
                           str(e.filtered), str(e.reissued), str(e.exhausted), _bar(settled, e.prompts))
         parts.append(table)
+        if s.exhausted_unrecorded:
+            parts.append(Flow(f"exhausted, dead-letter record not written yet (a live process of the source "
+                              f"writes it): {escape(', '.join(s.exhausted_unrecorded[:10]))}"
+                              + (f" and {len(s.exhausted_unrecorded) - 10} more"
+                                 if len(s.exhausted_unrecorded) > 10 else "")))
         if s.refills:
             per_batch = ", ".join(f"{n}: {b}" for n, b in s.batch_refills.items())
             parts.append(Flow(f"refills: {s.refills} zero-variance prompt(s) replaced; batches by refills "

@@ -263,6 +263,24 @@ def test_the_report_counts_refills_per_trainer_batch() -> None:
         console.export_text()
 
 
+def test_the_report_lists_exhausted_prompts_whose_record_is_not_written_yet() -> None:
+    from rich.console import Console
+
+    from stream.tools.prompts import prompts_report, render_prompts
+    from tests.core.prompt_world import SOURCE, World
+
+    w = World(prompts=2, max_attempts=1)
+    w.take(0)
+    w.kill(0)  # its lease ends: exhausted
+    report = prompts_report("td.admission", w.fold)
+    assert report.sources[0].exhausted_unrecorded == [f"{SOURCE}@0/{epoch_order(2, 7, 0)[0]}"]
+    console = Console(record=True, width=120)
+    console.print(render_prompts(report))
+    assert "dead-letter record not written yet" in console.export_text()
+    w.log(Resolved(keys=[f"{SOURCE}@0.1/{epoch_order(2, 7, 0)[0]}"], reason="prompt_attempts_exhausted"))
+    assert prompts_report("td.admission", w.fold).sources[0].exhausted_unrecorded == []
+
+
 def test_the_reader_s_fence_skips_a_superseded_attempt_with_a_reason_of_its_own(monkeypatch, caplog) -> None:
     """Two attempts of one prompt on train-data: the first trains, the other is skipped as superseded,
     counted and logged apart from invalid groups, with the prompt and the attempt that trained it."""
