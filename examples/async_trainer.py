@@ -22,26 +22,20 @@ import random
 import sys
 import threading
 import time
-import uuid
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
 import torch
+from local_stage import LocalStage
 from torch import nn
 
 from codec import Sample, decode_sample
 from stream import TrainDataReader
-from stream.clients import Connection
-from stream.commands.options import resolve_bootstrap
-from stream.config import TopicNames, WorkerConfig
-from stream.kafka import client_for
 from stream.logs import configure_logging
 from stream.pacing import PacingTimeout, WeightsTooOld
 from stream.producer import RolloutProducer
 from stream.tools.synth import SynthPlan, plan_groups
-from stream.topics import TopicSettings, ensure_topics
-from stream.worker import Worker
 
 VOCAB = 64
 
@@ -185,18 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     configure_logging("text", "warning")
 
-    bootstrap = resolve_bootstrap(args.bootstrap_servers)
-    conn = Connection(bootstrap)
-    tag = uuid.uuid4().hex[:6]
-    topics = TopicNames(f"example-{tag}-rollouts", f"example-{tag}-train-data", f"example-{tag}-dlq")
-    ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
-                  settings=TopicSettings(partitions=2))
-    print(f"broker {bootstrap}; topics {topics.input} → {topics.output}", flush=True)
-
-    worker = Worker(WorkerConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"example-{tag}",
-                                 group_timeout_s=30.0, commit_interval_s=0.5, progress_interval_s=3600), conn)
-    worker_thread = threading.Thread(target=worker.run, name="worker", daemon=True)
-    worker_thread.start()
+    local = LocalStage.start(args.bootstrap_servers, "example", commit_interval_s=0.5)
+    bootstrap, topics, worker, tag = local.bootstrap, local.topics, local.worker, local.tag
     policy = TinyPolicy()
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
     plan = SynthPlan(group_size=args.group_size, max_siblings=args.max_siblings, tokens=32, seed=args.seed,
@@ -237,14 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         reader.close()
         worker.request_stop()
         generator.join(timeout=30)
-        worker_thread.join(timeout=60)
-        admin = client_for(conn).admin()
-        try:
-            admin.delete_topics([topics.input, topics.output, topics.dead_letter])
-        except Exception as exc:  # leftover topics on a development broker are harmless
-            print(f"could not delete the run's topics: {type(exc).__name__}: {exc}", file=sys.stderr)
-        finally:
-            admin.close()
+        local.stop()
     stats = reader.stats
     print(f"done: {stats.batches} batches, {stats.groups} groups read, {stats.skipped_stale_groups} stale "
           f"groups skipped; worker published {worker.stats.groups_published} groups", flush=True)

@@ -17,19 +17,13 @@ import argparse
 import random
 import sys
 import threading
-import uuid
 
+from local_stage import LocalStage
 from miles_publish import publish_groups, synthetic_group
 
 from stream import TrainDataReader
-from stream.clients import Connection
-from stream.commands.options import resolve_bootstrap
-from stream.config import TopicNames, WorkerConfig
-from stream.kafka import client_for
 from stream.logs import configure_logging
 from stream.producer import RolloutProducer
-from stream.topics import TopicSettings, ensure_topics
-from stream.worker import Worker
 
 
 def rank_loop(reader: TrainDataReader, batches: int, out: list, step: threading.Barrier) -> None:
@@ -58,16 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     configure_logging("text", "warning")
-    bootstrap = resolve_bootstrap(args.bootstrap_servers)
-    conn = Connection(bootstrap)
-    tag = uuid.uuid4().hex[:6]
-    topics = TopicNames(f"miles-{tag}-rollouts", f"miles-{tag}-train-data", f"miles-{tag}-dlq")
-    ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
-                  settings=TopicSettings(partitions=2))
-    worker = Worker(WorkerConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"miles-{tag}",
-                                 group_timeout_s=30.0, commit_interval_s=0.2, progress_interval_s=3600), conn)
-    worker_thread = threading.Thread(target=worker.run, name="worker", daemon=True)
-    worker_thread.start()
+    local = LocalStage.start(args.bootstrap_servers, "miles", commit_interval_s=0.2, announce=False)
+    bootstrap, topics, tag = local.bootstrap, local.topics, local.tag
     status = 0
     try:
         rng = random.Random(args.seed)
@@ -110,15 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{' '.join(f'{x:+.3f}' for x in data['rewards'])}", flush=True)
             print(f"batch {b}: the two shards hold every sample once: {'yes' if ok else 'NO'}", flush=True)
     finally:
-        worker.request_stop()
-        worker_thread.join(timeout=60)
-        admin = client_for(conn).admin()
-        try:
-            admin.delete_topics([topics.input, topics.output, topics.dead_letter])
-        except Exception as exc:  # leftover topics on a development broker are harmless
-            print(f"could not delete the run's topics: {type(exc).__name__}: {exc}", file=sys.stderr)
-        finally:
-            admin.close()
+        local.stop()
     return status
 
 

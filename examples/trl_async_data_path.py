@@ -17,14 +17,13 @@ import argparse
 import os
 import random
 import sys
-import threading
-import uuid
 from collections import defaultdict
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 from accelerate import PartialState  # noqa: E402
+from local_stage import LocalStage  # noqa: E402
 from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
     DataCollatorForRollout,
     FixedCountBatcher,
@@ -33,15 +32,9 @@ from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
 
 from core import RewardConfig, post_process_rewards  # noqa: E402
 from stream import TrainDataReader  # noqa: E402
-from stream.clients import Connection  # noqa: E402
-from stream.commands.options import resolve_bootstrap  # noqa: E402
-from stream.config import TopicNames, WorkerConfig  # noqa: E402
 from stream.integrations.trl import StageRolloutWorker, completion_samples  # noqa: E402
-from stream.kafka import client_for  # noqa: E402
 from stream.logs import configure_logging  # noqa: E402
 from stream.producer import RolloutProducer  # noqa: E402
-from stream.topics import TopicSettings, ensure_topics  # noqa: E402
-from stream.worker import Worker  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,17 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("text", "warning")
     PartialState(cpu=True)  # TRL's dataset logs through accelerate
     rng = random.Random(args.seed)
-    bootstrap = resolve_bootstrap(args.bootstrap_servers)
-    conn = Connection(bootstrap)
-    tag = uuid.uuid4().hex[:6]
-    topics = TopicNames(f"trl-async-{tag}-rollouts", f"trl-async-{tag}-train-data", f"trl-async-{tag}-dlq")
-    ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
-                  settings=TopicSettings(partitions=2))
-    print(f"broker {bootstrap}; topics {topics.input} → {topics.output}", flush=True)
-    worker = Worker(WorkerConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"trl-async-{tag}",
-                                 group_timeout_s=30.0, commit_interval_s=0.1, progress_interval_s=3600), conn)
-    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
-    thread.start()
+    local = LocalStage.start(args.bootstrap_servers, "trl-async", commit_interval_s=0.1)
+    conn, topics, tag = local.conn, local.topics, local.tag
     reference: dict[tuple[int, ...], float] = {}
     status = 0
     feeder = None
@@ -112,15 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if feeder is not None:
             feeder.stop()
-        worker.request_stop()
-        thread.join(timeout=60)
-        admin = client_for(conn).admin()
-        try:
-            admin.delete_topics([topics.input, topics.output, topics.dead_letter])
-        except Exception as exc:  # leftover topics on a development broker are harmless
-            print(f"could not delete the run's topics: {type(exc).__name__}: {exc}", file=sys.stderr)
-        finally:
-            admin.close()
+        local.stop()
     return status
 
 

@@ -20,14 +20,13 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
-import uuid
 from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from local_stage import LocalStage  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from tokenizers.models import WordLevel  # noqa: E402
 from tokenizers.pre_tokenizers import WhitespaceSplit  # noqa: E402
@@ -35,15 +34,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from stream import TrainDataReader  # noqa: E402
-from stream.clients import Connection  # noqa: E402
-from stream.commands.options import resolve_bootstrap  # noqa: E402
-from stream.config import TopicNames, WorkerConfig  # noqa: E402
 from stream.integrations.trl import completion_samples  # noqa: E402
-from stream.kafka import client_for  # noqa: E402
 from stream.logs import configure_logging  # noqa: E402
 from stream.producer import RolloutProducer  # noqa: E402
-from stream.topics import TopicSettings, ensure_topics  # noqa: E402
-from stream.worker import Worker  # noqa: E402
 
 WORDS = 30  # w0..w29; ids 0..2 are the special tokens
 
@@ -150,17 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     configure_logging("text", "warning")
 
-    bootstrap = resolve_bootstrap(args.bootstrap_servers)
-    conn = Connection(bootstrap)
-    tag = uuid.uuid4().hex[:6]
-    topics = TopicNames(f"trl-{tag}-rollouts", f"trl-{tag}-train-data", f"trl-{tag}-dlq")
-    ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
-                  settings=TopicSettings(partitions=2))
-    print(f"broker {bootstrap}; topics {topics.input} → {topics.output}", flush=True)
-    worker = Worker(WorkerConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"trl-{tag}",
-                                 group_timeout_s=30.0, commit_interval_s=0.1, progress_interval_s=3600), conn)
-    worker_thread = threading.Thread(target=worker.run, name="worker", daemon=True)
-    worker_thread.start()
+    local = LocalStage.start(args.bootstrap_servers, "trl", commit_interval_s=0.1)
+    conn, topics, worker, tag = local.conn, local.topics, local.worker, local.tag
 
     tokenizer = tiny_tokenizer()
     model = tiny_llama(len(tokenizer))
@@ -197,15 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         producer.close()
         reader.close()
-        worker.request_stop()
-        worker_thread.join(timeout=60)
-        admin = client_for(conn).admin()
-        try:
-            admin.delete_topics([topics.input, topics.output, topics.dead_letter])
-        except Exception as exc:  # leftover topics on a development broker are harmless
-            print(f"could not delete the run's topics: {type(exc).__name__}: {exc}", file=sys.stderr)
-        finally:
-            admin.close()
+        local.stop()
     return status
 
 

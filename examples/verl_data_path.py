@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import threading
-import uuid
 from typing import Any
 
 import numpy as np
 import ray
 import torch
+from local_stage import LocalStage
 from verl import DataProto
 from verl.experimental.fully_async_policy.detach_utils import (
     RolloutSample,
@@ -35,14 +34,9 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 
 from stream import TrainDataReader
 from stream.clients import Connection
-from stream.commands.options import resolve_bootstrap
-from stream.config import TopicNames, WorkerConfig
 from stream.integrations.verl import STAGE_ESTIMATOR, StageMessageQueue
-from stream.kafka import client_for
 from stream.logs import configure_logging
 from stream.producer import RolloutProducer
-from stream.topics import TopicSettings, ensure_topics
-from stream.worker import Worker
 
 PROMPT, RESPONSE = 4, 6
 
@@ -114,17 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     configure_logging("text", "warning")
-    bootstrap = resolve_bootstrap(args.bootstrap_servers)
-    conn = Connection(bootstrap)
-    tag = uuid.uuid4().hex[:6]
-    topics = TopicNames(f"verl-{tag}-rollouts", f"verl-{tag}-train-data", f"verl-{tag}-dlq")
-    ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],
-                  settings=TopicSettings(partitions=2))
-    print(f"broker {bootstrap}; topics {topics.input} → {topics.output}", flush=True)
-    worker = Worker(WorkerConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"verl-{tag}",
-                                 group_timeout_s=30.0, commit_interval_s=0.1, progress_interval_s=3600), conn)
-    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
-    thread.start()
+    local = LocalStage.start(args.bootstrap_servers, "verl", commit_interval_s=0.1)
+    conn, topics, tag = local.conn, local.topics, local.tag
     status = 0
     try:
         prompts = list(range(args.prompts))
@@ -149,15 +134,7 @@ def main(argv: list[str] | None = None) -> int:
               f"differs on {differ} row(s)", flush=True)
         status = 0 if exact else 1
     finally:
-        worker.request_stop()
-        thread.join(timeout=60)
-        admin = client_for(conn).admin()
-        try:
-            admin.delete_topics([topics.input, topics.output, topics.dead_letter])
-        except Exception as exc:  # leftover topics on a development broker are harmless
-            print(f"could not delete the run's topics: {type(exc).__name__}: {exc}", file=sys.stderr)
-        finally:
-            admin.close()
+        local.stop()
     return status
 
 
