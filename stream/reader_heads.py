@@ -97,7 +97,7 @@ def fetch_tuning(client: str) -> dict[str, Any]:
                 "queued.min.messages": 1}
     if client == "kafka-python":
         return {"max_partition_fetch_bytes": 1, "fetch_max_bytes": 1, "max_poll_records": 1}
-    return {}
+    return {"max_poll_records": 1}  # the in-memory seam: one record per poll
 
 
 class PayloadFetcher:
