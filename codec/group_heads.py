@@ -12,6 +12,8 @@ Explicit tags and defaults for every field added later (msgspec's schema evoluti
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from codec.wire import DecodeError
@@ -37,6 +39,10 @@ class HeadSample(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
     weight_versions: list[str] = msgspec.field(default_factory=list)
     raw_reward: float = 0.0
     reward: float = 0.0
+    # A rollout buffer's own raw reward (`metadata["raw_reward"]`), which miles' layout prefers: with it,
+    # `has_metadata_raw_reward` (any value, None included, may be the metadata's).
+    metadata_raw_reward: Any = None
+    has_metadata_raw_reward: bool = False
 
 
 class GroupHead(msgspec.Struct, kw_only=True, frozen=True, tag="group_head", tag_field="type"):

@@ -638,9 +638,6 @@ class TrainDataReader:
     ) -> None:
         if fetch not in ("all", "own"):
             raise ValueError(f"fetch must be all or own, got {fetch!r}")
-        if fetch == "own" and layout == "miles":
-            raise ValueError("fetch='own' gives layout='tensors' batches (layout='miles' reads whole-batch "
-                             "keys of every row: fetch='all')")
         if layout not in ("tensors", "miles"):
             raise ValueError(f"layout must be tensors or miles, got {layout!r}")
         if balance_data and layout != "miles":
@@ -805,13 +802,13 @@ class TrainDataReader:
                       partition=group.partition, offset=group.first_offset,
                       problem=group.problem or group.version_problem)
         mine = list(plan.samples)
-        if self.fetch == "own":
-            mine = self._fetch_own(mine, plan.groups)
-            for group, _ in items:
-                self._heads.pop(id(group), None)
         rollout_data = None
         if self.layout == "miles":
             mine, rollout_data = self._miles_shard(plan.groups)
+        elif self.fetch == "own":
+            mine = self._fetch_own(mine, plan.groups)
+        for group, _ in items:
+            self._heads.pop(id(group), None)
         index = self._next_index if self._next_index is not None else 0
         self._next_index = index + 1
         batch = Batch(
@@ -847,10 +844,18 @@ class TrainDataReader:
     def _miles_shard(self, groups: Sequence[AssembledGroup]) -> tuple[list[TrainSample], dict[str, Any]]:
         """This rank's rows and finished shard, as miles splits the batch's global sample list over DP ranks
         (strided, or Karmarkar–Karp on total lengths with `balance_data`; not whole rollouts per rank)."""
-        from core.miles import split_by_dp, train_data, trainer_shard
+        from core.miles import dp_rows, shard_of_rows, split_by_dp, train_data, trainer_shard
 
         everything = [s for g in groups for s in g.samples]
-        data = train_data(everything, prompt_group_sizes=[len(g.samples) for g in groups])
+        sizes = [len(g.samples) for g in groups]
+        if self.fetch == "own":  # outlines: whole-batch keys from them, this rank's rows fetched
+            outline = train_data(everything, prompt_group_sizes=sizes)
+            rows = dp_rows([len(t) for t in outline["tokens"]], self.world_size, self.rank,
+                           balance_data=self.balance_data)
+            mine = self._fetch_own([everything[row] for row in rows], groups)
+            own = shard_of_rows(outline, train_data(mine) if mine else None, rows)
+            return mine, trainer_shard(own)
+        data = train_data(everything, prompt_group_sizes=sizes)
         shard = split_by_dp(data, self.world_size, balance_data=self.balance_data)[self.rank]
         return [everything[row] for row in shard["partition"]], trainer_shard(shard)
 

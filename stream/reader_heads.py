@@ -46,7 +46,8 @@ def _outline(head: GroupHead, row: int) -> TrainSample:
     loss[:min(s.loss_tokens, s.response_length)] = 1
     sample = Sample(index=s.index, rollout_id=s.rollout_id, tokens=Array(np.zeros(s.tokens, dtype=np.uint8)),
                     response_length=s.response_length, loss_mask=Array(loss),
-                    weight_versions=list(s.weight_versions))
+                    weight_versions=list(s.weight_versions),
+                    metadata={"raw_reward": s.metadata_raw_reward} if s.has_metadata_raw_reward else {})
     return TrainSample(sample=sample, raw_reward=s.raw_reward, reward=s.reward, group_key=head.group_key,
                        group_rollout_count=head.rollout_count, group_sample_count=len(head.samples),
                        group_mean=head.mean, group_std=head.std, zero_variance=head.zero_variance,

@@ -86,7 +86,8 @@ def plan_head(group: Published, outs: Sequence[OutputRecord], samples: Sequence[
                         tokens=len(s.sample.tokens) if s.sample.tokens is not None else 0,
                         response_length=s.sample.response_length, loss_tokens=_loss_tokens(s),
                         weight_versions=list(s.sample.weight_versions), raw_reward=s.raw_reward,
-                        reward=s.reward) for s in samples]
+                        reward=s.reward, metadata_raw_reward=s.sample.metadata.get("raw_reward"),
+                        has_metadata_raw_reward="raw_reward" in s.sample.metadata) for s in samples]
     nbytes = [0] * len(samples)
     for sample, out in zip(sample_of, outs, strict=True):
         nbytes[sample] += len(out.value or b"")

@@ -131,6 +131,23 @@ def test_a_restarted_rank_resumes_with_the_others_from_the_heads_commits(cluster
             same(a, b)
 
 
-def test_fetch_own_refuses_the_miles_layout():
-    with pytest.raises(ValueError, match="fetch='own'"):
-        TrainDataReader("memory:9092", "t", "g", groups_per_batch=1, fetch="own", layout="miles")
+def same_shard(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert list(a) == list(b)
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, list) and x and isinstance(x[0], np.ndarray):
+            assert len(x) == len(y) and all(np.array_equal(u, v) and u.dtype == v.dtype for u, v in zip(x, y))
+        else:
+            assert x == y, key
+
+
+@pytest.mark.parametrize("balance_data", [False, True])
+def test_the_miles_layout_gets_the_shard_a_whole_topic_reader_gets(cluster, balance_data):
+    staged(cluster, 8)
+    for rank in range(WORLD):
+        with reader("own", rank, layout="miles", balance_data=balance_data) as own, \
+                reader("all", rank, layout="miles", balance_data=balance_data) as whole:
+            for a, b in zip(batches(own, 4), batches(whole, 4), strict=True):
+                same(a, b)
+                assert a.rollout_data is not None and b.rollout_data is not None
+                same_shard(a.rollout_data, b.rollout_data)
