@@ -136,7 +136,8 @@ def same_shard(a: dict[str, Any], b: dict[str, Any]) -> None:
     for key in a:
         x, y = a[key], b[key]
         if isinstance(x, list) and x and isinstance(x[0], np.ndarray):
-            assert len(x) == len(y) and all(np.array_equal(u, v) and u.dtype == v.dtype for u, v in zip(x, y))
+            assert len(x) == len(y)
+            assert all(np.array_equal(u, v) and u.dtype == v.dtype for u, v in zip(x, y, strict=True))
         else:
             assert x == y, key
 
