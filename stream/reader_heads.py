@@ -172,7 +172,9 @@ class PayloadFetcher:
                     raise PayloadError(f"{self.topic} partition {partition}: offsets {pending[:5]}… not read "
                                        f"within {timeout_s:g}s")
                 last = None
-                for records in c.poll(0.1).values():
+                # One record a poll: a poll takes what the client fetched ahead too, which a seek then drops
+                # (librdkafka's local queue holds the next record already).
+                for records in c.poll(0.1, max_records=1).values():
                     for rec in records:
                         self.fetched_bytes += len(rec.value or b"")
                         last = rec.offset
