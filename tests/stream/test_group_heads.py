@@ -125,3 +125,16 @@ def test_groups_of_several_partitions_keep_their_partition_number(cluster):
         parts[partition] += 1
     assert sum(parts.values()) == 8
     check_points_at_train_records(cluster)
+
+
+def test_the_acls_of_a_stage_that_writes_heads_and_of_a_rank_local_reader_name_the_heads_topic():
+    from stream.tools.acls import reader_permissions, worker_permissions
+
+    worker = worker_permissions(input_topic="in", output_topic="out", dead_letter_topic="dlq", group_id="g",
+                                route_topic="zv", write_heads=True)
+    assert {(p.name, p.operation) for p in worker} >= {("out.heads", "Write"), ("zv.heads", "Write")}
+    plain = worker_permissions(input_topic="in", output_topic="out", dead_letter_topic="dlq", group_id="g")
+    assert not any(p.name.endswith(".heads") for p in plain)
+    reader = reader_permissions(output_topic="out", group_id="t", fetch_own=True)
+    assert ("out.heads", "Read") in {(p.name, p.operation) for p in reader}
+    assert not any(p.name.endswith(".heads") for p in reader_permissions(output_topic="out", group_id="t"))

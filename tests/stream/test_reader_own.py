@@ -152,3 +152,20 @@ def test_the_miles_layout_gets_the_shard_a_whole_topic_reader_gets(cluster, bala
                 same(a, b)
                 assert a.rollout_data is not None and b.rollout_data is not None
                 same_shard(a.rollout_data, b.rollout_data)
+
+
+def test_a_second_head_of_a_group_is_dropped_and_an_outline_counts_what_batching_reads():
+    from codec.group_heads import GroupHead, HeadSample
+    from core.assembly import loss_tokens
+    from stream.reader_heads import HeadMemory, outline_group
+
+    s = HeadSample(offsets=[7], nbytes=10, source_topic="in", source_partition=0, source_offset=3,
+                   rollout_id=1, tokens=12, response_length=5, loss_tokens=3, weight_versions=["4"])
+    head = GroupHead(topic="out", partition=1, group_key="g", rollout_count=1, mean=0.0, std=0.0,
+                     zero_variance=True, samples=[s], problem="bad")
+    memory = HeadMemory(size=1)
+    assert memory.first(1, head) and not memory.first(1, head) and memory.first(0, head)
+    group = outline_group(head, 1234)
+    (outline,) = group.samples
+    assert len(outline.sample.tokens) == 12 and loss_tokens(outline) == 3
+    assert (group.offsets, group.timestamp_ms, group.oldest_version, group.problem) == ((7,), 1234, 4, "bad")
