@@ -607,6 +607,8 @@ class TrainDataReader:
     it); `chunk_timeout_s`: when an incomplete one is dropped (`GroupAssembler` says what and why).
     `fence`: for groups of a prompt source (docs/loop.md), the rule that lets one attempt of a prompt train
     (`stream.prompts.prompt_fence` builds it from the log at start); the others are skipped as invalid.
+    `fetch`: "all" (read the whole topic) or "own" (fold the group heads of a stage run with
+    `--write-heads` and fetch only this rank's rows by offset; docs/reader.md, "Rank-local fetch").
     """
 
     def __init__(
