@@ -62,10 +62,12 @@ def make_topics(bootstrap: str) -> TopicNames:
     return names
 
 
-def rank(bootstrap: str, topic: str, group: str, client: str, r: int, batches: int) -> subprocess.Popen[str]:
+def rank(bootstrap: str, topic: str, group: str, client: str, r: int, batches: int, barrier: Path
+         ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.stream.own_rank", "--bootstrap", bootstrap, "--topic", topic, "--group",
-         group, "--client", client, "--rank", str(r), "--world", str(WORLD), "--batches", str(batches),
+         group, "--client", client, "--barrier", str(barrier), "--rank", str(r), "--world", str(WORLD),
+         "--batches", str(batches),
          "--groups-per-batch", str(PER_BATCH)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
 
@@ -78,7 +80,7 @@ def finished(proc: subprocess.Popen[str]) -> tuple[list[dict], int]:
 
 
 def test_four_rank_processes_train_every_sample_once_fetching_their_share_and_a_restarted_rank_resumes(
-        kafka_bootstrap, kafka_client):
+        kafka_bootstrap, kafka_client, tmp_path):
     from kafka import KafkaProducer
 
     client = kafka_client or "confluent"
@@ -102,10 +104,12 @@ def test_four_rank_processes_train_every_sample_once_fetching_their_share_and_a_
     assert len(expected) == len(samples)
 
     group = f"trainer-{uuid.uuid4().hex[:8]}"
-    ranks = {r: rank(kafka_bootstrap, topics.output, group, client, r, BATCHES if r != 1 else 3)
+    # Each rank commits a batch once every rank has received it (a barrier: a step's all-reduce). Rank 1
+    # stops after 3 batches; the others wait for it at the fourth until it is back.
+    ranks = {r: rank(kafka_bootstrap, topics.output, group, client, r, BATCHES if r != 1 else 3, tmp_path)
              for r in range(WORLD)}
-    first_of_1, fetched_1 = finished(ranks.pop(1))  # rank 1 stops after 3 batches, committed
-    again = rank(kafka_bootstrap, topics.output, group, client, 1, BATCHES - 3)
+    first_of_1, fetched_1 = finished(ranks.pop(1))
+    again = rank(kafka_bootstrap, topics.output, group, client, 1, BATCHES - 3, tmp_path)
     results = {r: finished(p) for r, p in ranks.items()}
     rest_of_1, fetched_1b = finished(again)
     results[1] = (first_of_1 + rest_of_1, fetched_1 + fetched_1b)
