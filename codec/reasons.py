@@ -20,3 +20,6 @@ class DeadLetterReason(StrEnum):
     INCOMPLETE_CHUNKS = "incomplete_chunks"
     CHUNK_DIGEST_MISMATCH = "chunk_digest_mismatch"
     CHUNK_CONFLICT = "chunk_conflict"
+    # A prompt source's (docs/loop.md): every attempt a prompt was allowed ended without a result. Written by
+    # a prompt source, not the stage: one record per prompt, keyed by the prompt, its attempts in the value.
+    PROMPT_ATTEMPTS_EXHAUSTED = "prompt_attempts_exhausted"

@@ -19,7 +19,7 @@ from core.prompts import PromptLog, SourceState
 
 __all__ = ["FOLD_VERSION", "CheckpointMismatch", "dump_fold", "load_fold"]
 
-FOLD_VERSION = 1
+FOLD_VERSION = 2
 
 
 class CheckpointMismatch(ValueError):

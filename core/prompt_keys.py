@@ -74,6 +74,19 @@ class PromptFence:
         claim = self._claims.setdefault(parsed.prompt_id, key)
         return claim == key
 
+    def refusal(self, key: str) -> str | None:
+        """Why the group keyed `key` may not train (None: it may, or it is no prompt source's); unlike
+        `admit`, it claims nothing."""
+        parsed = parse_attempt_key(key)
+        if parsed is None or parsed.prompt_id not in self._claims:
+            return None
+        claim = self._claims[parsed.prompt_id]
+        if claim == key:
+            return None
+        source, epoch, prompt = parsed.prompt_id
+        by = "before the reader resumed" if claim is None else f"as {claim}"
+        return f"superseded: prompt {source}@{epoch}/{prompt} trained {by}"
+
     def release(self, key: str) -> None:
         """The group keyed `key` was skipped after all: its prompt may be claimed by another."""
         parsed = parse_attempt_key(key)

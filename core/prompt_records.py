@@ -9,8 +9,8 @@ from enum import Enum
 
 from codec.admission import Dataset
 
-__all__ = ["CODES", "COUNTED", "Attempt", "AttemptEnd", "Epoch", "EpochStatus", "PromptRecord", "PromptState",
-           "SourceState", "epoch_order"]
+__all__ = ["CODES", "COUNTED", "Attempt", "AttemptEnd", "Epoch", "EpochStatus", "Exhausted", "PromptRecord",
+           "PromptState", "SourceState", "attempt_history", "epoch_order"]
 
 
 class PromptState(Enum):
@@ -56,6 +56,14 @@ class Attempt:
     batch: int | None = None
 
 
+def attempt_history(attempts: list[Attempt]) -> list[dict[str, object]]:
+    """A prompt's attempts as plain values (`prompts show --json`, the exhausted prompt's dead letter)."""
+    return [{"attempt": a.number, "producer": a.producer, "session": a.session, "request": a.request,
+             "taken_ms": a.taken_ms, "sent": a.sent, "delivered": a.delivered,
+             "ended": None if a.ended is None else a.ended.value, "ended_ms": a.ended_ms,
+             "trainer": a.trainer, "batch": a.batch} for a in attempts]
+
+
 @dataclass(slots=True)
 class PromptRecord:
     state: PromptState
@@ -64,6 +72,18 @@ class PromptRecord:
 
 
 CODES = list(PromptState)
+
+
+@dataclass(slots=True)
+class Exhausted:
+    """A prompt exhausted whose dead-letter record is not in the log yet: what the record says (its
+    attempts are kept here, since a settled epoch forgets them)."""
+
+    epoch: int
+    prompt: int
+    attempts: list[Attempt]
+    offset: int  # the record at which the fold decided it
+    decided_ms: int
 
 
 @dataclass(slots=True)
@@ -99,6 +119,16 @@ class SourceState:
     retry: list[list[int]] = field(default_factory=list)  # [epoch, prompt] to hand out again, oldest first
     reissued: int = 0
     refused: int = 0  # later declarations that differed from the first
+    # Refills: prompts filtered (zero-variance) whose place another prompt took. Each counts toward the next
+    # committed trainer batch that trains a group of this source, in log order: the batch it was refilled
+    # into. `batch_refills`: how many batches saw n refills (n -> batches), over every epoch.
+    refills: int = 0
+    refills_pending: int = 0  # since the last such batch
+    batch_refills: dict[int, int] = field(default_factory=dict)
+    # Exhausted prompts whose `prompt_attempts_exhausted` dead-letter record is not written yet, oldest first
+    # (a prompt source writes it with a marker in this log: stream.prompts.exhausted).
+    unrecorded: list[Exhausted] = field(default_factory=list)
+    recorded: int = 0  # markers folded: dead-letter records written
 
 
 @dataclass(frozen=True, slots=True)

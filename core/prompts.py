@@ -35,14 +35,15 @@ from core.prompt_records import (
     AttemptEnd,
     Epoch,
     EpochStatus,
+    Exhausted,
     PromptRecord,
     PromptState,
     SourceState,
     epoch_order,
 )
 
-__all__ = ["RETRY_REASONS", "Attempt", "AttemptEnd", "EpochStatus", "PromptLog", "PromptRecord",
-           "PromptState", "SourceState", "epoch_order"]
+__all__ = ["EXHAUSTED_REASON", "RETRY_REASONS", "Attempt", "AttemptEnd", "EpochStatus", "Exhausted",
+           "PromptLog", "PromptRecord", "PromptState", "SourceState", "epoch_order"]
 
 # Dead-letter reasons that say the attempt failed, not the prompt: it is tried again.
 RETRY_REASONS = frozenset({"incomplete_group", "incomplete_chunks"})
@@ -152,6 +153,9 @@ class PromptLog(AdmissionLog):
             self._end(request, AttemptEnd.UNCONSUMED if attempt.delivered else AttemptEnd.LEASE)
 
     def _resolved(self, record: Resolved) -> None:
+        if record.reason == EXHAUSTED_REASON:  # a prompt source's marker: the dead-letter records are written
+            self._recorded(record.keys)
+            return
         for key in record.keys:
             found = self._by_key(key)
             if found is None:
@@ -164,6 +168,9 @@ class PromptLog(AdmissionLog):
                 self._end(request, AttemptEnd.INCOMPLETE)
             elif record.reason == ZERO_VARIANCE:
                 self._settle(parsed, rec, attempt, PromptState.FILTERED, AttemptEnd.FILTERED, None)
+                src = self.sources[parsed.source]
+                src.refills += 1  # the next take of the source is another prompt: a refill
+                src.refills_pending += 1
             else:
                 self._settle(parsed, rec, attempt, PromptState.DEAD_LETTERED, AttemptEnd.DEAD_LETTERED,
                              record.reason)
@@ -195,6 +202,7 @@ class PromptLog(AdmissionLog):
 
     def _settle_batch(self, trainer: str, batch: int, keys: dict[str, bool]) -> None:
         # what trained first: a group of its prompt skipped in the same batch (fenced) re-issues nothing
+        fed: set[str] = set()  # sources this batch trained a group of
         for key, skipped in sorted(keys.items(), key=lambda item: item[1]):
             found = self._by_key(key)
             if found is None:
@@ -207,9 +215,16 @@ class PromptLog(AdmissionLog):
             if rec.state is PromptState.TRAINED:
                 self.duplicates += 1
                 continue
-            self.late_trained += rec.state is PromptState.EXHAUSTED
+            if rec.state is PromptState.EXHAUSTED:
+                self.late_trained += 1
+                self._unexhausted(parsed)
             attempt.trainer, attempt.batch = trainer, batch
             self._settle(parsed, rec, attempt, PromptState.TRAINED, AttemptEnd.TRAINED, None)
+            fed.add(parsed.source)
+        for name in fed:  # the refills since the source's previous batch went into this one
+            src = self.sources[name]
+            src.batch_refills[src.refills_pending] = src.batch_refills.get(src.refills_pending, 0) + 1
+            src.refills_pending = 0
 
     def _settle(self, key: AttemptKey, rec: PromptRecord, attempt: Attempt, state: PromptState,
                 end: AttemptEnd, reason: str | None) -> None:
@@ -243,6 +258,8 @@ class PromptLog(AdmissionLog):
             return
         if sum(a.ended in COUNTED for a in rec.attempts) >= src.dataset.max_attempts:
             rec.state, rec.reason = PromptState.EXHAUSTED, EXHAUSTED_REASON
+            src.unrecorded.append(Exhausted(epoch, prompt, list(rec.attempts), self.next_offset - 1,
+                                            self.clock_ms))
             self._finalized(src, epoch)
             return
         rec.state = PromptState.WAITING
@@ -252,6 +269,30 @@ class PromptLog(AdmissionLog):
             src.retry.append([epoch, prompt])
             src.reissued += 1
             src.epochs[epoch].reissued += 1
+
+    # ---- the exhausted prompts' dead-letter records -----------------------------------------------
+    def _recorded(self, keys: list[str]) -> None:
+        """A marker: the dead-letter records of these exhausted prompts (keys of their last attempts) are
+        written. The first marker of a prompt counts; a later one finds nothing to remove."""
+        for key in keys:
+            parsed = parse_attempt_key(key)
+            src = None if parsed is None else self.sources.get(parsed.source)
+            if parsed is None or src is None:
+                continue
+            before = len(src.unrecorded)
+            src.unrecorded = [x for x in src.unrecorded
+                              if (x.epoch, x.prompt) != (parsed.epoch, parsed.prompt)]
+            src.recorded += before - len(src.unrecorded)
+
+    def _unexhausted(self, key: AttemptKey) -> None:
+        """An exhausted prompt trained after all: a record not written yet is not written."""
+        src = self.sources[key.source]
+        src.unrecorded = [x for x in src.unrecorded if (x.epoch, x.prompt) != (key.epoch, key.prompt)]
+
+    def unrecorded(self, source: str) -> list[Exhausted]:
+        """Exhausted prompts of `source` whose dead-letter record is not in the log yet, oldest first."""
+        src = self.sources.get(source)
+        return [] if src is None else list(src.unrecorded)
 
     # ---- lookups ---------------------------------------------------------------------------------
     def _live_attempt(self, request: int) -> Attempt | None:

@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("no batch within 60 s: is the worker running?", file=sys.stderr)
                 status = 1
                 break
-            generator.consumed_groups += len(batch.groups) + batch.skipped_stale + batch.skipped_invalid
+            generator.consumed_groups += (len(batch.groups) + batch.skipped_stale + batch.skipped_invalid
+                                         + batch.skipped_superseded)
             new_lp = policy.response_log_probs(batch.tokens, batch.response_index)
             loss, clip_frac = grpo_loss(new_lp, batch.rollout_log_probs, batch.rewards, batch.loss_mask)
             optimizer.zero_grad()

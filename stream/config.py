@@ -75,9 +75,11 @@ def check_count(flag: str, value: int, low: int, high: int = INT64_MAX, *, unit:
 
 @dataclass(frozen=True, slots=True)
 class ZeroVariancePolicy:
-    """What to do with groups whose rollouts all share one reward (no learning signal)."""
+    """What to do with groups whose rollouts all share one reward (no learning signal). `refill` keeps them
+    off train-data as `drop` does, for a prompt source's groups: the source settles the prompt as filtered
+    and its next take is another prompt, so trainer batches stay full of groups with signal (docs/loop.md)."""
 
-    mode: Literal["keep", "drop", "route"] = "keep"
+    mode: Literal["keep", "drop", "refill", "route"] = "keep"
     topic: str | None = None
 
     def __str__(self) -> str:
@@ -89,11 +91,13 @@ def parse_zero_variance(text: str) -> ZeroVariancePolicy:
         return ZeroVariancePolicy("keep")
     if text == "drop":
         return ZeroVariancePolicy("drop")
+    if text == "refill":
+        return ZeroVariancePolicy("refill")
     if text.startswith("route:"):
         topic = text.removeprefix("route:")
         _check_topic("--zero-variance route:TOPIC", topic)
         return ZeroVariancePolicy("route", topic)
-    raise ConfigError(f"--zero-variance must be keep, drop or route:TOPIC, got {text!r}")
+    raise ConfigError(f"--zero-variance must be keep, drop, refill or route:TOPIC, got {text!r}")
 
 
 def _check_topic(option: str, name: str) -> None:

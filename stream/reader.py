@@ -138,6 +138,7 @@ class ReaderStats:
     batches: int = 0
     skipped_stale_groups: int = 0
     skipped_invalid_groups: int = 0
+    skipped_superseded_groups: int = 0  # another attempt of their prompt trains (the fence, docs/loop.md)
     duplicate_records: int = 0  # copies of a record already held (at-least-once republication)
     duplicate_groups: int = 0  # complete copies of a group already assembled
     decode_errors: int = 0
@@ -517,12 +518,13 @@ class Batch:
     groups: list[GroupInfo]
     tensors: Collated
     skipped_stale: int
-    skipped_invalid: int
+    skipped_invalid: int  # cannot be collated or judged
     global_samples: int  # samples of the whole batch, over all ranks
     global_loss_tokens: int  # tokens with a non-zero loss mask in the whole batch (for DP loss normalization)
     # layout="miles": this rank's finished shard of the batch (core.miles: train_data → split_by_dp →
     # trainer_shard), what a miles trainer rank receives in-process; `samples` are then its rows.
     rollout_data: dict[str, Any] | None = None
+    skipped_superseded: int = 0  # groups of a prompt another attempt of which trains (the fence)
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -606,7 +608,8 @@ class TrainDataReader:
     `max_open_chunk_bytes`: the bytes of chunked values held while incomplete (`ChunkLimitError` above
     it); `chunk_timeout_s`: when an incomplete one is dropped (`GroupAssembler` says what and why).
     `fence`: for groups of a prompt source (docs/loop.md), the rule that lets one attempt of a prompt train
-    (`stream.prompts.prompt_fence` builds it from the log at start); the others are skipped as invalid.
+    (`stream.prompts.prompt_fence` builds it from the log at start); the others are skipped as superseded
+    (`skipped_superseded`, logged `group.skipped_superseded`).
     `fetch`: "all" (read the whole topic) or "own" (fold the group heads of a stage run with
     `--write-heads` and fetch only this rank's rows by offset; docs/reader.md, "Rank-local fetch").
     """
@@ -690,8 +693,9 @@ class TrainDataReader:
         self.chunk_timeout_s = chunk_timeout_s
         self.layout = layout
         self.balance_data = balance_data
-        # one attempt of a prompt trains (docs/loop.md): a group the fence refuses is skipped as invalid
+        # one attempt of a prompt trains (docs/loop.md): a group the fence refuses is skipped as superseded
         self.fence = fence
+        self._superseded: dict[str, str] = {}  # buffered groups the fence refused: key -> why
         self.stats = ReaderStats()
         self.weight_version: int | None = None
         self._queue: queue.Queue[_Item] = queue.Queue(maxsize=prefetch * groups_per_batch)
@@ -786,7 +790,10 @@ class TrainDataReader:
     def _verdict(self, group: AssembledGroup) -> Verdict | None:
         verdict = group_verdict(group, self.weight_version, self.max_weight_staleness)
         if verdict is None and self.fence is not None and not self.fence.admit(group.key):
-            return "invalid"  # another attempt of its prompt trains
+            # another attempt of its prompt trains: skipped like an invalid group, reported apart
+            self._superseded[group.key] = self.fence.refusal(group.key) or "superseded"
+            return "invalid"
+        self._superseded.pop(group.key, None)
         return verdict
 
     def _batch(self, verdicts: list[Verdict | None]) -> Batch:
@@ -799,10 +806,18 @@ class TrainDataReader:
             for group, _ in items:
                 if id(group) not in training:
                     self.fence.release(group.key)
+        superseded = 0
         for group in plan.invalid:
+            if (why := self._superseded.get(group.key)) is not None:
+                superseded += 1  # the fence's: the prompt trains once, this copy is expected to be skipped
+                log_event(log, "group.skipped_superseded", group=group.key, partition=group.partition,
+                          offset=group.first_offset, problem=why)
+                continue
             log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key,
                       partition=group.partition, offset=group.first_offset,
                       problem=group.problem or group.version_problem)
+        for group, _ in items:
+            self._superseded.pop(group.key, None)
         mine = list(plan.samples)
         rollout_data = None
         if self.layout == "miles":
@@ -817,14 +832,15 @@ class TrainDataReader:
             index=index, rank=self.rank, world_size=self.world_size, samples=mine,
             groups=[group_info(g) for g in plan.groups],
             tensors=collate(mine, pad_token_id=self.pad_token_id),
-            skipped_stale=plan.skipped_stale, skipped_invalid=plan.skipped_invalid,
+            skipped_stale=plan.skipped_stale, skipped_invalid=plan.skipped_invalid - superseded,
             global_samples=plan.global_samples, global_loss_tokens=plan.global_loss_tokens,
-            rollout_data=rollout_data,
+            rollout_data=rollout_data, skipped_superseded=superseded,
         )
         self._yielded = (index, items[-1][1])
         self.stats.batches += 1
         self.stats.skipped_stale_groups += batch.skipped_stale
         self.stats.skipped_invalid_groups += batch.skipped_invalid
+        self.stats.skipped_superseded_groups += batch.skipped_superseded
         if self.progress is not None:
             self.progress.consumed([g for g, _ in items], plan.groups, index, self.weight_version,
                                    self.stats.skipped_stale_groups)

@@ -61,7 +61,7 @@ def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def exposed() -> dict[str, set[str]]:
     """Every sample name a worker's /metrics serves, with its label names (rendered by
     stream/worker/metrics.py from a worker-shaped object that has seen a dead-letter and a lagging
-    partition)."""
+    partition, and by stream/worker/progress.py's prompt metrics from a prompt source's fold)."""
     stats = WorkerStats(records_in=10, dead_lettered=Counter({"decode_error": 1}),
                         dead_letter_groups=Counter({"decode_error": 1}))
     config = WorkerConfig()
@@ -72,11 +72,24 @@ def exposed() -> dict[str, set[str]]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WorkerCollector(worker))
     LoopMetrics(registry, config.delivery)
+    registry.register(_PromptSource())
     names: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         for sample in family.samples:
             names.setdefault(sample.name, set()).update(sample.labels)
     return names
+
+
+class _PromptSource:
+    """The prompt metrics of a worker that folds an admission log with a prompt source in it."""
+
+    def collect(self) -> list:
+        from stream.worker.progress import prompt_metrics
+        from tests.core.prompt_world import World
+
+        w = World(prompts=2, groups_per_batch=1)
+        w.drain()
+        return prompt_metrics(w.fold)
 
 
 EXPOSED = exposed()

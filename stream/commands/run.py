@@ -81,7 +81,8 @@ def run(
                                                    show_default=False)] = None,
     zero_variance: Annotated[str, typer.Option(envvar="ROLLOUT_STREAM_ZERO_VARIANCE",
                                                help="Groups whose rollouts all share one reward: keep, drop, "
-                                               "or route:TOPIC. Always counted.")]
+                                               "refill (drop; a prompt source hands out another prompt in "
+                                               "its place) or route:TOPIC. Always counted.")]
     = str(_DEFAULTS.zero_variance),
     commit_interval: Annotated[float, typer.Option(envvar="ROLLOUT_STREAM_COMMIT_INTERVAL",
                                                    help="Longest time between commits (transactions) under a "

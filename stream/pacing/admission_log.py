@@ -193,7 +193,12 @@ class AdmissionFollower:
                     for records in polled.values():
                         for rec in records:
                             decided += self._fold(rec.offset, rec.timestamp, rec.value)
-                    if polled:
+                    # past a transaction's marker (or an aborted record): nothing to fold, but folded through
+                    # it, so whoever waits for the log's end offset is not left waiting
+                    passed = consumer.fetch_position(tp) > self.fold.next_offset
+                    if passed:
+                        self.fold.next_offset = consumer.fetch_position(tp)
+                    if polled or passed:
                         self._changed.notify_all()
                 if decided and self.on_decisions is not None:
                     self.on_decisions(decided)

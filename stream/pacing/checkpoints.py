@@ -78,6 +78,7 @@ def _newest_in(consumer: AssignedConsumer, tp: TopicPartition, low: int, high: i
                     continue
                 if isinstance(record, Checkpoint):
                     newest = record
+        at = max(at, consumer.fetch_position(tp))  # past a transaction's marker too (no record there)
     return newest
 
 

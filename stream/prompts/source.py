@@ -37,12 +37,14 @@ from stream.pacing import AdmissionGate, PacingTimeout
 from stream.pacing.checkpoints import CHECKPOINT_EVERY, checkpoint_due, newest_fold, take_checkpoint
 from stream.producer import RolloutProducer
 from stream.prompts.dataset import Row, fingerprint, load_rows
+from stream.prompts.exhausted import ExhaustedWriter
 
 __all__ = ["DatasetMismatch", "PromptLease", "PromptSource", "SourceFinished"]
 
 log = logging.getLogger("rollout_stream.prompts")
 
 FINISHED_CHECK_S = 5.0  # how often a waiting take looks whether the source has finished
+EXHAUSTED_RETRY_S = 1.0  # how often a process tries to write exhausted prompts' dead letters, while due
 
 
 class DatasetMismatch(ConfigurationError):
@@ -76,12 +78,14 @@ class PromptSource:
                  seed: int = 0, epochs: int | None = None, max_attempts: int = 3,
                  max_policy_lag: int | None = None, max_unconsumed_groups: int | None = None,
                  versions_per_batch: int = 1, producer_id: str | None = None, check: bool = True,
-                 kafka_client: Client | None = None, checkpoint_every: int = CHECKPOINT_EVERY) -> None:
+                 kafka_client: Client | None = None, checkpoint_every: int = CHECKPOINT_EVERY,
+                 dead_letter_topic: str = "rollouts-dlq") -> None:
         """`dataset`: a path (`stream.prompts.dataset.load_rows`) or the rows themselves; `name` the source's
         name in the log (letters, digits, `_ . : -`); `seed` orders each epoch; `epochs` None: endless;
         `max_attempts` attempts end without a result before a prompt is exhausted. Pacing as
         `RolloutProducer` (`max_policy_lag`, `max_unconsumed_groups`; both None: every take is granted at
-        once). `kafka_client`: the seam's client (tests: the in-memory cluster)."""
+        once). `kafka_client`: the seam's client (tests: the in-memory cluster). `dead_letter_topic`: where
+        an exhausted prompt's `prompt_attempts_exhausted` record goes (the stage's `--dead-letter-topic`)."""
         if not valid_source(name):
             raise ConfigurationError(f"prompt source name {name!r}: letters, digits and _ . : - only")
         self.rows = load_rows(dataset) if isinstance(dataset, str | Path) else list(dataset)
@@ -102,6 +106,9 @@ class PromptSource:
             # its groups are named in the log like any paced producer's (Sent, Delivered)
             self.producer.gate = self.gate
             self.gate.append(self.declared)
+            self.exhausted = ExhaustedWriter(conn, client, self.gate.follower, source=name,
+                                             admission_topic=log_topic, dead_letter_topic=dead_letter_topic)
+            self._exhausted_next = 0.0
             first = self.gate.follower.read(lambda f: _declared(f, name))
             if first != self.declared:
                 raise DatasetMismatch(f"prompt source {name!r} on {log_topic} was declared over other data: "
@@ -116,6 +123,7 @@ class PromptSource:
         once every prompt of every epoch is settled, PacingTimeout after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            self._write_exhausted()
             if self.finished():
                 raise SourceFinished(f"prompt source {self.name!r}: every prompt of every epoch is settled")
             # in slices, so a take waiting at the end of a run learns that nothing will come back
@@ -183,7 +191,22 @@ class PromptSource:
             log_event(log, "checkpoint.write_failed", logging.WARNING, topic=self.gate.admission_topic,
                       bytes=len(record.state), error=f"{type(exc).__name__}: {exc}")
 
+    def _write_exhausted(self) -> None:
+        """Exhausted prompts' dead-letter records not written yet: this process writes them if no other has
+        (stream.prompts.exhausted); at most once a second, and only when the fold lists some."""
+        now = time.monotonic()
+        if now < self._exhausted_next or not self.exhausted.pending():
+            return
+        self._exhausted_next = now + EXHAUSTED_RETRY_S
+        self.exhausted.write()
+
     def close(self) -> None:
+        try:
+            self._exhausted_next = 0.0
+            self._write_exhausted()  # the last process standing writes what is left
+        except Exception as exc:  # closing must not fail on it: another process, or the next run, writes them
+            log_event(log, "prompt.exhausted_write_failed", logging.WARNING, source=self.name,
+                      error=f"{type(exc).__name__}: {exc}")
         self.producer.close()
 
     def __enter__(self) -> PromptSource:

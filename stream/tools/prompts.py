@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from core.prompt_keys import parse_attempt_key
+from core.prompt_records import attempt_history
 from core.prompts import EpochStatus, PromptLog, PromptRecord, PromptState
 from stream.layout import Flow
 from stream.prompts.fence import fold_admission_log
@@ -35,6 +36,10 @@ class SourceReport:
     epochs: list[EpochStatus]
     trained_per_s: float | None  # over the last 5 minutes of log time (None: nothing trained then)
     eta_s: float | None  # until every epoch declared (or the open one, when endless) is settled
+    refills: int  # zero-variance prompts filtered, another prompt taken in their place
+    batches: int  # committed trainer batches that trained a group of the source
+    batch_refills: dict[int, int]  # refills -> how many of those batches had that many
+    exhausted_unrecorded: list[str]  # exhausted prompts whose dead-letter record is not written yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +67,10 @@ def prompts_report(topic: str, fold: PromptLog) -> PromptsReport:
         sources.append(SourceReport(name, src.dataset.prompts, src.dataset.seed, src.dataset.epochs,
                                     src.dataset.max_attempts, src.refused, epochs,
                                     None if rate is None else round(rate, 3),
-                                    None if rate is None else round(left / rate, 1)))
+                                    None if rate is None else round(left / rate, 1),
+                                    src.refills, sum(src.batch_refills.values()),
+                                    dict(sorted(src.batch_refills.items())),
+                                    [f"{name}@{x.epoch}/{x.prompt}" for x in src.unrecorded]))
     return PromptsReport(topic, fold.next_offset, sources)
 
 
@@ -95,6 +103,15 @@ def render_prompts(report: PromptsReport) -> RenderableType:
             table.add_row(str(e.epoch), str(e.waiting), str(e.in_flight), str(e.trained), dead,
                           str(e.filtered), str(e.reissued), str(e.exhausted), _bar(settled, e.prompts))
         parts.append(table)
+        if s.exhausted_unrecorded:
+            parts.append(Flow(f"exhausted, dead-letter record not written yet (a live process of the source "
+                              f"writes it): {escape(', '.join(s.exhausted_unrecorded[:10]))}"
+                              + (f" and {len(s.exhausted_unrecorded) - 10} more"
+                                 if len(s.exhausted_unrecorded) > 10 else "")))
+        if s.refills:
+            per_batch = ", ".join(f"{n}: {b}" for n, b in s.batch_refills.items())
+            parts.append(Flow(f"refills: {s.refills} zero-variance prompt(s) replaced; batches by refills "
+                              f"({s.batches} committed) {per_batch or '-'}"))
     return Group(*parts)
 
 
@@ -112,11 +129,7 @@ def parse_prompt_id(text: str) -> tuple[str, int, int] | None:
 
 def prompt_json(source: str, epoch: int, row: int, rec: PromptRecord) -> dict[str, Any]:
     return {"source": source, "epoch": epoch, "prompt": row, "state": rec.state.value, "reason": rec.reason,
-            "attempts": [{"attempt": a.number, "producer": a.producer, "session": a.session,
-                          "request": a.request, "taken_ms": a.taken_ms, "sent": a.sent,
-                          "delivered": a.delivered, "ended": None if a.ended is None else a.ended.value,
-                          "ended_ms": a.ended_ms, "trainer": a.trainer, "batch": a.batch}
-                         for a in rec.attempts]}
+            "attempts": attempt_history(rec.attempts)}
 
 
 def render_prompt(detail: dict[str, Any]) -> RenderableType:

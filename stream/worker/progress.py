@@ -220,6 +220,11 @@ def prompt_metrics(fold: AdmissionLog) -> list[Metric]:
                                   "state.", labels=["source", "state"])
     reissued = CounterMetricFamily(f"{PREFIX}_prompts_reissued", "Attempts that ended without a result and "
                                    "were handed out again, over every epoch.", labels=["source"])
+    refills = CounterMetricFamily(f"{PREFIX}_prompt_refills", "Zero-variance prompts filtered and replaced "
+                                  "by another prompt, over every epoch.", labels=["source"])
+    batches = CounterMetricFamily(f"{PREFIX}_prompt_batches", "Committed trainer batches that trained a "
+                                  "group of the source (refills per batch: refills over these).",
+                                  labels=["source"])
     for name in sorted(fold.sources):
         status = fold.status(name)
         if not status:
@@ -235,4 +240,7 @@ def prompt_metrics(fold: AdmissionLog) -> list[Metric]:
         settled.add_metric([name, "filtered"], sum(s.filtered for s in status))
         settled.add_metric([name, "exhausted"], sum(s.exhausted for s in status))
         reissued.add_metric([name], sum(s.reissued for s in status))
-    return [epoch, now, settled, reissued]
+        src = fold.sources[name]
+        refills.add_metric([name], src.refills)
+        batches.add_metric([name], sum(src.batch_refills.values()))
+    return [epoch, now, settled, reissued, refills, batches]

@@ -79,10 +79,12 @@ class Router:
         topic = self.config.topics.output
         if group.rewards.zero_variance:
             self.stats.zero_variance_groups += 1
-            if policy.mode == "drop":
+            if policy.mode in ("drop", "refill"):
+                # refill: the same for the stage; the prompt source hands out another prompt in its place
                 self.stats.zero_variance_dropped += len(group.members)
                 log_event(
-                    log, "group.zero_variance_dropped", group=group.group_key, samples=len(group.members)
+                    log, "group.zero_variance_dropped", group=group.group_key, samples=len(group.members),
+                    policy=policy.mode,
                 )
                 return []
             if policy.mode == "route":

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from codec.admission import Resolved
 from core.checkpoint import FOLD_VERSION, CheckpointMismatch, dump_fold, load_fold
 from core.prompt_keys import AttemptKey, PromptFence, parse_attempt_key
-from core.prompts import PromptLog, PromptState, epoch_order
+from core.prompts import AttemptEnd, PromptLog, PromptState, epoch_order
 from tests.core.prompt_world import SOURCE, World
 
 FINAL = {PromptState.TRAINED, PromptState.DEAD_LETTERED, PromptState.FILTERED, PromptState.EXHAUSTED}
@@ -154,6 +155,29 @@ def test_data_reasons_are_final_and_zero_variance_is_filtered() -> None:
     check_settled(w)
 
 
+def test_refills_count_toward_the_next_committed_batch_that_trains_a_group_of_the_source() -> None:
+    """Zero-variance groups settle their prompts as filtered; the next takes are other prompts, so every
+    batch holds `groups_per_batch` groups with signal, and each filtered prompt counts as a refill of the
+    batch it was replaced in."""
+    w = World(prompts=9, groups_per_batch=2)
+    for verdicts in (["zero_variance", "publish", "zero_variance", "publish"], ["publish", "publish"],
+                     ["zero_variance", "publish", "publish"]):
+        for verdict in verdicts:
+            w.take(0)
+            w.send(0)
+            w.stage_step(verdict)
+        w.train_batch([])
+        w.commit()
+    src = w.fold.sources[SOURCE]
+    assert w.committed == 3 and sum(w.trained.values()) == 6  # three full batches of groups with signal
+    assert src.refills == 3 and src.refills_pending == 0
+    assert src.batch_refills == {2: 1, 0: 1, 1: 1}  # batches by refills: one of 2, one of 0, one of 1
+    status = w.fold.status(SOURCE)[0]
+    assert status.filtered == 3 and status.trained == 6 and status.waiting == 0
+    tail = load_fold(dump_fold(w.fold), FOLD_VERSION)  # the counts travel in a checkpoint
+    assert tail.sources[SOURCE].batch_refills == src.batch_refills and tail.sources[SOURCE].refills == 3
+
+
 def test_an_uncommitted_batch_is_not_trained_until_it_is() -> None:
     w = World(prompts=2, groups_per_batch=2)
     for _ in range(2):
@@ -272,3 +296,36 @@ def test_the_prompt_fold_decides_every_admission_as_the_admission_fold_does(
         test()
         ran += 1
     assert ran >= 15
+
+
+def test_an_exhausted_prompt_waits_for_its_dead_letter_record_until_a_marker_says_it_is_written() -> None:
+    """The fold lists an exhausted prompt as unrecorded, with its attempts (kept though its epoch settles),
+    until the first `prompt_attempts_exhausted` marker naming its last attempt; a later marker is a no-op."""
+    w = World(prompts=1, max_attempts=2, groups_per_batch=1)
+    for _ in range(2):
+        w.take(0)
+        w.kill(0)  # its lease ends: an attempt without a result
+    status = w.fold.status(SOURCE)[0]
+    assert status.exhausted == 1
+    [x] = w.fold.unrecorded(SOURCE)
+    assert (x.epoch, x.prompt) == (0, 0) and [a.ended for a in x.attempts] == [AttemptEnd.LEASE] * 2
+    assert w.fold.sources[SOURCE].epochs[0].settled is not None  # the epoch forgot the attempts; x has them
+    tail = load_fold(dump_fold(w.fold), FOLD_VERSION)
+    assert [(y.epoch, y.prompt, len(y.attempts)) for y in tail.unrecorded(SOURCE)] == [(0, 0, 2)]
+    w.log(Resolved(keys=[f"{SOURCE}@0.2/0"], reason="prompt_attempts_exhausted"))
+    w.log(Resolved(keys=[f"{SOURCE}@0.2/0"], reason="prompt_attempts_exhausted"))  # a second: nothing
+    assert w.fold.unrecorded(SOURCE) == [] and w.fold.sources[SOURCE].recorded == 1
+    assert w.fold.status(SOURCE)[0].exhausted == 1  # the marker changes no state
+
+
+def test_an_exhausted_prompt_that_trains_after_all_needs_no_dead_letter_record() -> None:
+    w = World(prompts=2, max_attempts=1, groups_per_batch=1)
+    w.take(0)
+    w.freeze_mid_send(0)  # half sent, then frozen past its lease: exhausted (one attempt allowed)
+    w.tick(31_000)
+    assert len(w.fold.unrecorded(SOURCE)) == 1
+    w.resume(0)  # the rest of its group arrives; it trains
+    w.stage_step()
+    w.train_batch([])
+    w.commit()
+    assert w.fold.late_trained == 1 and w.fold.unrecorded(SOURCE) == []

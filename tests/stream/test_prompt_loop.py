@@ -20,7 +20,7 @@ from stream.config import WorkerConfig
 from stream.producer import RolloutProducer
 from stream.prompts import PromptSource, SourceFinished, prompt_fence
 from stream.reader import TrainDataReader
-from tests.stream.helpers import new_topics, running_worker, wait_until
+from tests.stream.helpers import new_topics, read_topic, running_worker, wait_until
 
 ROWS = [{"prompt": f"q{i}"} for i in range(4)]
 
@@ -186,7 +186,7 @@ def test_a_process_frozen_mid_group_past_its_lease_does_not_train_a_second_copy(
             batch = reader.next_batch(timeout=30)
             assert batch is not None
             assert sorted(g.key for g in batch.groups) == sorted(str(x.key) for x in more)
-            assert batch.skipped_invalid == 1  # the late first attempt, refused by the fence
+            assert batch.skipped_superseded == 1  # the late first attempt, refused by the fence
             reader.commit()
             wait_until(lambda: [s.trained for s in main.status()] == [4, 2], timeout=30, what="trained")
             fold = main.gate.follower.fold
@@ -223,7 +223,7 @@ def test_a_trainer_restarted_before_its_commit_trains_the_batch_again_and_it_cou
                                     fence=prompt_fence(Connection(kafka_bootstrap), topics.output))
             try:
                 batch = again.next_batch(timeout=30)
-                assert batch is not None and batch.index == 1 and batch.skipped_invalid == 0
+                assert batch is not None and batch.index == 1 and batch.skipped_superseded == 0
                 again.commit()
             finally:
                 again.close()
@@ -256,7 +256,7 @@ def test_the_reader_s_fence_lets_one_attempt_of_a_prompt_train(kafka_bootstrap: 
             trained = [[g.key for g in b.groups] for b in batches]
             assert trained[0] == trained[1]  # the same groups on both ranks, whichever attempt came first
             assert sorted(k.rsplit("/", 1)[1] for k in trained[0]) == ["0", "1"]  # one attempt per prompt
-            assert batches[0].skipped_invalid == batches[1].skipped_invalid == 1
+            assert batches[0].skipped_superseded == batches[1].skipped_superseded == 1
         finally:
             for reader in ranks:
                 reader.close()
@@ -276,3 +276,84 @@ def check_the_cli(bootstrap: str, output_topic: str, row: int) -> None:
     assert (shown["state"], shown["attempts"]) == ("trained", [])
     result = CliRunner().invoke(app, ["prompts", "show", "toy@0/99", *common[:-1]])
     assert result.exit_code == 1 and "not handed out" in result.output
+
+
+@pytest.mark.kafka(timeout=150)
+def test_a_prompt_whose_attempts_are_exhausted_is_dead_lettered_once_with_its_history(
+        kafka_bootstrap: str) -> None:
+    """One attempt allowed; its process killed -9 mid-group: the lease ends, the prompt is exhausted, and of
+    the two live processes of the source exactly one writes its `prompt_attempts_exhausted` record (beside
+    the stage's `incomplete_group` for the half group), which `dlq stats` and `dlq list` show."""
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="exhausted")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2, group_timeout_s=3.0)
+    script = KILLED_MID_GROUP.replace("epochs=1)", "epochs=1, max_attempts=1)")
+    with running_worker(config):
+        done = subprocess.run([sys.executable, "-c", script, kafka_bootstrap, topics.input, topics.output,
+                               trainer], capture_output=True, text=True, timeout=60)
+        assert done.returncode == -9, done.stderr
+        killed = parse_attempt_key(done.stdout.strip())
+        assert killed is not None
+
+        def source(name: str) -> PromptSource:
+            return PromptSource(kafka_bootstrap, ROWS, name="toy", trainer_group_id=trainer,
+                                topic=topics.input, train_data_topic=topics.output, epochs=1, max_attempts=1,
+                                producer_id=f"{name}-{topics.input}", dead_letter_topic=topics.dead_letter)
+
+        reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=3,
+                                 start="earliest")
+        a, b = source("rollout-0"), source("rollout-1")
+        try:
+            held = [(a, a.take(timeout=30)), (b, b.take(timeout=30)), (a, a.take(timeout=30))]
+            assert killed.prompt not in {x.key.prompt for _, x in held}
+            for holder, lease in held:
+                holder.publish(lease, group(lease.row))
+            assert reader.next_batch(timeout=30) is not None
+            reader.commit()
+            wait_until(lambda: [(s.trained, s.exhausted) for s in a.status()] == [(3, 1)], timeout=30,
+                       what="three prompts trained, the killed one exhausted")
+            for s in (a, b):  # both would write it; one does
+                with pytest.raises(SourceFinished):
+                    s.take(timeout=10)
+            wait_until(lambda: not a.exhausted.pending() and not b.exhausted.pending(), timeout=30,
+                       what="the exhausted prompt's record written")
+        finally:
+            a.close()
+            b.close()
+            reader.close()
+        dead = read_topic(kafka_bootstrap, topics.dead_letter, min_count=1, settle=2.0)
+    exhausted = [r for r in dead if r.headers.get("x-dlq-reason") == "prompt_attempts_exhausted"]
+    assert len(exhausted) == 1, [(r.key, r.headers.get("x-dlq-reason")) for r in dead]
+    assert exhausted[0].key == f"toy@0/{killed.prompt}".encode()
+    assert exhausted[0].headers["x-group-key"] == str(killed)
+    history = json.loads(exhausted[0].value or b"")
+    # its lease ended or the stage timed the half group out, whichever the log says first
+    assert [x["ended"] for x in history["attempts"]] in (["lease"], ["incomplete"])
+    # the stage's own word on the half group, if its timeout has passed: the attempt had ended already
+    assert {r.headers.get("x-dlq-reason") for r in dead} <= {"prompt_attempts_exhausted", "incomplete_group"}
+    common = ["--bootstrap-servers", kafka_bootstrap, "--dead-letter-topic", topics.dead_letter]
+    result = CliRunner().invoke(app, ["dlq", "stats", *common], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "prompt_attempts_exhausted" in result.output, result.output
+    result = CliRunner().invoke(app, ["dlq", "list", *common, "--reason", "prompt_attempts_exhausted",
+                                      "--json"])
+    assert result.exit_code == 0 and f"toy@0/{killed.prompt}" in result.output, result.output
+    # a log that ends with a transaction's marker (no record at its last offset): a newcomer folds past it
+    from codec.admission import Resolved, encode_admission
+    from stream.kafka import client_for
+    from stream.names import admission_topic
+
+    producer = client_for(Connection(kafka_bootstrap)).producer(
+        client_id="marker", max_record_bytes=1 << 20, transactional_id=f"marker-{topics.input}")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send_in_transaction(admission_topic(topics.output),
+                                 encode_admission(Resolved(keys=[], reason="prompt_attempts_exhausted")),
+                                 partition=0)
+    producer.commit_transaction()
+    producer.close()
+    result = CliRunner().invoke(app, ["prompts", "--bootstrap-servers", kafka_bootstrap, "--output-topic",
+                                      topics.output, "--json"])
+    assert result.exit_code == 0, result.output
+    (toy,) = json.loads(result.output)["sources"]
+    assert (toy["epochs"][0]["trained"], toy["epochs"][0]["exhausted"]) == (3, 1)

@@ -15,7 +15,14 @@ from stream.clients import Connection
 from stream.kafka.memory import MemoryClient, MemoryCluster
 from stream.pacing import AdmissionRevoked, AdmissionWriter
 from stream.pacing.checkpoints import newest_fold
-from stream.prompts import DatasetError, DatasetMismatch, PromptSource, SourceFinished, load_rows
+from stream.prompts import (
+    DatasetError,
+    DatasetMismatch,
+    PromptSource,
+    SourceFinished,
+    fingerprint,
+    load_rows,
+)
 
 LOG = "train-data.admission"
 ROWS = [{"prompt": f"what is {i} + {i}?", "answer": 2 * i} for i in range(6)]
@@ -140,18 +147,39 @@ def test_jsonl_rows_are_read_in_order_and_a_bad_line_is_named(tmp_path: Path) ->
         load_rows(tmp_path / "missing.jsonl")
 
 
-def test_parquet_and_datasets_directories_are_read_with_pyarrow(tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow")  # optional: not installed with the package
-    pq = pytest.importorskip("pyarrow.parquet")
+def test_a_parquet_file_is_read_in_row_order(tmp_path: Path) -> None:
+    import pyarrow as pa  # installed with the test extras (TRL's); the package itself does not need it
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": f"p{i}", "answer": i, "tags": ["a", str(i)]} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet", row_group_size=2)  # three row groups
+    assert load_rows(tmp_path / "d.parquet") == rows
+
+
+def test_a_datasets_directory_saved_to_disk_is_read_in_row_order(tmp_path: Path) -> None:
+    import datasets
+
+    rows = [{"prompt": f"p{i}", "answer": i} for i in range(7)]
+    saved = tmp_path / "saved"
+    # two shards: the rows are the shards' in the order state.json lists them
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved), num_shards=2)
+    assert sorted(f.name for f in saved.glob("*.arrow")) == ["data-00000-of-00002.arrow",
+                                                              "data-00001-of-00002.arrow"]
+    assert load_rows(saved) == rows
+    assert fingerprint(load_rows(saved)) == fingerprint(rows)  # the same rows as a JSONL file of them
+
+
+def test_an_arrow_directory_without_state_json_is_read_file_by_file(tmp_path: Path) -> None:
+    import pyarrow as pa
 
     table = pa.table({"q": [1, 2, 3]})
-    pq.write_table(table, tmp_path / "d.parquet")
-    assert load_rows(tmp_path / "d.parquet") == [{"q": 1}, {"q": 2}, {"q": 3}]
     saved = tmp_path / "saved"
     saved.mkdir()
     with pa.ipc.new_stream(saved / "data-00000-of-00001.arrow", table.schema) as w:
         w.write_table(table)
     assert load_rows(saved) == [{"q": 1}, {"q": 2}, {"q": 3}]
+    with pytest.raises(DatasetError, match="without .arrow files"):
+        load_rows(tmp_path)  # holds only a directory
 
 
 def test_the_status_table_and_one_prompt_s_attempts_render() -> None:
@@ -207,3 +235,169 @@ def test_the_worker_s_metrics_show_each_source_s_newest_epoch_and_its_settled_pr
                for state in ("trained", "filtered", "dead_lettered", "exhausted")}
     assert settled == {"trained": 5, "filtered": 1, "dead_lettered": 0, "exhausted": 0}
     assert samples[("rollout_stream_prompts_reissued_total", (("source", SOURCE),))] == 1
+    assert samples[("rollout_stream_prompt_refills_total", (("source", SOURCE),))] == 1
+    assert samples[("rollout_stream_prompt_batches_total", (("source", SOURCE),))] == 5  # one group each
+
+
+def test_the_report_counts_refills_per_trainer_batch() -> None:
+    from rich.console import Console
+
+    from stream.tools.prompts import prompts_report, render_prompts
+    from tests.core.prompt_world import World
+
+    w = World(prompts=4, groups_per_batch=1)
+    for verdict in ("zero_variance", "zero_variance", "publish", "publish"):
+        w.take(0)
+        w.send(0)
+        w.stage_step(verdict)
+        if verdict == "publish":
+            w.train_batch([])
+            w.commit()
+    report = prompts_report("td.admission", w.fold)
+    assert (report.sources[0].refills, report.sources[0].batches) == (2, 2)
+    assert report.sources[0].batch_refills == {0: 1, 2: 1}
+    assert report.to_json()["sources"][0]["batch_refills"] == {0: 1, 2: 1}
+    console = Console(record=True, width=120)
+    console.print(render_prompts(report))
+    assert "refills: 2 zero-variance prompt(s) replaced; batches by refills (2 committed) 0: 1, 2: 1" in \
+        console.export_text()
+
+
+def test_the_report_lists_exhausted_prompts_whose_record_is_not_written_yet() -> None:
+    from rich.console import Console
+
+    from stream.tools.prompts import prompts_report, render_prompts
+    from tests.core.prompt_world import SOURCE, World
+
+    w = World(prompts=2, max_attempts=1)
+    w.take(0)
+    w.kill(0)  # its lease ends: exhausted
+    report = prompts_report("td.admission", w.fold)
+    assert report.sources[0].exhausted_unrecorded == [f"{SOURCE}@0/{epoch_order(2, 7, 0)[0]}"]
+    console = Console(record=True, width=120)
+    console.print(render_prompts(report))
+    assert "dead-letter record not written yet" in console.export_text()
+    w.log(Resolved(keys=[f"{SOURCE}@0.1/{epoch_order(2, 7, 0)[0]}"], reason="prompt_attempts_exhausted"))
+    assert prompts_report("td.admission", w.fold).sources[0].exhausted_unrecorded == []
+
+
+def test_the_reader_s_fence_skips_a_superseded_attempt_with_a_reason_of_its_own(monkeypatch, caplog) -> None:
+    """Two attempts of one prompt on train-data: the first trains, the other is skipped as superseded,
+    counted and logged apart from invalid groups, with the prompt and the attempt that trained it."""
+    import logging
+
+    from codec import encode_train_sample
+    from core.prompt_keys import PromptFence
+    from stream.reader import TrainDataReader
+    from tests.stream.memory_cli import on_memory
+    from tests.stream.test_reader import train_sample
+
+    cluster = MemoryCluster()
+    on_memory(monkeypatch, cluster, "stream.reader", "stream.topics")
+    cluster.create_topic("td", 1)
+    producer = cluster.client().producer(transactional_id="stage")
+    producer.init_transactions()
+    producer.begin_transaction()
+    for run, g in (("sums@0.2", 4), ("sums@0.1", 4), ("sums@0.1", 5), ("sums@0.1", 2)):
+        for rid in range(2):
+            s = train_sample(g, rid, run=run)
+            producer.send("td", encode_train_sample(s), s.group_key.encode(), partition=0)
+    producer.commit_transaction()
+    producer.close()
+    caplog.set_level(logging.INFO, logger="rollout_stream.reader")
+    with TrainDataReader("memory:9092", "td", "trainer", groups_per_batch=2, publish_progress=False,
+                         partition_idle_ms=50, start="earliest",
+                         fence=PromptFence({("sums", 0, 2)})) as reader:  # trained before the resume
+        first = reader.next_batch(30)
+        assert first is not None and [g.key for g in first.groups] == ["sums@0.2/4", "sums@0.1/5"]
+        assert (first.skipped_superseded, first.skipped_invalid) == (1, 0)
+        assert reader.next_batch(1) is None  # sums@0.1/2 alone: its prompt trained before the resume
+        assert reader.stats.skipped_superseded_groups == 1 and reader.stats.skipped_invalid_groups == 0
+    lines = {r.fields["group"]: r.fields["problem"]  # type: ignore[attr-defined]
+             for r in caplog.records if getattr(r, "event", None) == "group.skipped_superseded"}
+    assert lines == {"sums@0.1/4": "superseded: prompt sums@0/4 trained as sums@0.2/4"}
+    assert not [r for r in caplog.records if getattr(r, "event", None) == "group.skipped_invalid"]
+
+
+def test_an_exhausted_prompt_is_dead_lettered_once_whichever_process_writes_it(monkeypatch) -> None:
+    """Two processes of one source see the same exhaustion; one writes the dead-letter record with its
+    marker in one transaction, the other, folding to the log's end after taking the writer's id, writes
+    nothing. `dlq list`, `stats` and `show` read it; `replay` refuses it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from codec import DeadLetterReason
+    from stream.cli import app
+    from stream.prompts.exhausted import ExhaustedWriter
+    from tests.stream.memory_cli import BOOTSTRAP, on_memory
+
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    cluster.create_topic("rollouts-dlq", 2)
+    a, b = source(cluster, "p0", max_attempts=1), source(cluster, "p1", max_attempts=1)
+    try:
+        lease = a.take(timeout=5)
+        writer = AdmissionWriter(Connection("memory:9092"), LOG, MemoryClient(cluster))
+        offset = writer.append(Resolved(keys=[str(lease.key)], reason="incomplete_group"))  # timed out
+        writer.close()
+        assert a.gate.follower.wait_folded(offset, 5) and b.gate.follower.wait_folded(offset, 5)
+        assert len(a.exhausted.pending()) == len(b.exhausted.pending()) == 1
+        late = ExhaustedWriter(Connection("memory:9092"), MemoryClient(cluster), a.gate.follower,
+                               source="sums", admission_topic=LOG, dead_letter_topic="rollouts-dlq")
+        assert b.exhausted.write() == 1
+        assert late.write() == 0  # it listed the prompt, took the id, folded the marker: nothing left
+        b.take(timeout=5)  # another prompt; nothing more written
+    finally:
+        a.close()
+        b.close()
+    dead = cluster.records("rollouts-dlq")
+    assert len(dead) == 1
+    headers = dict(dead[0].headers or [])
+    assert headers["x-dlq-reason"] == DeadLetterReason.PROMPT_ATTEMPTS_EXHAUSTED.value.encode()
+    assert headers["x-group-key"] == f"{lease.key}".encode() and headers["x-original-topic"] == LOG.encode()
+    assert dead[0].key == f"sums@0/{lease.key.prompt}".encode()
+    value = json.loads(dead[0].value or b"")
+    assert [a["ended"] for a in value["attempts"]] == ["incomplete"] and value["state"] == "exhausted"
+    markers = [r for r in log(cluster) if isinstance(r, Resolved) and r.reason == "prompt_attempts_exhausted"]
+    assert [m.keys for m in markers] == [[str(lease.key)]]
+
+    on_memory(monkeypatch, cluster, "stream.commands.dlq")
+    runner = CliRunner()
+    listed = runner.invoke(app, ["dlq", "list", *BOOTSTRAP, "--json"], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert "prompt_attempts_exhausted" in listed.stdout and f"sums@0/{lease.key.prompt}" in listed.stdout
+    stats = runner.invoke(app, ["dlq", "stats", *BOOTSTRAP], env={"COLUMNS": "200"})
+    assert stats.exit_code == 0 and "prompt_attempts_exhausted" in stats.stdout, stats.output
+    where = f"{dead[0].partition}:{dead[0].offset}"
+    shown = runner.invoke(app, ["dlq", "show", *BOOTSTRAP, where], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "prompt_attempts_exhausted" in shown.stdout, shown.output
+    from stream.tools.dlq.lineage import decide
+    from stream.tools.dlq.record import parse_record
+
+    action = decide(parse_record(dead[0]), to=None, max_replays=3, replay_id="r")
+    assert action.topic is None and action.refused is not None and "prompt's record" in action.refused
+
+
+def test_a_missing_dead_letter_topic_leaves_the_exhausted_prompt_listed_until_it_exists(caplog) -> None:
+    import logging
+
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster, max_attempts=1)
+    try:
+        lease = a.take(timeout=5)
+        writer = AdmissionWriter(Connection("memory:9092"), LOG, MemoryClient(cluster))
+        offset = writer.append(Resolved(keys=[str(lease.key)], reason="incomplete_group"))
+        writer.close()
+        assert a.gate.follower.wait_folded(offset, 5)
+        with caplog.at_level(logging.WARNING, logger="rollout_stream.prompts"):
+            assert a.exhausted.write() == 0  # no rollouts-dlq: nothing sent, nothing hangs
+        assert any(getattr(r, "event", None) == "prompt.dead_letter_topic_missing" for r in caplog.records)
+        assert len(a.exhausted.pending()) == 1
+        cluster.create_topic("rollouts-dlq", 1)
+        assert a.exhausted.write() == 0  # looks again only after a while
+        a.exhausted._topic_missing_until = 0.0
+        assert a.exhausted.write() == 1 and len(cluster.records("rollouts-dlq")) == 1
+    finally:
+        a.close()

@@ -31,7 +31,8 @@ from stream.worker.outputs import dead_letter_records
 # any client: rendering
 pytestmark = pytest.mark.any_client
 
-REASONS = [r.value for r in R]
+# the stage's reasons: a prompt source's `prompt_attempts_exhausted` holds no sample (test_prompt_source.py)
+REASONS = [r.value for r in R if r is not R.PROMPT_ATTEMPTS_EXHAUSTED]
 KEY = "synth-3f2a9c1b/1052"  # a synth group key: run id and group index
 
 

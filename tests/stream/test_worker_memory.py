@@ -486,3 +486,24 @@ def test_a_worker_stopped_by_an_error_does_not_leave_its_group(cluster, monkeypa
     with pytest.raises(ProducerFenced):  # stopped cleanly, but fenced at its shutdown commit
         w3.close()
     assert asked == ["w2"]
+
+
+def test_refill_keeps_a_zero_variance_group_off_train_data_and_tells_the_admission_log(cluster):
+    """`--zero-variance refill`: the stage drops the group, as `drop` does, and says so in the admission
+    log once its commit succeeded: the group's prompt settles as filtered and another prompt takes its
+    place (docs/loop.md)."""
+    from codec.admission import Resolved, decode_admission
+    from stream.config import parse_zero_variance
+    from stream.pacing import ensure_admission_topic
+
+    assert str(parse_zero_variance("refill")) == "refill"
+    ensure_admission_topic(Connection("memory:9092"), "out.admission", cluster.client())
+    flat = [sample(1, 10 + r, 1.0) for r in range(2)]  # one reward shared: no signal
+    produce(cluster, flat + group(2))
+    w = worker(cluster, zero_variance=parse_zero_variance("refill"))
+    steps(w)
+    commit(w)
+    assert published(cluster) == expected([2])
+    assert w.stats.zero_variance_groups == 1 and w.stats.zero_variance_dropped == 2
+    said = [decode_admission(r.value or b"") for r in cluster.records("out.admission")]
+    assert [(r.keys, r.reason) for r in said if isinstance(r, Resolved)] == [(["m/1"], "zero_variance")]

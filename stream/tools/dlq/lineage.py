@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from codec import DeadLetterReason
 from stream.tools.dlq import headers as H
 from stream.tools.dlq.record import DeadLetterRecord
 from stream.tools.dlq.values import DeadLetterValue
@@ -60,6 +61,9 @@ def decide(
     its bytes were replayed `max_replays` times already (x-replay-count)."""
     if replayed_by is not None:
         return ReplayAction(record, None, skipped=f"by replay {replayed_by[:12]}")
+    if record.reason == DeadLetterReason.PROMPT_ATTEMPTS_EXHAUSTED:
+        return ReplayAction(record, None, refused="a prompt's record, not a rollout's: its value is the "
+                                                  "prompt's attempts, not a sample")
     if record.replay_count >= max_replays:
         return ReplayAction(
             record,
