@@ -23,7 +23,8 @@ import numpy as np
 from codec import Array, Sample, ShapedArray, TrainSample
 from core.balance import balanced_partitions
 
-__all__ = ["train_data", "split_by_dp", "trainer_shard", "PER_SAMPLE_KEYS", "WHOLE_BATCH_KEYS"]
+__all__ = ["train_data", "split_by_dp", "trainer_shard", "dp_rows", "shard_of_rows", "PER_SAMPLE_KEYS",
+           "WHOLE_BATCH_KEYS"]
 
 # Keys a shard slices to its rows, and keys every shard gets whole, in miles' order (`_package_shards`).
 # miles' list also holds keys of features not carried here (multimodal inputs, prompts, witness ids);
@@ -184,6 +185,37 @@ def train_data(
     if first.opd_reverse_kl is not None:
         data["opd_reverse_kl"] = [_row(s.opd_reverse_kl, arrays) for s in rollout]
     return data
+
+
+def dp_rows(total_lengths: Sequence[int], dp_size: int, rank: int, *, balance_data: bool = False
+            ) -> range | list[int]:
+    """The rows of the batch `split_by_dp` gives data-parallel rank `rank`, from the rows' total lengths."""
+    if balance_data:
+        return balanced_partitions(list(total_lengths), dp_size)[rank]
+    return range(rank, len(total_lengths), dp_size)
+
+
+def shard_of_rows(outline: dict[str, Any], rows: dict[str, Any] | None, partition: range | list[int]
+                  ) -> dict[str, Any]:
+    """The `split_by_dp` shard of the rows `partition`, built without the other rows' payloads: `outline` is
+    `train_data` of the whole batch from samples that carry only lengths, loss-mask counts, rollout ids and
+    rewards (whole-batch keys and `rollout_mask_sums` are computed over every row), `rows` is `train_data`
+    of this shard's own rows, in `partition` order (None: no rows)."""
+    lengths = [len(tokens) for tokens in outline["tokens"]]
+    shard: dict[str, Any] = {"partition": partition}
+    for key in PER_SAMPLE_KEYS:
+        if key == "rollout_mask_sums":
+            shard[key] = [outline[key][row] for row in partition]
+        elif rows is not None and key in rows:
+            shard[key] = rows[key]
+        elif rows is None and key in outline:
+            shard[key] = []
+    for key in WHOLE_BATCH_KEYS:
+        if key == "total_lengths":
+            shard[key] = lengths
+        elif key in outline:
+            shard[key] = outline[key]
+    return shard
 
 
 def split_by_dp(data: dict[str, Any], dp_size: int, *, balance_data: bool = False) -> list[dict[str, Any]]:

@@ -137,6 +137,9 @@ class WorkerConfig:
     # Output records larger than this go out as chunk records (docs/chunks.md): under a default cluster's
     # 1 MiB message.max.bytes.
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    # Also write one head record per published group to `<train topic>.heads` (stream/worker/heads.py), so
+    # trainer ranks fetch only their own share of train-data (docs/reader.md, "Bytes each rank fetches").
+    write_heads: bool = False
     heartbeat_file: str | None = None
     shutdown_timeout_s: float = 30.0
     delivery: Literal["exactly-once", "at-least-once"] = "exactly-once"

@@ -9,6 +9,7 @@ import re
 __all__ = [
     "REPLAY_PREFIX",
     "changelog_topic_name",
+    "heads_topic",
     "progress_topic",
     "rank_group_id",
     "rank_group_prefix",
@@ -32,6 +33,12 @@ def admission_topic(train_data_topic: str) -> str:
     """The single-partition log where paced producers ask for room behind the trainers of one train-data
     topic, and the trainers say what they consumed (docs/pacing.md)."""
     return f"{train_data_topic}.admission"[:249]
+
+
+def heads_topic(train_data_topic: str) -> str:
+    """The topic of one small head record per group published to a train-data topic, same partition count
+    and number as the group's train records (codec/group_heads.py, docs/reader.md)."""
+    return f"{train_data_topic}.heads"[:249]
 
 
 def progress_topic(train_data_topic: str) -> str:

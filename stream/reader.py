@@ -21,6 +21,10 @@ The decisions are pure and live in `core.assembly`; this module polls, decodes, 
   into the whole record before it is decoded (see `GroupAssembler`); plain records pay one check of their
   headers. Every chunk's offset is held, and released with the value: none is committed before the value
   is consumed into a batch (or dropped), so a restart reads again every chunk of a value not yet consumed.
+* **Rank-local fetch** (`fetch="own"`). With a stage that writes group heads (`write_heads`), every rank
+  folds the heads topic instead (same partitions, one small record per group: `stream.reader_heads`) into
+  the same sequence, batches and shards as above, then fetches its own rows of each batch by offset.
+  Commits and resume work on the heads topic's offsets with the same metadata.
 * **Resume.** Rank r commits to its own consumer group `<group_id>-rank<r>`: per partition the lowest
   offset not yet yielded, plus metadata (batch index, read end, the offsets above it still to yield).
   On start every rank reads the commits of ranks 0..world_size-1 and resumes from the one with the
@@ -39,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from codec import DeadLetterReason, DecodeError, TrainSample, decode_train_sample
 from codec.chunks import ChunkHeaderError, chunk_header_of, decode_chunk_header
+from codec.group_heads import GroupHead, decode_group_head
 from core.assembly import (
     AssembledGroup,
     GroupInfo,
@@ -63,8 +68,9 @@ from stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from stream.errors import RuntimeFailure
 from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
 from stream.logs import log_event
-from stream.names import admission_topic, progress_topic, rank_group_id
+from stream.names import admission_topic, heads_topic, progress_topic, rank_group_id
 from stream.pacing import TrainerProgressPublisher
+from stream.reader_heads import HeadMemory, PayloadFetcher, outline_group
 from stream.security import SecuritySettings
 from stream.topics import MissingTopic, missing_topics
 
@@ -91,6 +97,7 @@ log = logging.getLogger("rollout_stream.reader")
 
 Start = Literal["committed", "earliest", "latest"]
 Layout = Literal["tensors", "miles"]
+Fetch = Literal["all", "own"]
 
 
 class ReaderError(RuntimeFailure, RuntimeError):
@@ -137,6 +144,7 @@ class ReaderStats:
     decode_errors: int = 0
     abandoned_groups: int = 0  # incomplete groups evicted by the per-partition bound
     chunked_values: int = 0  # values reassembled from chunk records (each chunk counts in `records`)
+    payload_bytes: int = 0  # fetch="own": train-data bytes received (its rows', and any fetched with them)
     incomplete_chunked_values: int = 0  # chunks of a value that never completed, dropped
     corrupt_chunked_values: int = 0  # chunks that disagree or do not match their value's digest, dropped
 
@@ -361,15 +369,15 @@ class _Prefetcher(threading.Thread):
         waited = 0.0
         assert self.consumer is not None
         while not self.stop.is_set():
-            parts = self.consumer.partitions_for_topic(self.r.topic)
+            parts = self.consumer.partitions_for_topic(self.r.commit_topic)
             if parts:
                 return sorted(parts)
-            if waited >= TOPIC_WAIT_S and missing_topics(self.r.conn, [self.r.topic]):
-                raise MissingTopic({self.r.topic: ""}, self.r.conn.bootstrap_servers,
+            if waited >= TOPIC_WAIT_S and missing_topics(self.r.conn, [self.r.commit_topic]):
+                raise MissingTopic({self.r.commit_topic: ""}, self.r.conn.bootstrap_servers,
                                    f"the reader waited {TOPIC_WAIT_S:g}s for it; check the name for a typo, "
                                    "or create it (`rollout-stream topics create --output-topic NAME`)")
             if waited % 10 == 0:
-                log_event(log, "topic.waiting", logging.WARNING, topic=self.r.topic)
+                log_event(log, "topic.waiting", logging.WARNING, topic=self.r.commit_topic)
             time.sleep(0.5)
             waited += 0.5
         return []
@@ -378,7 +386,7 @@ class _Prefetcher(threading.Thread):
         """The commit of the rank with the lowest batch index (ranks realign after a crash mid-commit)."""
         r = self.r
         groups = [rank_group_id(r.group_id, i) for i in range(r.world_size)]
-        tps = [TopicPartition(r.topic, p) for p in partitions]
+        tps = [TopicPartition(r.commit_topic, p) for p in partitions]
         admin = client_for(r.conn).admin(client_id=r.conn.client_id)
         try:
             deadline = time.monotonic() + 60
@@ -395,10 +403,36 @@ class _Prefetcher(threading.Thread):
         resume = choose_resume([{tp.partition: om for tp, om in found.get(g, {}).items()} for g in groups])
         if resume.rank is None:
             return None, {}
-        log_event(log, "reader.resume", topic=r.topic, group=groups[resume.rank],
+        log_event(log, "reader.resume", topic=r.commit_topic, group=groups[resume.rank],
                   batch=-1 if resume.batch is None else resume.batch,
                   offsets=",".join(f"{p}:{m.offset}" for p, m in sorted(resume.marks.items())))
         return resume.batch, resume.marks
+
+    def _head(self, partition: int, offset: int, timestamp_ms: int, value: bytes | None, marks: ReadMarks,
+              memory: HeadMemory) -> AssembledGroup | None:
+        """fetch="own": the group a head record describes (held until yielded), or None (undecodable, or a
+        second head of a group already folded)."""
+        stats = self.r.stats
+        stats.records += 1
+        stats.bytes += len(value or b"")
+        try:
+            if value is None:
+                raise DecodeError("record has no value (tombstone)")
+            head = decode_group_head(value)
+        except DecodeError as exc:
+            stats.decode_errors += 1
+            marks.read(partition, offset, hold=False)
+            log_event(log, "head.undecodable", logging.WARNING, partition=partition, offset=offset,
+                      error=exc.message[:300])
+            return None
+        if head.partition != partition or head.topic != self.r.topic or not memory.first(partition, head):
+            stats.duplicate_groups += head.partition == partition and head.topic == self.r.topic
+            marks.read(partition, offset, hold=False)
+            return None
+        marks.read(partition, offset, hold=True)
+        group = outline_group(head, timestamp_ms)
+        self.r._heads[id(group)] = head
+        return group
 
     def _run(self) -> None:
         r = self.r
@@ -410,7 +444,7 @@ class _Prefetcher(threading.Thread):
         if not partitions:
             return
         batch, resume = self._resume(partitions) if r.start == "committed" else (None, {})
-        tps = {p: TopicPartition(r.topic, p) for p in partitions}
+        tps = {p: TopicPartition(r.commit_topic, p) for p in partitions}
         c.assign(list(tps.values()))
         for p, tp in tps.items():
             if p in resume:
@@ -429,6 +463,9 @@ class _Prefetcher(threading.Thread):
                                    chunk_timeout_s=r.chunk_timeout_s)
         merger = GroupMerger(partitions, r.partition_idle_ms)
         paused: set[int] = set()
+        own = r.fetch == "own"
+        memory = HeadMemory()
+        head_offset: dict[int, int] = {}  # fetch="own": id(group) -> its head's offset (what commits hold)
         while not self.stop.is_set():
             # A group waiting on an empty partition leaves at its due time, not at the end of a 0.1 s poll;
             # once due, what it waits for is that partition's end, which a poll brings.
@@ -441,6 +478,12 @@ class _Prefetcher(threading.Thread):
                     if mark is not None and mark.skips(rec.offset):
                         marks.read(tp.partition, rec.offset, hold=False)  # yielded before the restart
                         continue
+                    if own:
+                        group = self._head(tp.partition, rec.offset, rec.timestamp, rec.value, marks, memory)
+                        if group is not None:
+                            head_offset[id(group)] = rec.offset
+                            merger.push(group)
+                        continue
                     group = assembler.accept(tp.partition, rec.offset, rec.timestamp, rec.value, rec.headers)
                     if group is not None:
                         merger.push(group)
@@ -449,7 +492,7 @@ class _Prefetcher(threading.Thread):
                 assembler.expire_chunks(int(time.time() * 1000), caught_up)
             self.at_end = [p for p in partitions if caught_up(p)]  # said by the trainer's `batch.waiting`
             while (group := merger.pop(int(time.time() * 1000), caught_up)) is not None:
-                marks.release(group.partition, group.offsets)
+                marks.release(group.partition, [head_offset.pop(id(group))] if own else group.offsets)
                 r.stats.groups += 1
                 if not self._put(("group", group, marks.snapshot())):
                     return
@@ -567,6 +610,8 @@ class TrainDataReader:
     `fence`: for groups of a prompt source (docs/loop.md), the rule that lets one attempt of a prompt train
     (`stream.prompts.prompt_fence` builds it from the log at start); the others are skipped as superseded
     (`skipped_superseded`, logged `group.skipped_superseded`).
+    `fetch`: "all" (read the whole topic) or "own" (fold the group heads of a stage run with
+    `--write-heads` and fetch only this rank's rows by offset; docs/reader.md, "Rank-local fetch").
     """
 
     def __init__(
@@ -594,7 +639,10 @@ class TrainDataReader:
         max_open_chunk_bytes: int = MAX_OPEN_CHUNK_BYTES,
         chunk_timeout_s: float = CHUNK_TIMEOUT_S,
         fence: PromptFence | None = None,
+        fetch: Fetch = "all",
     ) -> None:
+        if fetch not in ("all", "own"):
+            raise ValueError(f"fetch must be all or own, got {fetch!r}")
         if layout not in ("tensors", "miles"):
             raise ValueError(f"layout must be tensors or miles, got {layout!r}")
         if balance_data and layout != "miles":
@@ -625,6 +673,11 @@ class TrainDataReader:
                      Connection(bootstrap_servers, client_id=f"rollout-stream-reader-{rank}",
                                 security=security or SecuritySettings(), client=client or default_client()))
         self.topic = topic
+        self.fetch = fetch
+        # fetch="own": groups, commits and resume come from the heads topic, payloads by offset from `topic`
+        self.commit_topic = heads_topic(topic) if fetch == "own" else topic
+        self._heads: dict[int, GroupHead] = {}  # id(outline group) -> its head, until its batch is taken
+        self._fetcher: PayloadFetcher | None = None
         self.group_id = group_id
         self.groups_per_batch = groups_per_batch
         self.rank = rank
@@ -769,6 +822,10 @@ class TrainDataReader:
         rollout_data = None
         if self.layout == "miles":
             mine, rollout_data = self._miles_shard(plan.groups)
+        elif self.fetch == "own":
+            mine = self._fetch_own(mine, plan.groups)
+        for group, _ in items:
+            self._heads.pop(id(group), None)
         index = self._next_index if self._next_index is not None else 0
         self._next_index = index + 1
         batch = Batch(
@@ -789,13 +846,34 @@ class TrainDataReader:
                                    self.stats.skipped_stale_groups)
         return batch
 
+    def _fetch_own(self, outlines: list[TrainSample], groups: Sequence[AssembledGroup]) -> list[TrainSample]:
+        """This rank's rows of the batch, fetched by offset (only theirs) and checked against their heads."""
+        if not outlines:
+            return []
+        if self._fetcher is None:
+            conn = replace(self.conn, client_id=f"rollout-stream-reader-{self.rank}-own")
+            self._fetcher = PayloadFetcher(conn, self.topic, self.max_record_bytes)
+        before = self._fetcher.fetched_bytes
+        try:
+            return self._fetcher.samples(outlines, groups, self._heads)
+        finally:
+            self.stats.payload_bytes += self._fetcher.fetched_bytes - before
+
     def _miles_shard(self, groups: Sequence[AssembledGroup]) -> tuple[list[TrainSample], dict[str, Any]]:
         """This rank's rows and finished shard, as miles splits the batch's global sample list over DP ranks
         (strided, or Karmarkar–Karp on total lengths with `balance_data`; not whole rollouts per rank)."""
-        from core.miles import split_by_dp, train_data, trainer_shard
+        from core.miles import dp_rows, shard_of_rows, split_by_dp, train_data, trainer_shard
 
         everything = [s for g in groups for s in g.samples]
-        data = train_data(everything, prompt_group_sizes=[len(g.samples) for g in groups])
+        sizes = [len(g.samples) for g in groups]
+        if self.fetch == "own":  # outlines: whole-batch keys from them, this rank's rows fetched
+            outline = train_data(everything, prompt_group_sizes=sizes)
+            rows = dp_rows([len(t) for t in outline["tokens"]], self.world_size, self.rank,
+                           balance_data=self.balance_data)
+            mine = self._fetch_own([everything[row] for row in rows], groups)
+            own = shard_of_rows(outline, train_data(mine) if mine else None, rows)
+            return mine, trainer_shard(own)
+        data = train_data(everything, prompt_group_sizes=sizes)
         shard = split_by_dp(data, self.world_size, balance_data=self.balance_data)[self.rank]
         return [everything[row] for row in shard["partition"]], trainer_shard(shard)
 
@@ -822,7 +900,7 @@ class TrainDataReader:
             meta, truncated = commit_metadata(mark, index)
             if truncated:  # too many interleaved offsets to list: re-read them on restart
                 log_event(log, "commit.metadata_truncated", logging.WARNING, partition=p, keep=len(mark.keep))
-            offsets[TopicPartition(self.topic, p)] = Committed(mark.offset, meta)
+            offsets[TopicPartition(self.commit_topic, p)] = Committed(mark.offset, meta)
         if self._committer is None:
             self._committer = client_for(self.conn).assigned_consumer(
                 client_id=self.conn.client_id, max_record_bytes=self.max_record_bytes,
@@ -841,6 +919,8 @@ class TrainDataReader:
         self._thread.join(timeout=30)
         if self._committer is not None:
             self._committer.close()
+        if self._fetcher is not None:
+            self._fetcher.close()
         if self.progress is not None:
             self.progress.close()
 

@@ -31,7 +31,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "stream.worker": ("stream.worker", "stream.pacing", "stream.kafka", *BASE),
     # what other processes import
     "stream.producer": ("stream.producer", "stream.pacing", "stream.kafka", *BASE),
-    "stream.reader": ("stream.reader", "stream.pacing", "stream.kafka", *BASE),
+    "stream.reader": ("stream.reader", "stream.reader_heads", "stream.pacing", "stream.kafka", *BASE),
+    # the reader's rank-local fetch: group heads and payloads by offset
+    "stream.reader_heads": ("stream.kafka", *BASE),
     "stream.prompts": ("stream.prompts", "stream.producer", "stream.pacing", "stream.kafka", *BASE),
     # trainer frameworks on the reader, the producer and the prompt source (each framework imported only in
     # its own module)

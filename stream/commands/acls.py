@@ -102,6 +102,14 @@ class AclRequest:
             help="Also IDEMPOTENT_WRITE on the cluster (only brokers older than 2.8 need it).",
         ),
     ] = False
+    heads: Annotated[
+        bool,
+        typer.Option(
+            "--heads",
+            help="worker: WRITE on <output topic>.heads (`run --write-heads`); reader: READ on it "
+            "(TrainDataReader(fetch='own')).",
+        ),
+    ] = False
     paced: Annotated[
         bool,
         typer.Option(
@@ -131,6 +139,7 @@ def _permissions(request: AclRequest) -> list[Permission]:
             route_topic=request.route_topic,
             create_topics=request.create_topics,
             idempotent_write=request.idempotent_write,
+            write_heads=request.heads,
         )
     if request.role == "producer":
         return producer_permissions(
@@ -138,7 +147,8 @@ def _permissions(request: AclRequest) -> list[Permission]:
             paced_to_output_topic=request.output_topic if request.paced else None,
         )
     if request.role == "reader":
-        return reader_permissions(output_topic=request.output_topic, group_id=request.group_id)
+        return reader_permissions(output_topic=request.output_topic, group_id=request.group_id,
+                                  fetch_own=request.heads)
     fail(f"--role must be worker, producer or reader, got {request.role!r}")
 
 

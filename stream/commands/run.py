@@ -32,8 +32,16 @@ from stream.config import INT32_MAX, TopicNames, WorkerConfig, check_count, pars
 from stream.errors import described
 from stream.kafka import KafkaFailure
 from stream.logs import configure_logging, log_event
+from stream.names import heads_topic
 from stream.tools.access import check_worker_access, denials_explained
-from stream.topics import TopicSettings, ensure_topics, require_topics, unreplicated_warning
+from stream.topics import (
+    TopicMismatch,
+    TopicSettings,
+    ensure_topics,
+    partition_count,
+    require_topics,
+    unreplicated_warning,
+)
 from stream.worker import Worker
 from stream.worker.allocator import reuse_freed_buffers
 from stream.worker.instance import claim_instance, fenced_as_taken_over
@@ -132,6 +140,10 @@ def run(
         envvar="ROLLOUT_STREAM_CHUNK_KIB",
         help="Train and dead-letter records larger than this many KiB go out as chunk records that readers "
         "reassemble (docs/chunks.md); below the cluster's message.max.bytes.")] = _DEFAULTS.chunk_bytes >> 10,
+    write_heads: Annotated[bool, typer.Option(
+        "--write-heads", envvar="ROLLOUT_STREAM_WRITE_HEADS",
+        help="Also write one small head record per published group to <output topic>.heads, so trainer "
+        "ranks fetch only their own rows (TrainDataReader(fetch='own'), docs/reader.md).")] = False,
     heartbeat_file: Annotated[str | None, typer.Option(envvar="ROLLOUT_STREAM_HEARTBEAT_FILE",
                                                        help="File touched every few seconds while the loop "
                                                        "runs (container health checks).", show_default=False)]
@@ -189,6 +201,7 @@ def run(
         max_open_groups=max_open_groups,
         max_open_bytes=max_open_mib * 1024 * 1024,
         chunk_bytes=chunk_kib * 1024,
+        write_heads=write_heads,
         metrics_port=metrics_port,
         max_dead_letter_ratio=max_dead_letter_ratio,
         dead_letter_window=dead_letter_window,
@@ -240,9 +253,10 @@ class _StopSignals:
 def _set_up_topics(conn: Connection, config: WorkerConfig, *, create: bool, partitions: int) -> None:
     """Create the worker's topics (--create-topics), or require them: MissingTopic names the flag of each."""
     route = [config.zero_variance.topic] if config.zero_variance.topic else []
-    topics = [config.topics.input, config.topics.output, *route, config.topics.dead_letter]
+    heads = [heads_topic(t) for t in (config.topics.output, *route)] if config.write_heads else []
+    topics = [config.topics.input, config.topics.output, *route, *heads, config.topics.dead_letter]
     if create:
-        created = ensure_topics(conn, data_topics=[config.topics.input, config.topics.output, *route],
+        created = ensure_topics(conn, data_topics=[config.topics.input, config.topics.output, *route, *heads],
                                 dead_letter_topics=[config.topics.dead_letter],
                                 settings=TopicSettings(partitions=partitions))
         if created:
@@ -251,8 +265,14 @@ def _set_up_topics(conn: Connection, config: WorkerConfig, *, create: bool, part
         named = {config.topics.input: "--input-topic", config.topics.output: "--output-topic",
                  config.topics.dead_letter: "--dead-letter-topic"}
         named.update(dict.fromkeys(route, "--zero-variance route:"))
+        named.update(dict.fromkeys(heads, "--write-heads"))
         require_topics(conn, named, hint="create them with `rollout-stream topics create` (check the names "
                        "for a typo), or pass --create-topics")
+    for train, head in zip((config.topics.output, *route), heads, strict=False):
+        # a head goes to the partition number of its group's train records
+        if (want := partition_count(conn, train)) != (have := partition_count(conn, head)):
+            raise TopicMismatch(f"{head} has {have} partitions, {train} {want}: a group's head goes to the "
+                                "partition number of its train records (recreate it with as many partitions)")
     if (warning := unreplicated_warning(conn, topics)) is not None:  # runs, but one broker's loss stops it
         log_event(log, "topics.unreplicated", logging.WARNING, detail=warning)
 

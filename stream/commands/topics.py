@@ -19,7 +19,7 @@ from stream.commands.options import (
     grouped_options,
 )
 from stream.config import INT32_MAX, check_count, check_seconds
-from stream.names import admission_topic, changelog_topic_name, progress_topic
+from stream.names import admission_topic, changelog_topic_name, heads_topic, progress_topic
 from stream.pacing import ensure_admission_topic, ensure_progress_topic
 from stream.topics import TopicSettings, ensure_changelog, ensure_topics, unreplicated_warning
 
@@ -54,8 +54,9 @@ def create(
         "needs no CREATE permission.", show_default=False)] = None,
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
-    """Create the rollout, train-data and dead-letter topics, and the train-data topic's admission log and
-    progress topic for pacing (existing topics are left unchanged)."""
+    """Create the rollout, train-data and dead-letter topics, the train-data topic's group heads (for
+    `run --write-heads`), and its admission log and progress topic for pacing (existing topics are left
+    unchanged)."""
     # Kafka carries partitions, min.insync.replicas and max.message.bytes as int32, replicas as int16
     check_count("--partitions", partitions, 1, INT32_MAX)
     if replication_factor is not None:
@@ -68,13 +69,14 @@ def create(
     conn = connection_from_options(bootstrap_servers, security)
     settings = TopicSettings(partitions, replication_factor, max_message_mib * 1024 * 1024,
                              int(dead_letter_retention_days * 24 * 3600 * 1000), min_insync_replicas)
-    created = ensure_topics(conn, data_topics=[input_topic, output_topic, *(extra_topic or [])],
+    heads = heads_topic(output_topic)  # group heads for rank-local fetch (docs/reader.md), as many partitions
+    created = ensure_topics(conn, data_topics=[input_topic, output_topic, *(extra_topic or []), heads],
                             dead_letter_topics=[dead_letter_topic], settings=settings)
     if changelog_group_id:  # TopicMismatch (exists with another partition count): exit 2
         changelog = changelog_topic_name(changelog_group_id, input_topic)
         made = ensure_changelog(conn, changelog, partitions, replication_factor, min_insync_replicas)
         print(f"{changelog}: {'created' if made else 'exists'}")
-    names = [input_topic, output_topic, *(extra_topic or []), dead_letter_topic]
+    names = [input_topic, output_topic, *(extra_topic or []), dead_letter_topic, heads]
     for name in names:
         print(f"{name}: {'created' if name in created else 'exists'}")
     progress = progress_topic(output_topic)  # where trainers and paced producers say where they are

@@ -187,6 +187,7 @@ def worker_permissions_of(config: WorkerConfig, *, create_topics: bool = False) 
         delivery=config.delivery,
         route_topic=config.zero_variance.topic,
         create_topics=create_topics,
+        write_heads=config.write_heads,
     )
 
 

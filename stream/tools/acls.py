@@ -26,6 +26,7 @@ from stream.kafka import AclSpec
 from stream.names import (
     admission_topic,
     changelog_topic_name,
+    heads_topic,
     progress_topic,
     rank_group_prefix,
     transactional_id_prefix,
@@ -83,8 +84,9 @@ def worker_permissions(
     route_topic: str | None = None,
     create_topics: bool = False,
     idempotent_write: bool = False,
+    write_heads: bool = False,
 ) -> list[Permission]:
-    """What `rollout-stream run` needs, nothing more."""
+    """What `rollout-stream run` needs, nothing more (`write_heads`: `run --write-heads`)."""
     out = [
         Permission("topic", input_topic, "Read", "consume rollout samples"),
         Permission("group", group_id, "Read", "join the consumer group and commit its offsets"),
@@ -94,6 +96,10 @@ def worker_permissions(
     if route_topic:
         out.append(Permission("topic", route_topic, "Write", "publish routed zero-variance groups"))
     data_topics = [input_topic, output_topic, dead_letter_topic, *([route_topic] if route_topic else [])]
+    if write_heads:
+        heads = [heads_topic(t) for t in (output_topic, *([route_topic] if route_topic else []))]
+        out += [Permission("topic", h, "Write", "publish group heads (rank-local fetch)") for h in heads]
+        data_topics += heads
     if delivery == "exactly-once":
         changelog = changelog_topic_name(group_id, input_topic)
         out += [
@@ -134,10 +140,13 @@ def producer_permissions(*, input_topic: str, idempotent_write: bool = False,
     return out
 
 
-def reader_permissions(*, output_topic: str, group_id: str) -> list[Permission]:
-    """What a trainer's TrainDataReader needs: train-data and its per-rank groups `<group>-rank<r>`."""
+def reader_permissions(*, output_topic: str, group_id: str, fetch_own: bool = False) -> list[Permission]:
+    """What a trainer's TrainDataReader needs: train-data and its per-rank groups `<group>-rank<r>`
+    (`fetch_own`: and the group heads, `TrainDataReader(fetch="own")`)."""
+    heads = [Permission("topic", heads_topic(output_topic), "Read", "read group heads (rank-local fetch)")]
     return [
         Permission("topic", output_topic, "Read", "read train samples"),
+        *(heads if fetch_own else []),
         Permission(
             "group", rank_group_prefix(group_id), "Read", "commit each rank's position", prefixed=True
         ),

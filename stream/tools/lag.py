@@ -21,7 +21,7 @@ from codec.progress import ProducerProgress, StageProgress, TrainerProgress
 from stream.clients import Connection
 from stream.kafka import TopicPartition, client_for
 from stream.layout import Fit, Flow
-from stream.names import admission_topic, progress_topic, rank_group_id
+from stream.names import admission_topic, heads_topic, progress_topic, rank_group_id
 from stream.pacing import AdmissionFollower, ProgressBoard
 from stream.pacing.positions import ProducerRow, TrainerRow, age_s, producer_row, trainer_row
 from stream.tools.records_behind import records_behind
@@ -118,6 +118,13 @@ def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_g
     stale_ms = stale_after_s * 1000
     producer_rows = [producer_row(p, now, stale_ms) for p in producers]
     behind = records_behind(conn, output_topic, {t.group_id: rank_group_id(t.group_id, 0) for t in trainers})
+    # Ranks of TrainDataReader(fetch="own") commit on the group heads, one record per group
+    own = [g for g, n in behind.items() if n is None]
+    if own and not missing_topics(conn, [heads := heads_topic(output_topic)]):
+        for g, n in records_behind(conn, heads, {g: rank_group_id(g, 0) for g in own}).items():
+            if n is not None:
+                behind[g] = n
+                notes.append(f"trainer {g} reads {heads} (fetch='own'): its 'behind' counts groups")
     stage_lag = records_behind(conn, input_topic, {stage_group_id: stage_group_id})[stage_group_id]
     mine = [s for s in stages if s.group_id == stage_group_id and s.input_topic == input_topic]
     fresh_stages = [s for s in mine if now - s.updated_ms <= stale_ms]

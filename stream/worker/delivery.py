@@ -5,6 +5,10 @@
 * `AtLeastOnce`: outputs are flushed and acknowledged before the input offsets below them are committed;
   nothing is journaled (a restart re-reads from the committed offsets).
 
+Either writes the head of each published group it is given (stream/worker/heads.py) once the producer
+said where the group's train records went: in the transaction before its offsets, or acknowledged before
+the input offsets below it are committed.
+
 The processor never asks which one it has. It owns the offset ledger and the window store: it lends the
 ledger to each commit (a delivery resolves what it sent and delivered, and marks what it committed) and
 hands over the closed-group memory changed since the last commit.
@@ -33,6 +37,7 @@ from stream.kafka import (
     refusal_cause,
 )
 from stream.logs import log_event
+from stream.worker.heads import PendingHead
 from stream.worker.outputs import OutputRecord
 
 __all__ = ["AtLeastOnce", "ChangelogWrite", "CommitAborted", "Delivery", "ExactlyOnce", "ProduceFailed",
@@ -63,9 +68,10 @@ class Delivery(Protocol):
         """Outputs sent and not yet committed."""
         ...
 
-    def send(self, outs: list[OutputRecord]) -> None:
-        """Queue one group's outputs (or its dead letters), in order. CommitAborted when a failure aborted the
-        open transaction (the worker restores from the last commit)."""
+    def send(self, outs: list[OutputRecord], head: PendingHead | None = None) -> None:
+        """Queue one group's outputs (or its dead letters), in order, and the group's `head` to write once
+        they are. CommitAborted when a failure aborted the open transaction (the worker restores from the last
+        commit)."""
         ...
     def commit(self, ledger: OffsetLedger, changes: Changes, active: set[int], timeout: float | None = None
                ) -> dict[int, int]:
@@ -133,15 +139,22 @@ class AtLeastOnce:
     def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str) -> None:
         self.producer, self.consumer, self.topic = producer, consumer, input_topic
         self.in_flight: list[tuple[SendFuture, OutputRecord]] = []
+        # heads to write once their group's records are acknowledged: (head, the sends, input partition)
+        self.heads: list[tuple[PendingHead, list[SendFuture], int]] = []
 
     @property
     def open(self) -> bool:
         return bool(self.in_flight)
 
-    def send(self, outs: list[OutputRecord]) -> None:
+    def send(self, outs: list[OutputRecord], head: PendingHead | None = None) -> None:
+        futures = []
         for out in outs:
-            self.in_flight.append((self.producer.send(out.topic, out.value, out.key, partition=out.partition,
-                                                      headers=out.headers), out))
+            future = self.producer.send(out.topic, out.value, out.key, partition=out.partition,
+                                        headers=out.headers)
+            self.in_flight.append((future, out))
+            futures.append(future)
+        if head is not None and outs:
+            self.heads.append((head, futures, outs[0].source.partition))
 
     def _flush(self, ledger: OffsetLedger, timeout: float | None = None) -> None:
         if not self.in_flight:
@@ -158,7 +171,26 @@ class AtLeastOnce:
                     f"{out.source.topic}:{out.source.partition}"
                     f"@{out.source.offset}: {error}"
                 )
+        self._write_heads(timeout)
+        for _, out in in_flight:
             ledger.resolve(out.source.partition, out.source.offsets)
+
+    def _write_heads(self, timeout: float | None) -> None:
+        """The heads of the groups just acknowledged, acknowledged in turn: a group whose inputs are committed
+        always has its head (a restart before this repeats both)."""
+        heads, self.heads = self.heads, []
+        if not heads:
+            return
+        sent = []
+        for head, futures, _ in heads:
+            record = head.finish([f.get(0) for f in futures])
+            future = self.producer.send(record.topic, record.value, record.key, partition=record.partition)
+            sent.append((future, record.topic))
+        self.producer.flush(timeout=timeout)
+        for future, topic in sent:
+            error = future.exception() if future.done() else "not acknowledged within the flush timeout"
+            if error is not None:
+                raise ProduceFailed(f"group head to {topic}: {error}")
 
     def commit(self, ledger: OffsetLedger, changes: Changes, active: set[int], timeout: float | None = None
                ) -> dict[int, int]:
@@ -181,6 +213,7 @@ class AtLeastOnce:
 
     def forget(self, partition: int) -> None:
         self.in_flight = [(f, o) for f, o in self.in_flight if o.source.partition != partition]
+        self.heads = [h for h in self.heads if h[2] != partition]
 
     def close(self, timeout: float | None = None) -> None:
         self.producer.close(timeout=timeout)
@@ -199,6 +232,8 @@ class ExactlyOnce:
         # copied them, and one resolve call per output cost the loop time for every record).
         self.pending: list[dict[int, list[int]]] = []
         self.pending_outputs = 0
+        # heads to write before this transaction's offsets: (head, the sends of its group's records)
+        self.heads: list[tuple[PendingHead, list[SendFuture]]] = []
         self.fatal: BaseException | None = None  # after it, nothing may be committed (see _failed)
         self._unaborted = False  # an abort failed: it is asked again before the next transaction
         self._streak: tuple[str, int] = ("", 0)  # the kind of failure, not retriable, behind the last aborts
@@ -222,12 +257,16 @@ class ExactlyOnce:
             self.producer.begin_transaction()
             self._open = True
 
-    def send(self, outs: list[OutputRecord]) -> None:
+    def send(self, outs: list[OutputRecord], head: PendingHead | None = None) -> None:
         try:
             self._begin()
             # Some of the group's outputs may be queued and others not, and the ledger knows of none: after a
             # failure the transaction must never commit (see _failed).
-            self.producer.send_all_in_transaction(outs)
+            if head is None or not outs:
+                self.producer.send_all_in_transaction(outs)
+            else:  # with a delivery report each: its head needs their offsets
+                self.heads.append((head, [self.producer.send(o.topic, o.value, o.key, partition=o.partition,
+                                                             headers=o.headers or None) for o in outs]))
         except ProducerFenced:
             raise
         except KafkaFailure as exc:
@@ -312,6 +351,7 @@ class ExactlyOnce:
         if self.fatal is not None:
             raise self.fatal
         try:
+            self._write_heads(timeout)
             due = self._prepare(ledger, changes, active)
             if self._open:
                 self.producer.commit_transaction()
@@ -324,6 +364,16 @@ class ExactlyOnce:
         self._streak = ("", 0)
         ledger.mark_committed(due)
         return due
+
+    def _write_heads(self, timeout: float | None) -> None:
+        """The heads of this transaction's groups, in it: a flush inside the open transaction gives the
+        offsets of their train records (read_committed readers see none of them before the commit)."""
+        heads, self.heads = self.heads, []
+        if not heads:
+            return
+        self.producer.flush(timeout=timeout)
+        self.producer.send_all_in_transaction(
+            [head.finish([f.get(timeout) for f in futures]) for head, futures in heads])
 
     def commit_on_revoke(self, ledger: OffsetLedger, changes: Changes, active: set[int]) -> None:
         # Producer calls block on the producer's own sender thread, not on the consumer's IO thread.
@@ -338,6 +388,7 @@ class ExactlyOnce:
             outputs=self.pending_outputs,
         )
         self.pending, self.pending_outputs = [], 0
+        self.heads = []
         if self._open or self._unaborted:
             try:
                 self.producer.abort_transaction()

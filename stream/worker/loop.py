@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from codec import compiled
 from core.offsets import OffsetLedger
@@ -136,16 +137,19 @@ class Worker:
             consumer.close()
             return False
         delivery: Delivery
+        # With heads, every record its own record batch: a rank fetching its records by offset receives
+        # whole batches, so records of other ranks sharing one would be fetched too (docs/reader.md).
+        tuning: dict[str, Any] = {"batch_size": 1} if cfg.write_heads else {}
         if self.processor.exactly_once:
             ensure_changelog(self.client, self.changelog_topic, partitions)
             producer = self.client.producer(
                 client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes,
                 transactional_id=transactional_id(cfg.group_id, self.instance_id or ""),
-                transaction_timeout_s=cfg.transaction_timeout_s)
+                transaction_timeout_s=cfg.transaction_timeout_s, **tuning)
             delivery = ExactlyOnce(producer, consumer, cfg.topics.input, self.changelog_topic)
         else:
             producer = self.client.producer(
-                client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes
+                client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes, **tuning
             )
             delivery = AtLeastOnce(producer, consumer, cfg.topics.input)
         restorer = Restorer(self.client, consumer, input_topic=cfg.topics.input,

@@ -111,7 +111,7 @@ class Processor:
         for outcome in outcomes:
             outs = self.router.route(outcome, delivery.producer.partition_for)
             if outs:
-                delivery.send(outs)
+                delivery.send(outs, self.router.head)
                 self.cadence.outputs += len(outs)
             else:
                 for record in outcome.records:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from codec import decode_train_sample
 from core.config import RewardConfig
 from core.dead_letter_limit import DeadLetterWindow, LimitExceeded
 from core.records import DeadLettered, Outcome, Published
 from stream.config import WorkerConfig
 from stream.errors import PolicyStop
 from stream.logs import log_event
+from stream.worker.heads import PendingHead, plan_head
 from stream.worker.outputs import OutputRecord, chunked, dead_letter_records, train_records
 from stream.worker.stats import OutcomeCounts
 
@@ -41,12 +43,14 @@ class Router:
         self.limit_exceeded: LimitExceeded | None = None
         self.track_published = False  # set when metrics observe the loop: group latency
         self.published_ts: list[int] = []  # per group published since the last commit: newest member's ts
+        self.head: PendingHead | None = None  # the head of the group `route` returned last (write_heads)
 
     def route(self, outcome: Outcome, partition_for: Callable[[str, bytes], int | None]
               ) -> list[OutputRecord]:
         """The records to write for one outcome; none when its records are settled without an output (a
         dropped duplicate, a zero-variance group dropped by policy). `partition_for` is the producer's.
-        Then `sent`, once they are."""
+        Then `sent`, once they are. With `write_heads`, `head` is then the published group's pending head."""
+        self.head = None
         if isinstance(outcome, Published):
             return self._publish(outcome, partition_for)
         if isinstance(outcome, DeadLettered):
@@ -87,7 +91,13 @@ class Router:
                 assert policy.topic is not None
                 topic = policy.topic
         partition = partition_for(topic, group.group_key.encode())
-        return chunked(train_records(group, self.reward, topic, partition), self.config.chunk_bytes)
+        train = train_records(group, self.reward, topic, partition)
+        outs = chunked(train, self.config.chunk_bytes)
+        if self.config.write_heads:
+            # The head reads the train samples as a reader would decode them: the stage holds only a few
+            # fields of each member (core.structs.HeldSample).
+            self.head = plan_head(group, outs, [decode_train_sample(o.value or b"") for o in train])
+        return outs
 
     def _dead_letter(self, failure: DeadLettered) -> list[OutputRecord]:
         reason = failure.reason.value

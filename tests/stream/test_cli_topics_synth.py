@@ -60,9 +60,10 @@ def test_topics_create_then_exists_with_large_record_limits_and_long_dead_letter
     first = cli(*args)
     progress = f"{names[1]}.progress"  # for pacing (docs/pacing.md): compacted, one partition
     admission = f"{names[1]}.admission"  # pacing's log: every record kept, stamped by the broker
-    assert first.stdout.splitlines() == [f"{n}: created" for n in [*names, progress, admission]]
+    heads = f"{names[1]}.heads"  # group heads for rank-local fetch (docs/reader.md)
+    assert first.stdout.splitlines() == [f"{n}: created" for n in [*names, heads, progress, admission]]
     second = cli(*args)
-    assert second.stdout.splitlines() == [f"{n}: exists" for n in [*names, progress, admission]]
+    assert second.stdout.splitlines() == [f"{n}: exists" for n in [*names, heads, progress, admission]]
     assert topic_configs(kafka_bootstrap, [progress])[progress]["cleanup.policy"] == "compact"
     log = topic_configs(kafka_bootstrap, [admission])[admission]
     assert (log["cleanup.policy"], log["message.timestamp.type"], log["partitions"]) == (

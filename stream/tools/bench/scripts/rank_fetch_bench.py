@@ -22,6 +22,10 @@ ranks fetched together):
   groups to rank i mod W, the reader's default shard) by offset (assign, seek, one record batch per fetch
   request), from the offsets the producer's delivery reports gave, as a per-group head would carry them.
   Fetch and decode only: what rank-local fetch costs on the wire, not a reader.
+* `own` (rank-local fetch): `TrainDataReader(rank=r, world_size=W, fetch="own")`, the reader as a trainer
+  runs it: groups from the heads topic (written here next to the data, as the stage's `--write-heads`
+  writes them, from the producer's delivery reports), each rank's rows fetched by offset. Bytes counted are
+  train-data's alone (the heads topic's are reported apart: `heads_bytes`).
 """
 
 from __future__ import annotations
@@ -35,11 +39,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
 import numpy as np
 
 from codec import Sample, ShapedArray, TrainSample, decode_train_sample, encode_train_sample
+from codec.group_heads import GroupHead, HeadSample, encode_group_head
+from stream.names import heads_topic
 
 GROUP = 8
 GROUPS_PER_BATCH = 4
@@ -79,7 +86,7 @@ def broker_bytes(jmx: str, topic: str, workdir: Path) -> tuple[int, int]:
     return values[0], values[1]
 
 
-def make_record(i: int, tokens: int, layers: int, topk: int, rng: np.random.Generator) -> tuple[bytes, bytes]:
+def make_train(i: int, tokens: int, layers: int, topk: int, rng: np.random.Generator) -> TrainSample:
     g, member = divmod(i, GROUP)
     response = tokens // 2
     sample = Sample(
@@ -98,7 +105,23 @@ def make_record(i: int, tokens: int, layers: int, topk: int, rng: np.random.Gene
         zero_variance=False, advantage_estimator="grpo", rewards_normalization=True,
         grpo_std_normalization=True, reward_key=None, source_topic="rollouts", source_partition=0,
         source_offset=i)
-    return f"bench/{g}".encode(), encode_train_sample(train)
+    return train
+
+
+def head_of(group: list[tuple[TrainSample, int, int, int]]) -> GroupHead:
+    """The head the stage writes for a group of (sample, partition, offset, value bytes)."""
+    first = group[0][0]
+    return GroupHead(
+        topic="", partition=group[0][1], group_key=first.group_key, rollout_count=first.group_rollout_count,
+        mean=first.group_mean, std=first.group_std, zero_variance=first.zero_variance,
+        samples=[HeadSample(offsets=[o], nbytes=n, source_topic=t.source_topic,
+                            source_partition=t.source_partition, source_offset=t.source_offset,
+                            rollout_id=t.sample.rollout_id, index=t.sample.index,
+                            tokens=len(t.sample.tokens or ()), response_length=t.sample.response_length,
+                            loss_tokens=int((t.sample.loss_mask.numpy() != 0).sum())
+                            if t.sample.loss_mask is not None else t.sample.response_length,
+                            weight_versions=list(t.sample.weight_versions), raw_reward=t.raw_reward,
+                            reward=t.reward) for t, _, o, n in group])
 
 
 def produce(bootstrap: str, topic: str, samples: int, tokens: int, layers: int, topk: int
@@ -108,18 +131,26 @@ def produce(bootstrap: str, topic: str, samples: int, tokens: int, layers: int, 
     from kafka.admin import KafkaAdminClient, NewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(topic, 3, 1, topic_configs={"max.message.bytes": str(64 << 20)})])
+    admin.create_topics([NewTopic(name, 3, 1, topic_configs={"max.message.bytes": str(64 << 20)})
+                         for name in (topic, heads_topic(topic))])
     admin.close()
     producer = KafkaProducer(bootstrap_servers=bootstrap, max_request_size=64 << 20, linger_ms=5,
                              acks="all")
     rng = np.random.default_rng(0)
     futures, total = [], 0
     for i in range(samples):
-        key, value = make_record(i, tokens, layers, topk, rng)
+        train = make_train(i, tokens, layers, topk, rng)
+        value = encode_train_sample(train)
         total += len(value)
-        futures.append((i // GROUP, producer.send(topic, key=key, value=value)))
+        futures.append((train, len(value), producer.send(topic, key=train.group_key.encode(), value=value)))
     producer.flush()
-    placed = [(g, f.get().partition, f.get().offset) for g, f in futures]
+    placed = [(i // GROUP, f.get().partition, f.get().offset) for i, (_, _, f) in enumerate(futures)]
+    for start in range(0, len(futures), GROUP):  # the heads, as the stage's --write-heads writes them
+        group = [(t, f.get().partition, f.get().offset, n) for t, n, f in futures[start:start + GROUP]]
+        head = msgspec.structs.replace(head_of(group), topic=topic)
+        producer.send(heads_topic(topic), key=head.group_key.encode(), value=encode_group_head(head),
+                      partition=head.partition)
+    producer.flush()
     producer.close()
     return total, placed
 
@@ -128,13 +159,14 @@ def produce(bootstrap: str, topic: str, samples: int, tokens: int, layers: int, 
 def child_reader(args: argparse.Namespace) -> dict[str, Any]:
     from stream.reader import TrainDataReader
 
+    fetch: Literal["all", "own"] = "own" if args.child == "own" else "all"
     groups = args.samples // GROUP
     started = time.perf_counter()
     samples = batches = 0
     with TrainDataReader(args.bootstrap_servers, args.topic, f"bench-{uuid.uuid4().hex[:8]}",
                          start="earliest", groups_per_batch=GROUPS_PER_BATCH, rank=args.rank,
                          world_size=args.world, partition_idle_ms=0, publish_progress=False,
-                         client=args.client) as reader:
+                         client=args.client, fetch=fetch) as reader:
         while batches * GROUPS_PER_BATCH < groups:
             batch = reader.next_batch(timeout=300)
             if batch is None:
@@ -227,6 +259,7 @@ def _share_confluent(args: argparse.Namespace, by_partition: dict[int, list[int]
 def run_world(args: argparse.Namespace, path: str, world: int, plan: Path, workdir: Path,
               topic_bytes: int) -> dict[str, Any]:
     before = broker_bytes(args.jmx, args.topic, workdir)[1]
+    heads_before = broker_bytes(args.jmx, heads_topic(args.topic), workdir)[1]
     # the rank processes run as this one does (`python -S` with PYTHONPATH: another checkout's code)
     procs = [subprocess.Popen(
         [sys.executable, *(["-S"] if sys.flags.no_site else []), __file__, "--child", path, "--rank", str(r),
@@ -242,9 +275,11 @@ def run_world(args: argparse.Namespace, path: str, world: int, plan: Path, workd
         results.append(json.loads(out.strip().splitlines()[-1]))
     time.sleep(1.0)  # the counter is updated as responses are sent
     fetched = broker_bytes(args.jmx, args.topic, workdir)[1] - before
+    heads = broker_bytes(args.jmx, heads_topic(args.topic), workdir)[1] - heads_before
     seconds = [r["seconds"] for r in results]
     return {
         "path": path, "world": world, "fetched_bytes": fetched, "fetched_over_topic": fetched / topic_bytes,
+        "heads_bytes": heads,
         "samples": sum(r["samples"] for r in results),
         "rank_seconds_max": max(seconds),
         # per rank: the topic's bytes it made available to its trainer (its share, or all it read) per second
@@ -262,17 +297,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--topk", type=int, default=8)
     parser.add_argument("--worlds", default="1,4,8")
-    parser.add_argument("--paths", default="all,share")
+    parser.add_argument("--paths", default="all,share,own")
     parser.add_argument("--client", default="confluent")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--child", choices=["all", "share"])
+    parser.add_argument("--child", choices=["all", "share", "own"])
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--topic", default="")
     parser.add_argument("--plan", default="")
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child_reader(args) if args.child == "all" else child_share(args)))
+        print(json.dumps(child_share(args) if args.child == "share" else child_reader(args)))
         return 0
     args.topic = f"rank-fetch-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory() as tmp:
