@@ -19,7 +19,7 @@ from core.prompts import PromptLog, SourceState
 
 __all__ = ["FOLD_VERSION", "CheckpointMismatch", "dump_fold", "load_fold"]
 
-FOLD_VERSION = 2
+FOLD_VERSION = 3
 
 
 class CheckpointMismatch(ValueError):

@@ -92,6 +92,7 @@ class Epoch:
     prompts: dict[int, PromptRecord] = field(default_factory=dict)  # every prompt handed out, by row
     final: int = 0  # prompts in a final state
     reissued: int = 0  # attempts that ended without a result and were handed out again
+    reissued_by: dict[str, int] = field(default_factory=dict)  # the same, by how the attempt ended
     # Once every prompt is final the records shrink to one state code per row and the reasons: a week of
     # epochs stays small in memory and in a checkpoint (the attempts' history goes; `late_trained` and
     # `duplicates` no longer see the epoch).
@@ -142,6 +143,7 @@ class EpochStatus:
     filtered: int
     exhausted: int
     reissued: int  # attempts that ended without a result and were handed out again
+    reissued_by: dict[str, int] = field(default_factory=dict)  # by how they ended (`AttemptEnd` values)
 
 
 def epoch_order(prompts: int, seed: int, epoch: int) -> list[int]:

@@ -268,7 +268,9 @@ class PromptLog(AdmissionLog):
         else:
             src.retry.append([epoch, prompt])
             src.reissued += 1
-            src.epochs[epoch].reissued += 1
+            e = src.epochs[epoch]
+            e.reissued += 1
+            e.reissued_by[end.value] = e.reissued_by.get(end.value, 0) + 1
 
     # ---- the exhausted prompts' dead-letter records -----------------------------------------------
     def _recorded(self, keys: list[str]) -> None:
@@ -346,10 +348,10 @@ class PromptLog(AdmissionLog):
                 counts[state] += 1
                 if state is PromptState.DEAD_LETTERED:
                     dead[reason or "?"] = dead.get(reason or "?", 0) + 1
-            reissued = ep.reissued
             out.append(EpochStatus(number, src.dataset.prompts,
                                    counts[PromptState.WAITING] + src.dataset.prompts - ep.cursor,
                                    counts[PromptState.IN_FLIGHT], counts[PromptState.TRAINED], dead,
-                                   counts[PromptState.FILTERED], counts[PromptState.EXHAUSTED], reissued))
+                                   counts[PromptState.FILTERED], counts[PromptState.EXHAUSTED], ep.reissued,
+                                   dict(sorted(ep.reissued_by.items()))))
         return out
 

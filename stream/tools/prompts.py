@@ -74,6 +74,11 @@ def prompts_report(topic: str, fold: PromptLog) -> PromptsReport:
     return PromptsReport(topic, fold.next_offset, sources)
 
 
+# how an attempt ended without a result (core.prompt_records.AttemptEnd), as the report says it
+REISSUE_WHY = {"lease": "lease ended", "incomplete": "group timed out", "skipped": "skipped by the trainer",
+               "unconsumed": "never consumed"}
+
+
 def _bar(done: int, total: int, width: int = 10) -> str:
     filled = 0 if total == 0 else round(width * done / total)
     return "█" * filled + "░" * (width - filled) + f" {0 if total == 0 else 100 * done // total:3d}%"
@@ -103,6 +108,10 @@ def render_prompts(report: PromptsReport) -> RenderableType:
             table.add_row(str(e.epoch), str(e.waiting), str(e.in_flight), str(e.trained), dead,
                           str(e.filtered), str(e.reissued), str(e.exhausted), _bar(settled, e.prompts))
         parts.append(table)
+        for e in s.epochs:
+            if e.reissued_by:
+                parts.append(Flow(f"epoch {e.epoch} re-issued after: " + ", ".join(
+                    f"{REISSUE_WHY.get(why, why)} {n}" for why, n in e.reissued_by.items())))
         if s.exhausted_unrecorded:
             parts.append(Flow(f"exhausted, dead-letter record not written yet (a live process of the source "
                               f"writes it): {escape(', '.join(s.exhausted_unrecorded[:10]))}"

@@ -357,3 +357,55 @@ def test_a_prompt_whose_attempts_are_exhausted_is_dead_lettered_once_with_its_hi
     assert result.exit_code == 0, result.output
     (toy,) = json.loads(result.output)["sources"]
     assert (toy["epochs"][0]["trained"], toy["epochs"][0]["exhausted"]) == (3, 1)
+
+
+@pytest.mark.kafka(timeout=120)
+def test_without_pacing_a_group_skipped_stale_is_re_issued_and_its_prompt_trains_later(
+        kafka_bootstrap: str) -> None:
+    """Pacing off: four groups generated at weight version 0 reach a trainer already at version 5 with a
+    staleness bound of 0. The committed batch skips them; each prompt is handed out again, trains in a later
+    batch, and the log counts the re-issues by why (`skipped`)."""
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="stale")
+    trainer = f"trainer-{topics.input}"
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    rows = [{"prompt": f"q{i}"} for i in range(6)]
+
+    def versioned(version: int) -> list[Sample]:
+        return [Sample(group_index=0, index=i, rollout_id=i, reward=float(i), weight_versions=[str(version)])
+                for i in range(2)]
+
+    with running_worker(config):
+        main = PromptSource(kafka_bootstrap, rows, name="toy", trainer_group_id=trainer, topic=topics.input,
+                            train_data_topic=topics.output, producer_id=f"rollout-0-{topics.input}", epochs=1)
+        reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=2,
+                                 max_weight_staleness=0, start="earliest")
+        try:
+            reader.set_weight_version(5)
+            old = [main.take(weight_version=0, timeout=30) for _ in range(4)]
+            for lease in old:
+                main.publish(lease, versioned(0))
+            fresh = [main.take(weight_version=5, timeout=30) for _ in range(2)]
+            for lease in fresh:
+                main.publish(lease, versioned(5))
+            first = reader.next_batch(timeout=30)
+            assert first is not None and first.skipped_stale == 4
+            assert sorted(g.key for g in first.groups) == sorted(str(x.key) for x in fresh)
+            reader.commit()
+            again = [main.take(weight_version=5, timeout=30) for _ in range(4)]  # the skipped ones, again
+            assert sorted((x.key.prompt, x.key.attempt) for x in again) == sorted(
+                (x.key.prompt, 2) for x in old)
+            for lease in again:
+                main.publish(lease, versioned(5))
+            trained = []
+            for _ in range(2):
+                batch = reader.next_batch(timeout=30)
+                assert batch is not None and batch.skipped_stale == 0
+                trained += [g.key for g in batch.groups]
+                reader.commit()
+            assert sorted(trained) == sorted(str(x.key) for x in again)
+            wait_until(lambda: [(s.trained, s.reissued, s.reissued_by) for s in main.status()]
+                       == [(6, 4, {"skipped": 4})], timeout=30, what="six trained, four re-issued after a skip")
+        finally:
+            main.close()
+            reader.close()

@@ -205,6 +205,9 @@ def test_the_status_table_and_one_prompt_s_attempts_render() -> None:
     text = console.export_text()
     assert f"source {SOURCE}: 3 prompts, 2 epoch(s)" in text
     assert "shared_reward_violation 1" in text
+    assert "epoch 0 re-issued after: lease ended 1" in text
+    assert prompts_report("td.admission", w.fold).to_json()["sources"][0]["epochs"][0]["reissued_by"] == {
+        "lease": 1}
     row = epoch_order(3, 7, 0)[0]
     rec = w.fold.prompt(SOURCE, 0, row)
     assert rec is not None
