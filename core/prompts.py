@@ -327,6 +327,17 @@ class PromptLog(AdmissionLog):
         rec = self.sources[name].epochs[epoch].prompts[prompt]
         return AttemptKey(name, epoch, rec.attempts[-1].number, prompt)
 
+    def ended_attempt(self, request: int) -> AttemptKey | None:
+        """The attempt `request` carried, if it has ended already: its producer's lease ended between the
+        admission and the producer reading it (a process paused inside a take). None: no such attempt."""
+        for name, src in self.sources.items():
+            for number, ep in enumerate(src.epochs):
+                for row, rec in ep.prompts.items():
+                    for attempt in rec.attempts:
+                        if attempt.request == request and attempt.ended is not None:
+                            return AttemptKey(name, number, attempt.number, row)
+        return None
+
     def trained(self, source: str) -> set[PromptId]:
         """Every trained prompt of `source`: what a resuming reader's fence starts from."""
         src = self.sources.get(source)

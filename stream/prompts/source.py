@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -131,18 +132,24 @@ class PromptSource:
             try:
                 admission = self.gate.admit(int(weight_version), FINISHED_CHECK_S if left is None
                                             else min(left, FINISHED_CHECK_S))
-                break
             except PacingTimeout:
                 if self.finished():
                     continue
                 if left is not None and left <= FINISHED_CHECK_S:
                     raise
-        assert admission.request is not None
-        request = admission.request
-        key = self.gate.follower.read(lambda f: f.attempt_of(request) if isinstance(f, PromptLog) else None)
-        if key is None:
-            raise RuntimeFailure(f"request {request} was admitted without a prompt of {self.name!r} "
-                                 f"(is another fold version writing to the log?)")
+                continue
+            assert admission.request is not None
+            request = admission.request
+            key, ended = self.gate.follower.read(partial(_attempt, request=request))
+            if key is not None:
+                break
+            if ended is None:
+                raise RuntimeFailure(f"request {request} was admitted without a prompt of {self.name!r} "
+                                     f"(is another fold version writing to the log?)")
+            # this process paused inside the take past its lease: the prompt is waiting again, take anew
+            self.gate.give_back(request)
+            log_event(log, "prompt.take_lapsed", logging.WARNING, source=self.name, attempt=str(ended),
+                      request=request)
         self._checkpoint_if_due()
         return PromptLease(key, request, self.rows[key.prompt])
 
@@ -214,6 +221,14 @@ class PromptSource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _attempt(fold: Any, request: int) -> tuple[AttemptKey | None, AttemptKey | None]:
+    """The live attempt an admitted request carries, else the attempt it carried if that has ended."""
+    if not isinstance(fold, PromptLog):
+        return None, None
+    key = fold.attempt_of(request)
+    return key, None if key is not None else fold.ended_attempt(request)
 
 
 def _declared(fold: Any, name: str) -> Dataset | None:

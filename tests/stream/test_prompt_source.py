@@ -84,6 +84,35 @@ def test_a_lease_given_back_is_handed_out_next_and_cannot_be_published() -> None
         a.close()
 
 
+def test_a_take_whose_attempt_ended_before_it_was_read_takes_again(monkeypatch, caplog) -> None:
+    """A process paused inside a take past its lease: the log admitted its request and then ended the attempt
+    (the prompt is waiting again) before the take read it. The take says so and takes anew."""
+    import logging
+    import time
+
+    from core.pacing import Admission
+
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster)
+    try:
+        first = a.take(timeout=5)
+        a.give_back(first)  # the attempt ends, as a lapsed lease ends it
+        deadline = time.monotonic() + 5
+        while a.gate.follower.read(lambda f: f.attempt_of(first.request)) is not None:
+            assert time.monotonic() < deadline, "the give-back was not folded"
+            time.sleep(0.01)
+        admit = a.gate.admit
+        answers = iter([Admission(None, 0, None, first.request)])
+        monkeypatch.setattr(a.gate, "admit", lambda *args: next(answers, None) or admit(*args))
+        caplog.set_level(logging.WARNING, logger="rollout_stream.prompts")
+        again = a.take(timeout=5)
+        assert (again.key.prompt, again.key.attempt) == (first.key.prompt, 2)
+        assert [getattr(r, "event", None) for r in caplog.records] == ["prompt.take_lapsed"]
+    finally:
+        a.close()
+
+
 def test_a_process_over_other_rows_under_the_same_name_is_refused() -> None:
     cluster = MemoryCluster()
     cluster.create_topic("rollouts", 1)
