@@ -62,10 +62,10 @@ IN_FLIGHT = 8  # prompts a rollout process holds at once
 SHORT_S = 0.04  # a short prompt's rollout time; a long one's is LONG_FACTOR times it
 LONG_FACTOR = 5
 LONG_SHARE = 0.2
-GROUPS_PER_BATCH = 16
+GROUPS_PER_BATCH = 32
 STEP_S = 0.03
-STALENESS = 2
-MAX_UNCONSUMED = 3 * GROUPS_PER_BATCH
+STALENESS = 4
+MAX_UNCONSUMED = 8 * GROUPS_PER_BATCH
 EPOCHS = 1.5
 FREEZE_S = 7.0  # past the 3 s lease and its margin
 # when each fault happens, as a fraction of the trained groups the run aims at
@@ -96,11 +96,13 @@ def rollout_main(a: argparse.Namespace) -> int:
     from stream.prompts import PromptSource, SourceFinished
 
     rundir = Path(a.rundir)
-    pacing = ({} if a.pacing == "off" else
-              {"max_policy_lag": STALENESS, "max_unconsumed_groups": MAX_UNCONSUMED})
-    source = PromptSource(a.bootstrap, rundir / "prompts.jsonl", name=SOURCE, trainer_group_id=a.trainer_group,
+    paced = a.pacing == "on"
+    source = PromptSource(a.bootstrap, rundir / "prompts.jsonl", name=SOURCE,
+                          trainer_group_id=a.trainer_group,
                           topic=a.input_topic, train_data_topic=a.output_topic, epochs=2, seed=a.seed,
-                          producer_id=a.producer_id, dead_letter_topic=a.dlq_topic, **pacing)
+                          producer_id=a.producer_id, dead_letter_topic=a.dlq_topic,
+                          max_policy_lag=STALENESS if paced else None,
+                          max_unconsumed_groups=MAX_UNCONSUMED if paced else None)
     (rundir / f"ready-{a.producer_id}").touch()
     out = Counter[str]()
     inflight: list[tuple[float, int, Any, int]] = []  # (due, tie, lease, weight version)
@@ -164,7 +166,7 @@ def barrier(rundir: Path, incarnation: int, index: int, rank: int, hard_deadline
 
 
 def trainer_main(a: argparse.Namespace) -> int:
-    """One rank: read batches, train (sleep), write down what it trained, agree with the other rank, commit."""
+    """One rank: read batches, train (sleep), write down what it trained, wait for the other rank, commit."""
     arm_deadline(a.hard_deadline)
     from stream.clients import Connection
     from stream.prompts import prompt_fence
@@ -277,9 +279,11 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
 
     stage_cmd = [CLI, "run", "--bootstrap-servers", bootstrap, "--input-topic", names["input"],
                  "--output-topic", names["output"], "--dead-letter-topic", names["dlq"], "--group-id",
-                 f"lp-{tag}", "--group-timeout", "10", "--log-level", "warning", "--progress-interval", "3600"]
+                 f"lp-{tag}", "--group-timeout", "10", "--log-level", "warning",
+                 "--progress-interval", "3600"]
     common = ["--rundir", str(rundir), "--bootstrap", bootstrap, "--input-topic", names["input"],
-              "--output-topic", names["output"], "--dlq-topic", names["dlq"], "--trainer-group", f"lp-{tag}-trainer",
+              "--output-topic", names["output"], "--dlq-topic", names["dlq"],
+              "--trainer-group", f"lp-{tag}-trainer",
               "--hard-deadline", str(hard_deadline), "--seed", str(seed), "--pacing", a.pacing]
     me = str(Path(__file__).resolve())
     rollout_ids = [f"lp-{tag}-r{i}" for i in range(a.rollout_processes)]
@@ -302,11 +306,13 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
                 if p.poll() is not None and not name.startswith(("dead-", "done-")):
                     raise RuntimeError(f"{name} exited rc {p.returncode}; see {rundir}/{name}.log")
             if time.time() > hard_deadline:
-                raise TimeoutError(f"{trained_groups(rundir)} of {target_groups} groups trained at the deadline")
+                raise TimeoutError(f"{trained_groups(rundir)} of {target_groups} groups trained at the "
+                                   f"deadline")
             time.sleep(0.05)
 
     def event(name: str) -> None:
-        result["events"][name] = {"s": round(time.time() - started, 2), "trained_groups": trained_groups(rundir)}
+        result["events"][name] = {"s": round(time.time() - started, 2),
+                                  "trained_groups": trained_groups(rundir)}
 
     def retire(name: str, why: str) -> None:
         procs[f"{why}-{name}-{len(procs)}"] = procs.pop(name)
@@ -437,7 +443,8 @@ def verdict(rundir: Path, bootstrap: str, names: dict[str, str], long: set[int],
                 trained_in[parsed.prompt].add(index)
     twice = {p: sorted(b) for p, b in trained_in.items() if len(b) > 1}
     if twice:
-        problems.append(f"{len(twice)} prompt(s) trained in more than one batch: {dict(list(twice.items())[:5])}")
+        problems.append(f"{len(twice)} prompt(s) trained in more than one batch: "
+                        f"{dict(list(twice.items())[:5])}")
     # the log's side
     _, fold = fold_admission_log(Connection(bootstrap, client=client), names["output"])
     assert fold is not None
@@ -462,11 +469,21 @@ def verdict(rundir: Path, bootstrap: str, names: dict[str, str], long: set[int],
                  "--client", client, "--limit", "0", "--json"], rundir / "commands.txt")
     dead = [json.loads(line) for line in listed.splitlines() if line.strip()]
     by_reason = Counter(r["reason"] for r in dead)
-    exhausted_records = Counter(r["key"] for r in dead if r["reason"] == "prompt_attempts_exhausted")
-    not_trained = {p: (states[p].value, reasons[p]) for p in range(prompts) if states[p] is not PromptState.TRAINED}
-    for p, (state, reason) in not_trained.items():
-        if state == "exhausted" and exhausted_records[f"{SOURCE}@0/{p}"] != 1:
-            problems.append(f"exhausted prompt {p} has {exhausted_records[f'{SOURCE}@0/{p}']} dead-letter records")
+    exhausted_records: Counter[str] = Counter()
+    for r in dead:
+        parsed = parse_attempt_key(r["group_key"] or "")
+        if r["reason"] == "prompt_attempts_exhausted" and parsed is not None:
+            exhausted_records[f"{parsed.source}@{parsed.epoch}/{parsed.prompt}"] += 1
+    trained_keys = {key for groups in by_index.values() for key in groups}
+    both = sorted(r["group_key"] for r in dead if r["group_key"] in trained_keys)
+    if both:
+        problems.append(f"group(s) both dead-lettered and trained: {both[:10]}")
+    not_trained = {p: (states[p].value, reasons[p]) for p in range(prompts)
+                   if states[p] is not PromptState.TRAINED}
+    for p, (state, _) in not_trained.items():
+        records = exhausted_records[f"{SOURCE}@0/{p}"]
+        if state == "exhausted" and records != 1:
+            problems.append(f"exhausted prompt {p} has {records} dead-letter records")
     short = set(range(prompts)) - long
     share_long = len(log_trained & long) / len(long)
     share_short = len(log_trained & short) / len(short)
@@ -475,11 +492,13 @@ def verdict(rundir: Path, bootstrap: str, names: dict[str, str], long: set[int],
     status = fold.status(SOURCE)
     return {
         "ok": not problems, "problems": problems,
-        "epoch0": {"trained": len(log_trained), "not_trained": Counter(f"{s}:{r}" for s, r in not_trained.values()),
+        "epoch0": {"trained": len(log_trained),
+                   "not_trained": Counter(f"{s}:{r}" for s, r in not_trained.values()),
                    "reissued": status[0].reissued, "reissued_by": getattr(status[0], "reissued_by", None)},
         "trained_share": {"long": round(share_long, 4), "short": round(share_short, 4)},
         "batches": len(by_index), "batches_trained_twice": replayed, "skipped_stale": stale,
         "skipped_superseded": superseded, "dead_letters": dict(by_reason),
+        "dead_letter_groups": sorted(f"{r['reason']} {r['group_key']}" for r in dead)[:20],
         "epochs": [{"epoch": s.epoch, "trained": s.trained, "in_flight": s.in_flight, "waiting": s.waiting,
                     "reissued": s.reissued} for s in status],
     }
@@ -500,9 +519,9 @@ def orchestrate(a: argparse.Namespace) -> int:
             with (out / "results.jsonl").open("a") as f:
                 f.write(json.dumps(r) + "\n")
             failed += not r.get("ok")
-            print(json.dumps({k: r.get(k) for k in ("label", "ok", "run_s", "error", "problems", "epoch0",
-                                                    "trained_share", "batches_trained_twice", "skipped_stale",
-                                                    "skipped_superseded", "dead_letters", "events")}), flush=True)
+            shown = ("label", "ok", "run_s", "error", "problems", "epoch0", "trained_share",
+                     "batches_trained_twice", "skipped_stale", "skipped_superseded", "dead_letters", "events")
+            print(json.dumps({k: r.get(k) for k in shown}), flush=True)
     finally:
         if not a.bootstrap and not a.keep_broker:
             sh([CLI, "broker", "stop", "--data-dir", DATA_DIR], out / "logs" / "broker.txt")
