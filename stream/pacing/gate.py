@@ -380,7 +380,10 @@ class AdmissionGate:
             waiting=self._waiting, wait_s=round(self.stats.wait_s, 3), updated_ms=now_ms())
 
     def close(self) -> None:
-        """Release what this producer holds: its sent groups still count until the trainer consumes them."""
+        """Release what this producer holds: its sent groups still count until the trainer consumes them.
+        A second close does nothing."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._renewer.join(timeout=5)
         try:

@@ -433,3 +433,14 @@ def test_a_missing_dead_letter_topic_leaves_the_exhausted_prompt_listed_until_it
         assert a.exhausted.write() == 1 and len(cluster.records("rollouts-dlq")) == 1
     finally:
         a.close()
+
+
+def test_closing_a_source_twice_is_closing_it_once() -> None:
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster)
+    a.take(timeout=5)
+    a.close()
+    released = len(cluster.records(LOG))
+    a.close()
+    assert len(cluster.records(LOG)) == released
