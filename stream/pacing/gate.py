@@ -117,6 +117,9 @@ class AdmissionGate:
         ensure_admission_topic(conn, admission_topic, client)
         self._lock = threading.RLock()
         self._tickets: deque[int] = deque()  # admitted requests no group has taken yet, oldest first
+        # tickets dropped when the lease ran out (by this producer's clock): the groups that would have
+        # taken them are refused
+        self._lapsed: deque[int] = deque(maxlen=10_000)
         self._keys: dict[str, int] = {}  # the request each group key took (the newest 10,000)
         self._bound: dict[str, int] = {}  # group keys told which admission they take (`bind`)
         self._sending: dict[str, _Group] = {}  # groups named in the log and not yet Delivered
@@ -140,7 +143,18 @@ class AdmissionGate:
     def _renewed(self, sent_at: float, future: SendFuture, timeout: float = 10.0) -> None:
         future.get(timeout)
         with self._lock:
+            lapsed = list(self._tickets) if sent_at >= self._valid_until else []
+            if lapsed:
+                # The lease ran out by this producer's clock before this renewal (the process was paused):
+                # the log may have handed these admissions' prompts out again, and a renewal must not make
+                # them good. A group that would have taken one is refused (AdmissionRevoked) instead.
+                self._tickets.clear()
+                self._lapsed.extend(lapsed)
             self._valid_until = max(self._valid_until, sent_at + SUSPECT_MS / 1000 - LEASE_MARGIN_S)
+        if lapsed:
+            log_event(log, "admission.lapsed", logging.WARNING, topic=self.admission_topic,
+                      admissions=len(lapsed), producer=self.producer_id)
+            self._writer.send(Release(**self._me, requests=lapsed))
 
     def _renew(self) -> None:
         """Renew the lease every RENEW_S; between renewals, say which groups are whole at the stage."""
@@ -192,10 +206,17 @@ class AdmissionGate:
             bound = self._bound.pop(name, None)
             if bound is not None:  # a prompt's group takes its own admission, never another's
                 if bound not in self._tickets:
+                    if bound in self._lapsed:
+                        self._lapsed.remove(bound)
                     raise AdmissionRevoked(f"group {name!r} was bound to admission {bound}, which this "
                                            f"producer no longer holds (sent, given back or lapsed)")
                 self._tickets.remove(bound)
                 self._tickets.appendleft(bound)
+            if not self._tickets and self._lapsed:
+                request = self._lapsed.popleft()
+                raise AdmissionRevoked(
+                    f"the admission of group {name!r} (request {request}) lapsed: this producer's lease on "
+                    f"{self.admission_topic} ran out before it was renewed; admit the group again")
             if not self._tickets:
                 self.stats.unpaced_groups += 1  # sent without admit(): the log does not count it
                 self._keys[name] = -1
@@ -247,6 +268,8 @@ class AdmissionGate:
     def give_back(self, request: int) -> None:
         """An admission this producer will not use: its place (and a prompt it carries) goes back now."""
         with self._lock:
+            if request in self._lapsed:
+                self._lapsed.remove(request)
             if request not in self._tickets:
                 return
             self._tickets.remove(request)

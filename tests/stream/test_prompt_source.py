@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from codec import Sample
-from codec.admission import Checkpoint, Dataset, Delivered, Resolved, Sent, decode_admission
+from codec.admission import Checkpoint, Dataset, Delivered, Release, Renew, Resolved, Sent, decode_admission
 from core.prompt_keys import parse_attempt_key
 from core.prompts import PromptLog, epoch_order
 from stream.clients import Connection
@@ -444,3 +444,34 @@ def test_closing_a_source_twice_is_closing_it_once() -> None:
     released = len(cluster.records(LOG))
     a.close()
     assert len(cluster.records(LOG)) == released
+
+
+def test_a_lease_renewed_after_it_ran_out_does_not_make_the_held_prompts_good_again(caplog) -> None:
+    """A process paused past its lease: the renewal thread may renew before the main thread publishes. The
+    prompts it held may be out again by then, so the renewal drops them (a Release) and their groups are
+    refused, never sent."""
+    import logging
+    import time
+
+    cluster = MemoryCluster()
+    cluster.create_topic("rollouts", 1)
+    a = source(cluster)
+    try:
+        held = [a.take(timeout=5) for _ in range(2)]
+        caplog.set_level(logging.WARNING, logger="rollout_stream.pacing")
+        with a.gate.sending():  # as the renewal thread after a pause: sent once the lease ran out
+            a.gate._valid_until = time.monotonic() - 1.0
+        a.gate._renewed(time.monotonic(), a.gate._writer.send(Renew(producer=a.gate.producer_id,
+                                                                     session=a.gate.session)))
+        for lease in held:
+            with pytest.raises(AdmissionRevoked, match="no longer holds"):
+                a.publish(lease, group())
+        assert not any(isinstance(r, Sent) for r in log(cluster))
+        released = [r for r in log(cluster) if isinstance(r, Release) and r.requests]
+        assert [sorted(r.requests or []) for r in released] == [sorted(x.request for x in held)]
+        again = [a.take(timeout=5) for _ in range(2)]  # their prompts come back first
+        assert sorted((x.key.prompt, x.key.attempt) for x in again) == sorted(
+            (x.key.prompt, 2) for x in held)
+        assert [getattr(r, "event", None) for r in caplog.records] == ["admission.lapsed"]
+    finally:
+        a.close()

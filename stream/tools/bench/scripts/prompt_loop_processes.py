@@ -69,7 +69,7 @@ MAX_UNCONSUMED = 8 * GROUPS_PER_BATCH
 EPOCHS = 1.5
 FREEZE_S = 7.0  # past the 3 s lease and its margin
 # when each fault happens, as a fraction of the trained groups the run aims at
-KILL_ROLLOUT_AT, FREEZE_AT, KILL_STAGE_AT, KILL_TRAINER_AT = 0.10, 0.22, 0.36, 0.55
+KILL_ROLLOUT_AT, FREEZE_AT, KILL_STAGE_AT, KILL_TRAINER_AT = 0.10, 0.18, 0.45, 0.65
 
 
 # ---- the children ------------------------------------------------------------------------------------
@@ -195,11 +195,11 @@ def trainer_main(a: argparse.Namespace) -> int:
             time.sleep(STEP_S)
             version = batch.index + 1
             reader.set_weight_version(version)
-            if a.rank == 0:
-                (rundir / "version.tmp").write_text(str(version))
-                os.replace(rundir / "version.tmp", rundir / "version")
             barrier(rundir, a.incarnation, batch.index, a.rank, a.hard_deadline)
             reader.commit()
+            if a.rank == 0:  # the weights the rollout processes load; a restarted trainer goes on from them
+                (rundir / "version.tmp").write_text(str(version))
+                os.replace(rundir / "version.tmp", rundir / "version")
             if batch.index + 1 >= a.batches:
                 break
         (rundir / f"stats-trainer{a.rank}-{a.incarnation}.json").write_text(json.dumps(vars(reader.stats)))
