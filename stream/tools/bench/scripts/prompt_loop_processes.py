@@ -369,6 +369,10 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
         for i in range(a.rollout_processes):
             procs[f"rollout{i}"].wait(timeout=60)
         result["load_after"] = os.getloadavg()[0]
+        rollouts: Counter[str] = Counter()
+        for path in rundir.glob("result-*.json"):
+            rollouts.update(json.loads(path.read_text()))
+        result["rollouts"] = dict(rollouts)  # over every process, killed ones' up to their last exit
         result.update(verdict(rundir, bootstrap, names, long, a.prompts, a.client))
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -519,7 +523,7 @@ def orchestrate(a: argparse.Namespace) -> int:
             with (out / "results.jsonl").open("a") as f:
                 f.write(json.dumps(r) + "\n")
             failed += not r.get("ok")
-            shown = ("label", "ok", "run_s", "error", "problems", "epoch0", "trained_share",
+            shown = ("label", "ok", "run_s", "error", "problems", "epoch0", "trained_share", "rollouts",
                      "batches_trained_twice", "skipped_stale", "skipped_superseded", "dead_letters", "events")
             print(json.dumps({k: r.get(k) for k in shown}), flush=True)
     finally:
