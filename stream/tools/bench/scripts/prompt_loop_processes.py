@@ -439,12 +439,15 @@ def verdict(rundir: Path, bootstrap: str, names: dict[str, str], long: set[int],
         if sorted(rows) != sorted((g, r) for g in groups for r in range(ROLLOUTS)):
             problems.append(f"batch {index}: the ranks' samples are not the batch's groups, each once")
     trained_in: dict[int, set[int]] = defaultdict(set)  # epoch-0 prompt -> batch indices that trained it
+    first_try = set()  # epoch-0 prompts whose first attempt trained: what would train without re-issue
     for index, groups in by_index.items():
         for key in groups:
             parsed = parse_attempt_key(key)
             assert parsed is not None, key
             if parsed.epoch == 0:
                 trained_in[parsed.prompt].add(index)
+                if parsed.attempt == 1:
+                    first_try.add(parsed.prompt)
     twice = {p: sorted(b) for p, b in trained_in.items() if len(b) > 1}
     if twice:
         problems.append(f"{len(twice)} prompt(s) trained in more than one batch: "
@@ -500,6 +503,9 @@ def verdict(rundir: Path, bootstrap: str, names: dict[str, str], long: set[int],
                    "not_trained": Counter(f"{s}:{r}" for s, r in not_trained.values()),
                    "reissued": status[0].reissued, "reissued_by": getattr(status[0], "reissued_by", None)},
         "trained_share": {"long": round(share_long, 4), "short": round(share_short, 4)},
+        # the same had nothing been handed out again: the prompts in flight at a crash are the long ones
+        "first_attempt_share": {"long": round(len(first_try & long) / len(long), 4),
+                                "short": round(len(first_try & short) / len(short), 4)},
         "batches": len(by_index), "batches_trained_twice": replayed, "skipped_stale": stale,
         "skipped_superseded": superseded, "dead_letters": dict(by_reason),
         "dead_letter_groups": sorted(f"{r['reason']} {r['group_key']}" for r in dead)[:20],
