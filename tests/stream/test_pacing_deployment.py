@@ -2,8 +2,10 @@
 a worker and a trainer process, every producer bursting at the same instants, one producer killed in the
 middle of a group, the trainer killed -9 and restarted on its committed step (docs/pacing.md).
 
-One run per client here; `stream/tools/bench/scripts/pacing_processes.py` runs the same with
-`--runs` repeated for the ten-run acceptance and the figures in docs/pacing.md.
+One run in `make test`, on the first client: the rule shown sits above the Kafka seam, and the paced
+producers of test_prompt_deployment.py run on both clients there; the other client's run is in the long
+tier. `stream/tools/bench/scripts/pacing_processes.py` runs the same with `--runs` repeated for the ten-run
+acceptance and the figures in docs/pacing.md.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.kafka(timeout=300)]
+pytestmark = [pytest.mark.kafka(timeout=300), pytest.mark.any_client]
 
 HARNESS = Path(__file__).resolve().parents[2] / "stream/tools/bench/scripts/pacing_processes.py"
 DURATION_S = 30
