@@ -828,6 +828,13 @@ class TrainDataReader:
             self._heads.pop(id(group), None)
         index = self._next_index if self._next_index is not None else 0
         self._next_index = index + 1
+        stale = [g for (g, _), v in zip(items, verdicts, strict=False) if v == "stale"]
+        if stale:  # one line a batch: which groups its version bound left out, and how old they were
+            log_event(log, "batch.skipped_stale", batch=index, groups=len(stale),
+                      oldest_version=min(g.oldest_version for g in stale if g.oldest_version is not None),
+                      newest_version=max(g.oldest_version for g in stale if g.oldest_version is not None),
+                      weight_version=self.weight_version, max_weight_staleness=self.max_weight_staleness,
+                      first=",".join(g.key for g in stale[:5]))
         batch = Batch(
             index=index, rank=self.rank, world_size=self.world_size, samples=mine,
             groups=[group_info(g) for g in plan.groups],

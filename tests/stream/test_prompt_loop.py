@@ -4,6 +4,7 @@ goes away gives it back, and every prompt of the epoch trains once (docs/loop.md
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -362,7 +363,7 @@ def test_a_prompt_whose_attempts_are_exhausted_is_dead_lettered_once_with_its_hi
 @pytest.mark.kafka(timeout=120)
 @pytest.mark.any_client
 def test_without_pacing_a_group_skipped_stale_is_re_issued_and_its_prompt_trains_later(
-        kafka_bootstrap: str) -> None:
+        kafka_bootstrap: str, caplog: pytest.LogCaptureFixture) -> None:
     """Pacing off: four groups generated at weight version 0 reach a trainer already at version 5 with a
     staleness bound of 0. The committed batch skips them; each prompt is handed out again, trains in a later
     batch, and the log counts the re-issues by why (`skipped`)."""
@@ -389,8 +390,12 @@ def test_without_pacing_a_group_skipped_stale_is_re_issued_and_its_prompt_trains
             fresh = [main.take(weight_version=5, timeout=30) for _ in range(2)]
             for lease in fresh:
                 main.publish(lease, versioned(5))
+            caplog.set_level(logging.INFO, logger="rollout_stream.reader")
             first = reader.next_batch(timeout=30)
             assert first is not None and first.skipped_stale == 4
+            [line] = [r for r in caplog.records if getattr(r, "event", None) == "batch.skipped_stale"]
+            assert {k: line.fields[k] for k in ("groups", "oldest_version", "weight_version")} == {  # type: ignore[attr-defined]
+                "groups": 4, "oldest_version": 0, "weight_version": 5}
             assert sorted(g.key for g in first.groups) == sorted(str(x.key) for x in fresh)
             reader.commit()
             again = [main.take(weight_version=5, timeout=30) for _ in range(4)]  # the skipped ones, again

@@ -168,9 +168,15 @@ def barrier(rundir: Path, incarnation: int, index: int, rank: int, hard_deadline
 def trainer_main(a: argparse.Namespace) -> int:
     """One rank: read batches, train (sleep), write down what it trained, wait for the other rank, commit."""
     arm_deadline(a.hard_deadline)
+    import logging
+
     from stream.clients import Connection
+    from stream.logs import configure_logging
     from stream.prompts import prompt_fence
     from stream.reader import TrainDataReader
+
+    configure_logging(level="warning")
+    logging.getLogger("rollout_stream.reader").setLevel(logging.INFO)  # its resume and stale skips
 
     rundir = Path(a.rundir)
     (rundir / "barrier").mkdir(exist_ok=True)
