@@ -141,20 +141,32 @@ class AdmissionGate:
 
     # ---- the lease -------------------------------------------------------------------------------
     def _renewed(self, sent_at: float, future: SendFuture, timeout: float = 10.0) -> None:
-        future.get(timeout)
+        offset = future.get(timeout).offset
         with self._lock:
-            lapsed = list(self._tickets) if sent_at >= self._valid_until else []
-            if lapsed:
-                # The lease ran out by this producer's clock before this renewal (the process was paused):
-                # the log may have handed these admissions' prompts out again, and a renewal must not make
-                # them good. A group that would have taken one is refused (AdmissionRevoked) instead.
-                self._tickets.clear()
-                self._lapsed.extend(lapsed)
+            late = sent_at >= self._valid_until and bool(self._tickets)
             self._valid_until = max(self._valid_until, sent_at + SUSPECT_MS / 1000 - LEASE_MARGIN_S)
+        if late:
+            self._drop_lapsed(offset)
+
+    def _drop_lapsed(self, renewal: int) -> None:
+        """This renewal came after the lease ran out by this producer's clock (the process was paused, or
+        starved): the log may have ended admissions it holds, and handed their prompts out again. A renewal
+        must not make those good: once the log has folded it, the admissions the log no longer holds are
+        dropped, and a group that would have taken one is refused (AdmissionRevoked). The log decides, so a
+        renewal that was merely late keeps them all."""
+        if not self._follower.wait_folded(renewal, RENEW_S * 2):
+            return  # the next late renewal looks again; a send checks its own clock meanwhile
+        with self._lock:
+            asked = list(self._tickets)
+        held = self._follower.read(lambda fold: {r for r in asked if _still_held(fold, r, self.session)})
+        with self._lock:
+            lapsed = [r for r in self._tickets if r in asked and r not in held]
+            for request in lapsed:
+                self._tickets.remove(request)
+                self._lapsed.append(request)
         if lapsed:
             log_event(log, "admission.lapsed", logging.WARNING, topic=self.admission_topic,
                       admissions=len(lapsed), producer=self.producer_id)
-            self._writer.send(Release(**self._me, requests=lapsed))
 
     def _renew(self) -> None:
         """Renew the lease every RENEW_S; between renewals, say which groups are whole at the stage."""
@@ -421,3 +433,8 @@ class AdmissionGate:
             self._progress.close()
             self._writer.close()
             self._follower.close()
+
+
+def _still_held(fold: AdmissionLog, request: int, session: str) -> bool:
+    group = fold.groups.get(request)
+    return group is not None and group.session == session and group.revoked_ms is None

@@ -180,8 +180,13 @@ def trainer_main(a: argparse.Namespace) -> int:
 
     rundir = Path(a.rundir)
     (rundir / "barrier").mkdir(exist_ok=True)
+    # partition_idle_ms=None: the ranks' one order of groups depends on the records alone, never on when a
+    # rank fetched them (docs/reader.md). With the default, that holds while a record is readable within
+    # 500 ms of its timestamp, which a stage starved of CPU by this many processes on two cores can miss;
+    # every partition has traffic here, so nothing waits on an idle one.
     reader = TrainDataReader(a.bootstrap, a.output_topic, a.trainer_group, groups_per_batch=GROUPS_PER_BATCH,
                              rank=a.rank, world_size=2, max_weight_staleness=STALENESS,
+                             partition_idle_ms=None,
                              fence=prompt_fence(Connection(a.bootstrap), a.output_topic))
     version = read_version(rundir)
     reader.set_weight_version(version)
