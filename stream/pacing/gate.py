@@ -120,6 +120,7 @@ class AdmissionGate:
         # tickets dropped when the lease ran out (by this producer's clock): the groups that would have
         # taken them are refused
         self._lapsed: deque[int] = deque(maxlen=10_000)
+        self._unchecked = False  # a late renewal whose fold was not reached yet: the next one checks
         self._keys: dict[str, int] = {}  # the request each group key took (the newest 10,000)
         self._bound: dict[str, int] = {}  # group keys told which admission they take (`bind`)
         self._sending: dict[str, _Group] = {}  # groups named in the log and not yet Delivered
@@ -143,7 +144,7 @@ class AdmissionGate:
     def _renewed(self, sent_at: float, future: SendFuture, timeout: float = 10.0) -> None:
         offset = future.get(timeout).offset
         with self._lock:
-            late = sent_at >= self._valid_until and bool(self._tickets)
+            late = (sent_at >= self._valid_until or self._unchecked) and bool(self._tickets)
             self._valid_until = max(self._valid_until, sent_at + SUSPECT_MS / 1000 - LEASE_MARGIN_S)
         if late:
             self._drop_lapsed(offset)
@@ -155,7 +156,9 @@ class AdmissionGate:
         dropped, and a group that would have taken one is refused (AdmissionRevoked). The log decides, so a
         renewal that was merely late keeps them all."""
         if not self._follower.wait_folded(renewal, RENEW_S * 2):
-            return  # the next late renewal looks again; a send checks its own clock meanwhile
+            self._unchecked = True  # the fold is catching up after the pause: the next renewal looks again
+            return
+        self._unchecked = False
         with self._lock:
             asked = list(self._tickets)
         held = self._follower.read(lambda fold: {r for r in asked if _still_held(fold, r, self.session)})
