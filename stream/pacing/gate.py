@@ -120,7 +120,6 @@ class AdmissionGate:
         # tickets dropped when the lease ran out (by this producer's clock): the groups that would have
         # taken them are refused
         self._lapsed: deque[int] = deque(maxlen=10_000)
-        self._unchecked = False  # a late renewal whose fold was not reached yet: the next one checks
         self._keys: dict[str, int] = {}  # the request each group key took (the newest 10,000)
         self._bound: dict[str, int] = {}  # group keys told which admission they take (`bind`)
         self._sending: dict[str, _Group] = {}  # groups named in the log and not yet Delivered
@@ -144,21 +143,22 @@ class AdmissionGate:
     def _renewed(self, sent_at: float, future: SendFuture, timeout: float = 10.0) -> None:
         offset = future.get(timeout).offset
         with self._lock:
-            late = (sent_at >= self._valid_until or self._unchecked) and bool(self._tickets)
+            late = sent_at >= self._valid_until and bool(self._tickets)
+        # a late renewal makes the lease good again only once the log has said which admissions it kept:
+        # until then a send still finds the lease run out
+        if late and not self._drop_lapsed(offset):
+            return
+        with self._lock:
             self._valid_until = max(self._valid_until, sent_at + SUSPECT_MS / 1000 - LEASE_MARGIN_S)
-        if late:
-            self._drop_lapsed(offset)
 
-    def _drop_lapsed(self, renewal: int) -> None:
+    def _drop_lapsed(self, renewal: int) -> bool:
         """This renewal came after the lease ran out by this producer's clock (the process was paused, or
         starved): the log may have ended admissions it holds, and handed their prompts out again. A renewal
         must not make those good: once the log has folded it, the admissions the log no longer holds are
         dropped, and a group that would have taken one is refused (AdmissionRevoked). The log decides, so a
         renewal that was merely late keeps them all."""
         if not self._follower.wait_folded(renewal, RENEW_S * 2):
-            self._unchecked = True  # the fold is catching up after the pause: the next renewal looks again
-            return
-        self._unchecked = False
+            return False  # the fold is catching up after the pause: the next renewal, late too, looks again
         with self._lock:
             asked = list(self._tickets)
         held = self._follower.read(lambda fold: {r for r in asked if _still_held(fold, r, self.session)})
@@ -170,6 +170,7 @@ class AdmissionGate:
         if lapsed:
             log_event(log, "admission.lapsed", logging.WARNING, topic=self.admission_topic,
                       admissions=len(lapsed), producer=self.producer_id)
+        return True
 
     def _renew(self) -> None:
         """Renew the lease every RENEW_S; between renewals, say which groups are whole at the stage."""
