@@ -64,8 +64,13 @@ compose:
 	  { apt-get update -qq && apt-get install -y -q docker-compose >/dev/null; }; }
 	@docker-compose version | head -1
 
+# mypy reads the package in its installed shape: rollout_stream/ linking stream/'s entries, core/ and codec/.
+TYPECHECK := .build/typecheck/rollout_stream
 lint: venv
 	$(BIN)/ruff check .
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)
+	for entry in stream/*; do ln -s "$(CURDIR)/$$entry" $(TYPECHECK)/; done
+	ln -s "$(CURDIR)/core" "$(CURDIR)/codec" $(TYPECHECK)/
 	$(BIN)/mypy
 
 # Lint first: a lint error fails CI (.ci/run) before the broker starts.

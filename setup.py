@@ -14,12 +14,14 @@ FLAGS = ["-O3", "-ffp-contract=off"]
 
 EXTENSIONS = [
     # the one-pass decode and validity check of a plainly valid record (core/plain_scan.py)
-    Extension("core._plain_scan", ["core/_plain_scan.c"], extra_compile_args=FLAGS, optional=True),
-    # the float32 group statistics of plain float rewards (core/rewards.py)
-    Extension("core._float32_statistics", ["core/_float32_statistics.c"], extra_compile_args=FLAGS,
+    Extension("rollout_stream.core._plain_scan", ["core/_plain_scan.c"], extra_compile_args=FLAGS,
               optional=True),
+    # the float32 group statistics of plain float rewards (core/rewards.py)
+    Extension("rollout_stream.core._float32_statistics", ["core/_float32_statistics.c"],
+              extra_compile_args=FLAGS, optional=True),
     # a group's train records from one template (codec/wire.py)
-    Extension("codec._train_values", ["codec/_train_values.c"], extra_compile_args=FLAGS, optional=True),
+    Extension("rollout_stream.codec._train_values", ["codec/_train_values.c"], extra_compile_args=FLAGS,
+              optional=True),
 ]
 
 setup(ext_modules=EXTENSIONS)

@@ -1,7 +1,7 @@
 """Wire format of rollout-stream: msgspec records, packed arrays, reason codes."""
 
-from codec.arrays import Array, ShapedArray
-from codec.changelog import (
+from rollout_stream.codec.arrays import Array, ShapedArray
+from rollout_stream.codec.changelog import (
     ClosedGroupEntry,
     PartitionPosition,
     changelog_key,
@@ -9,9 +9,9 @@ from codec.changelog import (
     encode_changelog,
     parse_changelog_key,
 )
-from codec.reasons import DeadLetterReason
-from codec.records import SCHEMA_VERSION, Reward, Sample, TrainSample
-from codec.wire import (
+from rollout_stream.codec.reasons import DeadLetterReason
+from rollout_stream.codec.records import SCHEMA_VERSION, Reward, Sample, TrainSample
+from rollout_stream.codec.wire import (
     DecodeError,
     decode_sample,
     decode_train_sample,

@@ -121,7 +121,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "codec._train_values",
+    PyModuleDef_HEAD_INIT, "rollout_stream.codec._train_values",
     "the train records of one group from one template, in C (codec/_train_values.c)", -1, methods,
     NULL, NULL, NULL, NULL,
 };

@@ -1,7 +1,7 @@
 """Admission-log records: one single-partition topic per train-data topic, `<train-data>.admission`.
 
 Every paced producer appends its requests here and every party folds the log from its start with the same
-pure rule (`core.admission`), so all of them reach the same decision on every request without a
+pure rule (`rollout_stream.core.admission`), so all of them reach the same decision on every request without a
 coordinator: the log's order is the agreement (docs/pacing.md). An admitted group is named by the offset of
 the request that admitted it until it is sent, then by its group key (`run_id/group_index`), which is what
 the stage and the trainer see.
@@ -132,7 +132,7 @@ class Dataset(msgspec.Struct, kw_only=True, tag="dataset", tag_field="type"):
 
 class Checkpoint(msgspec.Struct, kw_only=True, tag="checkpoint", tag_field="type"):
     """The whole fold's state after folding every record through offset `through`: a newcomer loads the
-    newest one and folds only what follows (`core.checkpoint`)."""
+    newest one and folds only what follows (`rollout_stream.core.checkpoint`)."""
 
     through: int
     fold_version: int

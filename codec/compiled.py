@@ -23,7 +23,11 @@ from functools import cache
 
 __all__ = ["NATIVE_MODULES", "ENV", "CompiledStatus", "enabled", "status"]
 
-NATIVE_MODULES = ("core._plain_scan", "core._float32_statistics", "codec._train_values")
+NATIVE_MODULES = (
+    "rollout_stream.core._plain_scan",
+    "rollout_stream.core._float32_statistics",
+    "rollout_stream.codec._train_values",
+)
 ENV = "ROLLOUT_STREAM_COMPILED"
 
 

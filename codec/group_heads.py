@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from codec.wire import DecodeError
+from rollout_stream.codec.wire import DecodeError
 
 __all__ = ["GROUP_HEAD_VERSION", "GroupHead", "HeadSample", "decode_group_head", "encode_group_head"]
 

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 import msgspec
 from msgspec.msgpack import Ext
 
-from codec.arrays import _ITEMS_BY_CODE, Array, ShapedArray, array_ext_hook
-from codec.records import SCHEMA_VERSION, Sample
+from rollout_stream.codec.arrays import _ITEMS_BY_CODE, Array, ShapedArray, array_ext_hook
+from rollout_stream.codec.records import SCHEMA_VERSION, Sample
 
 __all__ = ["HEAD_MAX_BYTES", "SampleHead", "RolloutFields", "decode_head", "item_count", "ext_all_finite"]
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from codec.arrays import Array, ShapedArray
-from codec.miles_sample import miles_sample_fields
+from rollout_stream.codec.arrays import Array, ShapedArray
+from rollout_stream.codec.miles_sample import miles_sample_fields
 
 __all__ = ["SCHEMA_VERSION", "Sample", "TrainSample", "Reward"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import msgspec
 
-from codec import compiled
-from codec.arrays import array_dec_hook, array_enc_hook, array_ext_hook
-from codec.records import SCHEMA_VERSION, Sample, TrainSample
+from rollout_stream.codec import compiled
+from rollout_stream.codec.arrays import array_dec_hook, array_enc_hook, array_ext_hook
+from rollout_stream.codec.records import SCHEMA_VERSION, Sample, TrainSample
 
 __all__ = [
     "DecodeError",
@@ -104,7 +104,7 @@ _EMPTY = msgspec.Raw(b"")
 _native_train_values: Callable[[tuple[bytes, bytes, bytes, bytes, bytes], list[bytes], list[float],
                                 list[float], list[int]], list[bytes] | None] | None
 try:
-    from codec._train_values import train_values as _native_train_values
+    from rollout_stream.codec._train_values import train_values as _native_train_values
 except ImportError:  # not built: no C compiler when the package was installed
     _native_train_values = None
 if not compiled.enabled():

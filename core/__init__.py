@@ -1,7 +1,7 @@
 """Pure core of rollout-stream: reward post-processing and grouping logic, no I/O (docs/spec.md §2)."""
 
-from core.config import RewardConfig
-from core.rewards import (
+from rollout_stream.core.config import RewardConfig
+from rollout_stream.core.rewards import (
     GroupRewards,
     RewardSelectionError,
     SharedRewardError,

@@ -1,4 +1,4 @@
-/* `core.rewards._fast_statistics` for a group of plain float rewards, in C: the same operations on the same
+/* `rollout_stream.core.rewards._fast_statistics` for a group of plain float rewards, in C: the same operations on the same
  * doubles, in the same order, so the same bits, without the interpreter's cost per value.
  *
  * `statistics(shared, normalizes, divides_by_std)` returns `(normalized | None, mean, std, zero_variance)`
@@ -146,8 +146,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "core._float32_statistics",
-    "core.rewards._fast_statistics of plain float rewards, in C (core/_float32_statistics.c)", -1, methods,
+    PyModuleDef_HEAD_INIT, "rollout_stream.core._float32_statistics",
+    "rollout_stream.core.rewards._fast_statistics of plain float rewards, in C (core/_float32_statistics.c)", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -1,8 +1,8 @@
-/* The stage's common case in one pass over a record's MessagePack bytes: what `codec.head.decode_head`
- * and `core.validate.plainly_valid` decide together, without building a Python object per field.
+/* The stage's common case in one pass over a record's MessagePack bytes: what `rollout_stream.codec.head.decode_head`
+ * and `rollout_stream.core.validate.plainly_valid` decide together, without building a Python object per field.
  *
  * `plain_head(value, key, default_group_size, max_group_size, max_sibling_count)` returns a
- * `core.structs.PlainHead` when the record decodes as a `Sample` (`codec.decode_sample` takes it, with the
+ * `rollout_stream.core.structs.PlainHead` when the record decodes as a `Sample` (`rollout_stream.codec.decode_sample` takes it, with the
  * same values) and is plainly valid (a finite float reward, every size in range, keyed by its group);
  * else None, and the caller takes the Python path, which says what is wrong or that it is valid after
  * all. It is a shortcut, never a second judge: anything it does not recognise exactly (an unknown field,
@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static PyObject *head_type = NULL; /* core.structs.PlainHead */
+static PyObject *head_type = NULL; /* rollout_stream.core.structs.PlainHead */
 static uint8_t item_size[256];     /* by ext code (as an unsigned byte); 0: not a packed-array code */
 static uint8_t float_size[256];    /* by ext code: 4 or 8 for a packed float array; 0: not one */
 static long long max_schema_version = 0;
@@ -379,7 +379,7 @@ static PyObject *plain_head(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     if (head_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "core._plain_scan is not configured (core/plain_scan.py does it)");
+        PyErr_SetString(PyExc_RuntimeError, "rollout_stream.core._plain_scan is not configured (core/plain_scan.py does it)");
         return NULL;
     }
     PyObject *value = args[0], *key = args[1];
@@ -408,7 +408,7 @@ static PyObject *plain_head(PyObject *module, PyObject *const *args, Py_ssize_t 
     for (Py_ssize_t line = 0; line < PyBytes_GET_SIZE(value); line += 64) __builtin_prefetch(c.p + line);
     if (!read_fields(&c, &h)) Py_RETURN_NONE;
 
-    /* codec.wire's version check, then plainly_valid's checks in its order */
+    /* rollout_stream.codec.wire's version check, then plainly_valid's checks in its order */
     if (h.schema_version < 1 || h.schema_version > max_schema_version || !h.has_group_index) Py_RETURN_NONE;
     long long group_size = h.has_group_size ? h.group_size : default_group_size;
     if (!h.has_group_size && default_group_size < 0) Py_RETURN_NONE;
@@ -500,7 +500,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "core._plain_scan",
+    PyModuleDef_HEAD_INIT, "rollout_stream.core._plain_scan",
     "decode_head + plainly_valid of a rollout record in one pass over its bytes (core/_plain_scan.c)",
     -1, methods,
 };

@@ -1,5 +1,5 @@
 # The C module's interface (core/_plain_scan.c); core/plain_scan.py is the only place that imports it.
-from core.structs import PlainHead
+from rollout_stream.core.structs import PlainHead
 
 FIELDS: tuple[str, ...]
 

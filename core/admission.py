@@ -9,7 +9,8 @@ with it added, **every** outstanding group that can still train is judged within
 O: the trainer's outstanding groups (admitted, not yet consumed, dead-lettered or released); H: those
 certain never to train (the trainer's version is already more than `max_weight_staleness` past them, or
 undelivered groups of a session that stopped renewing); g: groups per batch; base_i: the highest version the
-trainer's next batch can be judged at (`core.pacing.next_batch_version`). The worst place any group of
+trainer's next batch can be judged at (`rollout_stream.core.pacing.next_batch_version`). The worst place any
+group of
 O \\ H can take is behind all the others, `(|O \\ H| - 1) // g` batches after the next one; checking it for
 every group, not only the new one, is what makes the bound hold whatever order the groups are consumed in,
 however many producers ask and whenever their answers arrive. A batch moves base by at most vpb and
@@ -25,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from codec.admission import (
+from rollout_stream.codec.admission import (
     AdmissionRecord,
     Cancel,
     Delivered,
@@ -37,7 +38,7 @@ from codec.admission import (
     Sent,
     TrainerMark,
 )
-from core.pacing import next_batch_version
+from rollout_stream.core.pacing import next_batch_version
 
 __all__ = ["AdmissionLog", "AdmissionSnapshot", "AdmittedGroup", "Decision", "Outcome"]
 
@@ -328,7 +329,8 @@ class AdmissionLog:
                                               r.max_policy_lag, r.versions_per_batch)
                 out.append(Decision(request, Outcome.ADMITTED, offset))
 
-    # ---- what a fold built on this one hears (core.prompts) -------------------------------------
+    # ---- what a fold built on this one hears (rollout_stream.core.prompts)
+    # -------------------------------------
     def _granted(self, request: int, r: Request) -> bool:
         """`r` is admissible: may it be admitted now? (False: it stays pending, asked again later)"""
         return True

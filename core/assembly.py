@@ -1,7 +1,8 @@
 """Train data for trainers: records → whole prompt groups → one global order → batches (docs/spec.md §4.6).
 
 Pure: decoded `codec.TrainSample`s and plain values in, decisions out; no Kafka, no clock, no logging.
-`stream.reader` polls, feeds what it reads in here, and commits what this module says (docs/reader.md).
+`rollout_stream.reader` polls, feeds what it reads in here, and commits what this module says
+(docs/reader.md).
 
 * `SampleAssembler`: per partition, samples by group key until `group_sample_count` distinct records
   (by lineage) are held. Copies of a held record are dropped, and so is a complete copy of a group
@@ -23,8 +24,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from codec import TrainSample
-from core.collate import collation_problem, is_stale_version, oldest_weight_version, shard_groups
+from rollout_stream.codec import TrainSample
+from rollout_stream.core.collate import (
+    collation_problem,
+    is_stale_version,
+    oldest_weight_version,
+    shard_groups,
+)
 
 __all__ = [
     "Lineage",
@@ -278,7 +284,8 @@ Verdict = Literal["stale", "invalid"]
 
 def group_verdict(group: AssembledGroup, weight_version: int | None,
                   max_staleness: int | None) -> Verdict | None:
-    """None: the group trains; "stale" or "invalid": it is skipped whole (as core.collate.is_stale).
+    """None: the group trains; "stale" or "invalid": it is skipped whole (as
+    rollout_stream.core.collate.is_stale).
 
     Invalid: it cannot be collated, or a staleness bound applies and a weight version is not an integer.
     """
@@ -335,7 +342,7 @@ def plan_batch(queued: Sequence[AssembledGroup], verdicts: Sequence[Verdict | No
     """The next batch from the queued groups and their verdicts; ValueError when it is not complete yet.
 
     Every rank that plans from the same queue gets the same groups and a disjoint share of their samples
-    (`core.collate.shard_groups`: whole rollouts, siblings together).
+    (`rollout_stream.core.collate.shard_groups`: whole rollouts, siblings together).
     """
     taken = batch_length(verdicts, groups_per_batch)
     if taken is None:

@@ -14,8 +14,8 @@ import zlib
 
 import msgspec
 
-from core.admission import _Group, _Pending, _Session, _Trainer  # the fold's own state types
-from core.prompts import PromptLog, SourceState
+from rollout_stream.core.admission import _Group, _Pending, _Session, _Trainer  # the fold's own state types
+from rollout_stream.core.prompts import PromptLog, SourceState
 
 __all__ = ["FOLD_VERSION", "CheckpointMismatch", "dump_fold", "load_fold"]
 

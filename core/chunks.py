@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from codec import DeadLetterReason
-from codec.chunks import ChunkHeader, value_digest, without_chunk_header
-from core.structs import InputRecord
+from rollout_stream.codec import DeadLetterReason
+from rollout_stream.codec.chunks import ChunkHeader, value_digest, without_chunk_header
+from rollout_stream.core.structs import InputRecord
 
 __all__ = ["ChunkAssembler", "ChunkKey", "ChunkSet", "Whole", "Copy", "Refused", "Added"]
 

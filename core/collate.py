@@ -18,8 +18,8 @@ import numpy as np
 if TYPE_CHECKING:  # imported where tensors are built: tools that only assemble groups start without torch
     import torch
 
-from codec import TrainSample
-from core.rewards import declared_rollout_key
+from rollout_stream.codec import TrainSample
+from rollout_stream.core.rewards import declared_rollout_key
 
 __all__ = [
     "Collated",

@@ -4,7 +4,7 @@ Three steps, as miles (radixark/miles @31f1ca9) takes them in-process:
 
 * `train_data`: `convert_samples_to_train_data` (`miles/ray/rollout/train_data_conversion.py`), one dict of
   per-sample columns for the whole batch. Rewards are not recomputed: each train sample already carries
-  the raw and the group-normalized reward, bit-identical to miles' (`core.rewards`).
+  the raw and the group-normalized reward, bit-identical to miles' (`rollout_stream.core.rewards`).
 * `split_by_dp`: `split_train_data_by_dp_raw`, one shard per data-parallel rank.
 * `trainer_shard`: `process_rollout_data_shard`, the trainer-side finish of a shard.
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from codec import Array, Sample, ShapedArray, TrainSample
-from core.balance import balanced_partitions
+from rollout_stream.codec import Array, Sample, ShapedArray, TrainSample
+from rollout_stream.core.balance import balanced_partitions
 
 __all__ = ["train_data", "split_by_dp", "trainer_shard", "dp_rows", "shard_of_rows", "PER_SAMPLE_KEYS",
            "WHOLE_BATCH_KEYS"]
@@ -222,7 +222,8 @@ def split_by_dp(data: dict[str, Any], dp_size: int, *, balance_data: bool = Fals
     """One `rollout_data` shard per data-parallel rank, as miles' `split_train_data_by_dp_raw`.
 
     Rank i gets rows `range(i, n, dp_size)`, or with `balance_data` the i-th equal-size Karmarkar–Karp
-    partition of the total lengths (`core.balance`). Each shard holds `partition`, its rows of the
+    partition of the total lengths (`rollout_stream.core.balance`). Each shard holds `partition`, its rows of
+    the
     per-sample keys, and the whole-batch keys (`raw_reward`, `total_lengths`, `prompt_group_sizes`).
     """
     if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:

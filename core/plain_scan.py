@@ -1,9 +1,11 @@
 """The stage's common case in one pass over a record's bytes, in C (core/_plain_scan.c), where it is built.
 
 Most records are valid samples with a finite float reward, keyed by their group. For those, the window
-store ran `codec.head.decode_head` (a `SampleHead` of some 25 Python objects) and then
-`core.validate.plainly_valid` over its attributes. `plain_head` does both in one pass over the MessagePack
-bytes and builds one small struct, `core.structs.PlainHead`. It decides nothing of its own: it returns a
+store ran `rollout_stream.codec.head.decode_head` (a `SampleHead` of some 25 Python objects) and then
+`rollout_stream.core.validate.plainly_valid` over its attributes. `plain_head` does both in one pass over the
+MessagePack
+bytes and builds one small struct, `rollout_stream.core.structs.PlainHead`. It decides nothing of its own: it
+returns a
 head only for a record `decode_sample` takes, with the same values, and `plainly_valid` accepts (rollout
 log-probs all finite, no sampling mask), with the
 same group key; anything else is None, and the store takes the Python path, which says what is wrong.
@@ -17,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from codec import compiled
-from codec.arrays import _ITEMS_BY_CODE
-from codec.records import SCHEMA_VERSION
-from core.structs import PlainHead
+from rollout_stream.codec import compiled
+from rollout_stream.codec.arrays import _ITEMS_BY_CODE
+from rollout_stream.codec.records import SCHEMA_VERSION
+from rollout_stream.core.structs import PlainHead
 
 __all__ = ["PlainScan", "scanner"]
 
@@ -28,7 +30,7 @@ PlainScan = Callable[[bytes, bytes | None, int | None, int, int], PlainHead | No
 """`plain_head(value, key, default_group_size, max_group_size, max_sibling_count)`"""
 
 try:
-    from core import _plain_scan
+    from rollout_stream.core import _plain_scan
 except ImportError:  # not built: no C compiler when the package was installed
     _plain_scan = None  # type: ignore[assignment]
 if not compiled.enabled():

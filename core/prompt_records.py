@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass, field
 from enum import Enum
 
-from codec.admission import Dataset
+from rollout_stream.codec.admission import Dataset
 
 __all__ = ["CODES", "COUNTED", "Attempt", "AttemptEnd", "Epoch", "EpochStatus", "Exhausted", "PromptRecord",
            "PromptState", "SourceState", "attempt_history", "epoch_order"]
@@ -127,7 +127,7 @@ class SourceState:
     refills_pending: int = 0  # since the last such batch
     batch_refills: dict[int, int] = field(default_factory=dict)
     # Exhausted prompts whose `prompt_attempts_exhausted` dead-letter record is not written yet, oldest first
-    # (a prompt source writes it with a marker in this log: stream.prompts.exhausted).
+    # (a prompt source writes it with a marker in this log: rollout_stream.prompts.exhausted).
     unrecorded: list[Exhausted] = field(default_factory=list)
     recorded: int = 0  # markers folded: dead-letter records written
 

@@ -1,7 +1,8 @@
 """The prompt source's fold, pure: which prompt each admission carries, and where every prompt of every
 epoch stands (docs/loop.md).
 
-`PromptLog` is the admission fold (`core.admission.AdmissionLog`) with prompts added: a `Request` that
+`PromptLog` is the admission fold (`rollout_stream.core.admission.AdmissionLog`) with prompts added: a
+`Request` that
 names a declared source (`Dataset`) is admitted only with a prompt, the next re-issued one first, else the
 next of its epoch's seeded order. Every party folds the same log, so every party hands out the same prompt
 for the same request, and the log is the checkpoint.
@@ -11,12 +12,12 @@ delivery, its group timed out at the stage, a committed batch skipped it, nobody
 expiry) puts its prompt back to waiting, until `max_attempts` such ends make it exhausted. A final state
 is never replaced, with one exception that is counted: an exhausted prompt whose lapsed attempt still
 trains becomes trained (`late_trained`). A second training of a trained prompt is counted (`duplicates`):
-the reader's fence (`core.prompt_keys.PromptFence`) is what keeps it at zero.
+the reader's fence (`rollout_stream.core.prompt_keys.PromptFence`) is what keeps it at zero.
 """
 
 from __future__ import annotations
 
-from codec.admission import (
+from rollout_stream.codec.admission import (
     AdmissionRecord,
     Checkpoint,
     Dataset,
@@ -26,9 +27,9 @@ from codec.admission import (
     Sent,
     TrainerMark,
 )
-from core.admission import AdmissionLog, AdmittedGroup, Decision
-from core.prompt_keys import AttemptKey, PromptId, parse_attempt_key, valid_source
-from core.prompt_records import (
+from rollout_stream.core.admission import AdmissionLog, AdmittedGroup, Decision
+from rollout_stream.core.prompt_keys import AttemptKey, PromptId, parse_attempt_key, valid_source
+from rollout_stream.core.prompt_records import (
     CODES,
     COUNTED,
     Attempt,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codec import DeadLetterReason
-from core.rewards import GroupRewards
-from core.structs import InputRecord, Member
+from rollout_stream.codec import DeadLetterReason
+from rollout_stream.core.rewards import GroupRewards
+from rollout_stream.core.structs import InputRecord, Member
 
 __all__ = ["InputRecord", "Member", "Published", "DeadLettered", "DuplicateDropped", "Outcome"]
 

@@ -26,8 +26,8 @@ from typing import Any, Protocol, cast
 import msgspec
 import numpy as np
 
-from codec import Sample, compiled
-from core.config import RewardConfig
+from rollout_stream.codec import Sample, compiled
+from rollout_stream.core.config import RewardConfig
 
 __all__ = [
     "torch_free_normalization",
@@ -327,7 +327,7 @@ _STD_EPSILON = _round32(1e-6)
 # Python path was asked for (codec/compiled.py).
 _native_statistics: Callable[[list[float], bool, bool], _Statistics | None] | None
 try:
-    from core._float32_statistics import statistics as _native_statistics
+    from rollout_stream.core._float32_statistics import statistics as _native_statistics
 except ImportError:  # not built: no C compiler when the package was installed
     _native_statistics = None
 if not compiled.enabled():

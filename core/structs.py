@@ -10,8 +10,8 @@ from typing import Any
 
 import msgspec
 
-from codec import DeadLetterReason
-from core.digest import DIGEST_ALGORITHM, digest_with, record_digest
+from rollout_stream.codec import DeadLetterReason
+from rollout_stream.core.digest import DIGEST_ALGORITHM, digest_with, record_digest
 
 __all__ = ["InputRecord", "Member", "HeldSample", "ClosedGroup", "PlainHead"]
 
@@ -91,8 +91,9 @@ class ClosedGroup(msgspec.Struct, frozen=True, gc=False):
 
 
 class PlainHead(msgspec.Struct, frozen=True, gc=False):
-    """What `core._plain_scan` reads of a plainly valid record (core/plain_scan.py): the fields a window
-    takes of it (`core.structs.HeldSample`'s, and the sizes it checks), and its group key."""
+    """What `rollout_stream.core._plain_scan` reads of a plainly valid record (core/plain_scan.py): the
+    fields a window
+    takes of it (`rollout_stream.core.structs.HeldSample`'s, and the sizes it checks), and its group key."""
 
     group_key: str
     reward: float

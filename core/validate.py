@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from codec import Array, Sample, group_key_of
-from codec.head import RolloutFields
-from core.rewards import RewardSelectionError, select_reward
+from rollout_stream.codec import Array, Sample, group_key_of
+from rollout_stream.codec.head import RolloutFields
+from rollout_stream.core.rewards import RewardSelectionError, select_reward
 
 __all__ = ["MAX_GROUP_SIZE", "MAX_SIBLING_COUNT", "SampleLimits", "validate_sample", "effective_group_size",
            "plainly_valid"]
@@ -148,8 +148,10 @@ def plainly_valid(
     that it is valid after all (an int or keyed reward). One pass of attribute loads instead of
     `validate_sample`'s calls; every check here is one of `validate_sample`'s, so a sample this accepts
     that one accepts too (tests/core/test_fast_paths.py checks it on random samples). `count` is how many
-    items an array holds: `len` for a `Sample`, `codec.head.item_count` for a `SampleHead`; `finite` whether
-    one holds no NaN or infinity (`codec.head.ext_all_finite` for a `SampleHead`). A sampling mask takes the
+    items an array holds: `len` for a `Sample`, `rollout_stream.codec.head.item_count` for a `SampleHead`;
+    `finite` whether
+    one holds no NaN or infinity (`rollout_stream.codec.head.ext_all_finite` for a `SampleHead`). A sampling
+    mask takes the
     full check.
     """
     reward = sample.reward
@@ -173,5 +175,5 @@ def plainly_valid(
     if sample.rollout_sampling_mask_ids is not None or sample.rollout_sampling_mask_offsets is not None:
         return None
     run_id = sample.run_id
-    gkey = f"{run_id}/{group_index}" if run_id else str(group_index)  # codec.group_key_of, inlined
+    gkey = f"{run_id}/{group_index}" if run_id else str(group_index)  # codec's group_key_of, inlined
     return gkey if key == gkey.encode() else None

@@ -10,19 +10,26 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from codec import DeadLetterReason, DecodeError, Sample, decode_sample, group_key_of
-from codec.chunks import ChunkHeaderError, chunk_header_of, decode_chunk_header
-from codec.head import RolloutFields, decode_head, ext_all_finite, item_count
-from codec.headers import REPLAY_ID as REPLAY_ID_HEADER
-from core.chunks import ChunkAssembler, ChunkKey, Copy, Refused
-from core.config import RewardConfig
-from core.digest import record_digest, record_digests
-from core.offsets import OffsetLedger
-from core.plain_scan import PlainScan, scanner
-from core.records import DeadLettered, DuplicateDropped, InputRecord, Member, Outcome, Published
-from core.rewards import SharedRewardViolation, normalize_group
-from core.structs import ClosedGroup, HeldSample, PlainHead
-from core.validate import SampleLimits, plainly_valid, validate_sample
+from rollout_stream.codec import DeadLetterReason, DecodeError, Sample, decode_sample, group_key_of
+from rollout_stream.codec.chunks import ChunkHeaderError, chunk_header_of, decode_chunk_header
+from rollout_stream.codec.head import RolloutFields, decode_head, ext_all_finite, item_count
+from rollout_stream.codec.headers import REPLAY_ID as REPLAY_ID_HEADER
+from rollout_stream.core.chunks import ChunkAssembler, ChunkKey, Copy, Refused
+from rollout_stream.core.config import RewardConfig
+from rollout_stream.core.digest import record_digest, record_digests
+from rollout_stream.core.offsets import OffsetLedger
+from rollout_stream.core.plain_scan import PlainScan, scanner
+from rollout_stream.core.records import (
+    DeadLettered,
+    DuplicateDropped,
+    InputRecord,
+    Member,
+    Outcome,
+    Published,
+)
+from rollout_stream.core.rewards import SharedRewardViolation, normalize_group
+from rollout_stream.core.structs import ClosedGroup, HeldSample, PlainHead
+from rollout_stream.core.validate import SampleLimits, plainly_valid, validate_sample
 
 __all__ = ["WindowConfig", "GroupWindow", "ClosedGroup", "HeldSample", "Rollout", "WindowStore", "WindowKey",
            "replay_id", "REPLAY_ID_HEADER", "DEFAULT_GROUP_TIMEOUT_MS", "DEFAULT_CLOSED_RETENTION_MS",

@@ -4,7 +4,8 @@
     .venv/bin/python examples/async_trainer.py --steps 5 --bootstrap-servers localhost:9092
 
 The policy is a bigram model (embedding + linear head over a 64-token vocabulary). A rollout-generator
-thread takes the shape of each prompt group from `stream.tools.synth.plan_groups` (group, rollouts, sibling
+thread takes the shape of each prompt group from `rollout_stream.ops.synth.plan_groups` (group, rollouts,
+sibling
 samples, prompt tokens), samples every response from a snapshot of the policy at the weight version it
 "generates" with (the current one, or up to 3 versions old, as long generations are), records the
 snapshot's log-probs, and rewards a rollout with the share of even tokens in its responses (siblings share
@@ -30,12 +31,12 @@ import torch
 from local_stage import LocalStage
 from torch import nn
 
-from codec import Sample, decode_sample
-from stream import TrainDataReader
-from stream.logs import configure_logging
-from stream.pacing import PacingTimeout, WeightsTooOld
-from stream.producer import RolloutProducer
-from stream.tools.synth import SynthPlan, plan_groups
+from rollout_stream import TrainDataReader
+from rollout_stream.codec import Sample, decode_sample
+from rollout_stream.logs import configure_logging
+from rollout_stream.ops.synth import SynthPlan, plan_groups
+from rollout_stream.pacing import PacingTimeout, WeightsTooOld
+from rollout_stream.producer import RolloutProducer
 
 VOCAB = 64
 

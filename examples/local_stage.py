@@ -8,12 +8,12 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from stream.clients import Connection
-from stream.commands.options import resolve_bootstrap
-from stream.config import TopicNames, WorkerConfig
-from stream.kafka import client_for
-from stream.topics import TopicSettings, ensure_topics
-from stream.worker import Worker
+from rollout_stream.clients import Connection
+from rollout_stream.commands.options import resolve_bootstrap
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.kafka import client_for
+from rollout_stream.topics import TopicSettings, ensure_topics
+from rollout_stream.worker import Worker
 
 __all__ = ["LocalStage"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from stream.producer import RolloutProducer
+from rollout_stream.producer import RolloutProducer
 
 
 class Status(Enum):  # miles.utils.types.Sample.Status
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollouts", type=int, default=4, help="rollouts per prompt (n_samples_per_prompt)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from stream.commands.options import resolve_bootstrap
+    from rollout_stream.commands.options import resolve_bootstrap
 
     rng = random.Random(args.seed)
     groups = []

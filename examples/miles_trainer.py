@@ -21,9 +21,9 @@ import threading
 from local_stage import LocalStage
 from miles_publish import publish_groups, synthetic_group
 
-from stream import TrainDataReader
-from stream.logs import configure_logging
-from stream.producer import RolloutProducer
+from rollout_stream import TrainDataReader
+from rollout_stream.logs import configure_logging
+from rollout_stream.producer import RolloutProducer
 
 
 def rank_loop(reader: TrainDataReader, batches: int, out: list, step: threading.Barrier) -> None:

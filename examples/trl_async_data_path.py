@@ -6,7 +6,8 @@
 Prompt groups of random completions and rewards are published to the stage; `StageRolloutWorker` reads the
 stage's train data and feeds TRL's own `RolloutQueueDataset` → `FixedCountBatcher` → `DataCollatorForRollout`
 (two data-parallel rows), the pipeline `AsyncGRPOTrainer` trains from. Each sample's packed advantages are
-printed beside the reference's processed reward of its group (`core.post_process_rewards`): equal bit for
+printed beside the reference's processed reward of its group (`rollout_stream.core.post_process_rewards`):
+equal bit for
 bit. The trainer itself needs a GPU (FlashAttention-3 tree attention, `torch.cuda` FLOPs at start; its
 default rollout worker vLLM); the tests run it on the CPU with those two parts patched.
 """
@@ -30,11 +31,11 @@ from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
     RolloutQueueDataset,
 )
 
-from core import RewardConfig, post_process_rewards  # noqa: E402
-from stream import TrainDataReader  # noqa: E402
-from stream.integrations.trl import StageRolloutWorker, completion_samples  # noqa: E402
-from stream.logs import configure_logging  # noqa: E402
-from stream.producer import RolloutProducer  # noqa: E402
+from rollout_stream import TrainDataReader  # noqa: E402
+from rollout_stream.core import RewardConfig, post_process_rewards  # noqa: E402
+from rollout_stream.integrations.trl import StageRolloutWorker, completion_samples  # noqa: E402
+from rollout_stream.logs import configure_logging  # noqa: E402
+from rollout_stream.producer import RolloutProducer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@
 A tiny Llama (built from a config, no hub) and a WordLevel tokenizer. TRL calls `rollout_func` with each
 prompt repeated `num_generations` times; the function samples the completions with the model being trained,
 rewards each with its share of even token ids, publishes every prompt's completions to the stage as one
-prompt group (`stream.integrations.trl.completion_samples`), reads the groups back from the train-data
+prompt group (`rollout_stream.integrations.trl.completion_samples`), reads the groups back from the train-data
 topic with TrainDataReader and hands TRL the stage's processed rewards as a reward column. TRL then
 **re-normalizes** them per group, (r - mean) / (std + 1e-4) with its own `nanstd`: the advantage it trains
 on is not the stage's reward (`--scale-rewards none` leaves r - mean, which for the stage's zero-mean
@@ -33,10 +33,10 @@ from tokenizers.pre_tokenizers import WhitespaceSplit  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from stream import TrainDataReader  # noqa: E402
-from stream.integrations.trl import completion_samples  # noqa: E402
-from stream.logs import configure_logging  # noqa: E402
-from stream.producer import RolloutProducer  # noqa: E402
+from rollout_stream import TrainDataReader  # noqa: E402
+from rollout_stream.integrations.trl import completion_samples  # noqa: E402
+from rollout_stream.logs import configure_logging  # noqa: E402
+from rollout_stream.producer import RolloutProducer  # noqa: E402
 
 WORDS = 30  # w0..w29; ids 0..2 are the special tokens
 

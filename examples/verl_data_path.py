@@ -32,11 +32,11 @@ from verl.experimental.fully_async_policy.detach_utils import (
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from stream import TrainDataReader
-from stream.clients import Connection
-from stream.integrations.verl import STAGE_ESTIMATOR, StageMessageQueue
-from stream.logs import configure_logging
-from stream.producer import RolloutProducer
+from rollout_stream import TrainDataReader
+from rollout_stream.clients import Connection
+from rollout_stream.integrations.verl import STAGE_ESTIMATOR, StageMessageQueue
+from rollout_stream.logs import configure_logging
+from rollout_stream.producer import RolloutProducer
 
 PROMPT, RESPONSE = 4, 6
 

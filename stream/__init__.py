@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["TrainDataReader"]
 
 if TYPE_CHECKING:
-    from stream.reader import TrainDataReader
+    from rollout_stream.reader import TrainDataReader
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: the reader pulls in torch, which commands that never read train data should not pay for.
     if name == "TrainDataReader":
-        from stream.reader import TrainDataReader
+        from rollout_stream.reader import TrainDataReader
 
         return TrainDataReader
     raise AttributeError(f"module 'stream' has no attribute {name!r}")

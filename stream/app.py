@@ -13,8 +13,8 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from stream.commands import register_all
-from stream.commands.options import CommandGroup
+from rollout_stream.commands import register_all
+from rollout_stream.commands.options import CommandGroup
 
 __all__ = ["app"]
 

@@ -28,7 +28,7 @@ _guard = _sigint is signal.default_int_handler
 if _guard:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
 try:
-    from stream.app import app
+    from rollout_stream.app import app
 finally:  # importing this module (tests, `python -m`) leaves Ctrl-C as it found it
     if _guard:
         signal.signal(signal.SIGINT, _sigint)

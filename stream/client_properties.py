@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from stream.security import SecretStr, SecurityConfigError
+from rollout_stream.security import SecretStr, SecurityConfigError
 
 __all__ = ["load_properties"]
 

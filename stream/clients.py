@@ -1,5 +1,5 @@
 """How to reach the cluster (`Connection`: addresses, client id, security), parsed once; the clients
-themselves are built by the Kafka seam's factory, `stream.kafka.client_for(conn)`."""
+themselves are built by the Kafka seam's factory, `rollout_stream.kafka.client_for(conn)`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from stream.errors import ConfigurationError, RuntimeFailure
-from stream.security import SecuritySettings
+from rollout_stream.errors import ConfigurationError, RuntimeFailure
+from rollout_stream.security import SecuritySettings
 
 __all__ = [
     "DEFAULT_KAFKA_PORT",
@@ -88,7 +88,8 @@ def format_address(host: str, port: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Connection:
-    """How to reach the cluster: address and security (TLS/SASL, see stream.security), never per command.
+    """How to reach the cluster: address and security (TLS/SASL, see rollout_stream.security), never per
+    command.
 
     `bootstrap_servers` is normalized at construction (`localhost` becomes `localhost:9092`), so every
     client, message and instance lock spells one cluster one way; a malformed address raises BadBootstrap.
@@ -97,7 +98,7 @@ class Connection:
     bootstrap_servers: str
     client_id: str = "rollout-stream"
     security: SecuritySettings = SecuritySettings()
-    # Which Kafka client library implements the seam (stream.kafka.client_for): --client or
+    # Which Kafka client library implements the seam (rollout_stream.kafka.client_for): --client or
     # ROLLOUT_STREAM_CLIENT choose (default_client()).
     client: str = field(default_factory=default_client)
 

@@ -8,20 +8,20 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from codec.chunks import DEFAULT_CHUNK_BYTES
-from core import RewardConfig
-from core.config import ADVANTAGE_ESTIMATORS
-from core.dead_letter_limit import MAX_WINDOW, DeadLetterLimit
-from core.validate import MAX_GROUP_SIZE, SampleLimits
-from core.windows import (
+from rollout_stream.clients import MAX_RECORD_BYTES
+from rollout_stream.codec.chunks import DEFAULT_CHUNK_BYTES
+from rollout_stream.core import RewardConfig
+from rollout_stream.core.config import ADVANTAGE_ESTIMATORS
+from rollout_stream.core.dead_letter_limit import MAX_WINDOW, DeadLetterLimit
+from rollout_stream.core.validate import MAX_GROUP_SIZE, SampleLimits
+from rollout_stream.core.windows import (
     DEFAULT_CLOSED_RETENTION_MS,
     DEFAULT_GROUP_TIMEOUT_MS,
     DEFAULT_MAX_CLOSED_GROUPS,
     DEFAULT_MAX_GROUP_BYTES,
     WindowConfig,
 )
-from stream.clients import MAX_RECORD_BYTES
-from stream.errors import ConfigurationError
+from rollout_stream.errors import ConfigurationError
 
 __all__ = ["INT32_MAX", "INT64_MAX", "MAX_SECONDS", "ConfigError", "ZeroVariancePolicy", "TopicNames",
            "WorkerConfig", "check_count", "check_rate", "check_seconds", "parse_zero_variance"]

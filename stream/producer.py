@@ -10,15 +10,15 @@ from typing import Any
 
 import msgspec
 
-from codec import Sample, encode_sample, group_key
-from codec.chunks import CHUNK_HEADER, DEFAULT_CHUNK_BYTES, split
-from core.pacing import Admission, PacingLimits
-from stream.clients import MAX_RECORD_BYTES, Connection, default_client
-from stream.kafka import Client, SendFuture, Written, check_connection, client_for
-from stream.names import admission_topic, progress_topic
-from stream.pacing import AdmissionGate, PacingError, PacingStats
-from stream.security import SecuritySettings
-from stream.topics import require_topics
+from rollout_stream.clients import MAX_RECORD_BYTES, Connection, default_client
+from rollout_stream.codec import Sample, encode_sample, group_key
+from rollout_stream.codec.chunks import CHUNK_HEADER, DEFAULT_CHUNK_BYTES, split
+from rollout_stream.core.pacing import Admission, PacingLimits
+from rollout_stream.kafka import Client, SendFuture, Written, check_connection, client_for
+from rollout_stream.names import admission_topic, progress_topic
+from rollout_stream.pacing import AdmissionGate, PacingError, PacingStats
+from rollout_stream.security import SecuritySettings
+from rollout_stream.topics import require_topics
 
 __all__ = ["PacingError", "RolloutProducer", "numbered_group"]
 

@@ -1,7 +1,8 @@
 """Train data for async trainers: whole prompt groups as torch batches, per DP rank (docs/spec.md §4.6).
 
 How every rank reads the same sequence without talking to the others (docs/reader.md has the details).
-The decisions are pure and live in `core.assembly`; this module polls, decodes, commits and logs.
+The decisions are pure and live in `rollout_stream.core.assembly`; this module polls, decodes, commits and
+logs.
 
 * **Groups.** Each rank reads *all* partitions of the train-data topic (manual assignment, read_committed).
   Per partition, records are assembled into groups by group key until `group_sample_count` distinct
@@ -15,14 +16,15 @@ The decisions are pure and live in `core.assembly`; this module polls, decodes, 
   records, not of fetch timing.
 * **Batches.** The next `groups_per_batch` groups that are neither stale nor invalid, judged when the
   batch is completed against the weight version set at that moment. Every rank shards the same batch
-  with `core.collate.shard_groups` and keeps its part.
+  with `rollout_stream.core.collate.shard_groups` and keeps its part.
 * **Chunked values.** A train record larger than the stage's `chunk_bytes` travels as chunk records (an
   `x-chunk` header, codec/chunks.py) of one partition, written in one transaction. They are reassembled
   into the whole record before it is decoded (see `GroupAssembler`); plain records pay one check of their
   headers. Every chunk's offset is held, and released with the value: none is committed before the value
   is consumed into a batch (or dropped), so a restart reads again every chunk of a value not yet consumed.
 * **Rank-local fetch** (`fetch="own"`). With a stage that writes group heads (`write_heads`), every rank
-  folds the heads topic instead (same partitions, one small record per group: `stream.reader_heads`) into
+  folds the heads topic instead (same partitions, one small record per group: `rollout_stream.reader_heads`)
+  into
   the same sequence, batches and shards as above, then fetches its own rows of each batch by offset.
   Commits and resume work on the heads topic's offsets with the same metadata.
 * **Resume.** Rank r commits to its own consumer group `<group_id>-rank<r>`: per partition the lowest
@@ -41,10 +43,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from codec import DeadLetterReason, DecodeError, TrainSample, decode_train_sample
-from codec.chunks import ChunkHeaderError, chunk_header_of, decode_chunk_header
-from codec.group_heads import GroupHead, decode_group_head
-from core.assembly import (
+from rollout_stream.clients import MAX_RECORD_BYTES, Connection, default_client
+from rollout_stream.codec import DeadLetterReason, DecodeError, TrainSample, decode_train_sample
+from rollout_stream.codec.chunks import ChunkHeaderError, chunk_header_of, decode_chunk_header
+from rollout_stream.codec.group_heads import GroupHead, decode_group_head
+from rollout_stream.core.assembly import (
     AssembledGroup,
     GroupInfo,
     GroupMerger,
@@ -59,20 +62,19 @@ from core.assembly import (
     group_verdict,
     plan_batch,
 )
-from core.chunks import ChunkAssembler, ChunkKey, Copy, Refused
-from core.collate import Collated, collate
-from core.pacing import doomed_through
-from core.prompt_keys import PromptFence
-from core.structs import InputRecord
-from stream.clients import MAX_RECORD_BYTES, Connection, default_client
-from stream.errors import RuntimeFailure
-from stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
-from stream.logs import log_event
-from stream.names import admission_topic, heads_topic, progress_topic, rank_group_id
-from stream.pacing import TrainerProgressPublisher
-from stream.reader_heads import HeadMemory, PayloadFetcher, outline_group
-from stream.security import SecuritySettings
-from stream.topics import MissingTopic, missing_topics
+from rollout_stream.core.chunks import ChunkAssembler, ChunkKey, Copy, Refused
+from rollout_stream.core.collate import Collated, collate
+from rollout_stream.core.pacing import doomed_through
+from rollout_stream.core.prompt_keys import PromptFence
+from rollout_stream.core.structs import InputRecord
+from rollout_stream.errors import RuntimeFailure
+from rollout_stream.kafka import AssignedConsumer, Committed, KafkaFailure, TopicPartition, client_for
+from rollout_stream.logs import log_event
+from rollout_stream.names import admission_topic, heads_topic, progress_topic, rank_group_id
+from rollout_stream.pacing import TrainerProgressPublisher
+from rollout_stream.reader_heads import HeadMemory, PayloadFetcher, outline_group
+from rollout_stream.security import SecuritySettings
+from rollout_stream.topics import MissingTopic, missing_topics
 
 __all__ = [
     "TrainDataReader",
@@ -150,9 +152,11 @@ class ReaderStats:
 
 
 class GroupAssembler:
-    """Whole groups from one topic's records: decodes, counts and logs; `core.assembly` decides.
+    """Whole groups from one topic's records: decodes, counts and logs; `rollout_stream.core.assembly`
+    decides.
 
-    Chunk records (an `x-chunk` header) are reassembled first (`core.chunks.ChunkAssembler`, per partition
+    Chunk records (an `x-chunk` header) are reassembled first (`rollout_stream.core.chunks.ChunkAssembler`,
+    per partition
     and value digest, in any order, copies of a held chunk dropped): each chunk's offset is held while the
     value is open, and the whole value is taken as one record that carries all of them, so they are
     released together, when its group is yielded or it is dropped. What cannot become a whole value:
@@ -521,7 +525,8 @@ class Batch:
     skipped_invalid: int  # cannot be collated or judged
     global_samples: int  # samples of the whole batch, over all ranks
     global_loss_tokens: int  # tokens with a non-zero loss mask in the whole batch (for DP loss normalization)
-    # layout="miles": this rank's finished shard of the batch (core.miles: train_data → split_by_dp →
+    # layout="miles": this rank's finished shard of the batch (rollout_stream.core.miles: train_data →
+    # split_by_dp →
     # trainer_shard), what a miles trainer rank receives in-process; `samples` are then its rows.
     rollout_data: dict[str, Any] | None = None
     skipped_superseded: int = 0  # groups of a prompt another attempt of which trains (the fence)
@@ -608,7 +613,7 @@ class TrainDataReader:
     `max_open_chunk_bytes`: the bytes of chunked values held while incomplete (`ChunkLimitError` above
     it); `chunk_timeout_s`: when an incomplete one is dropped (`GroupAssembler` says what and why).
     `fence`: for groups of a prompt source (docs/loop.md), the rule that lets one attempt of a prompt train
-    (`stream.prompts.prompt_fence` builds it from the log at start); the others are skipped as superseded
+    (`prompt_fence` builds it from the log at start); the others are skipped as superseded
     (`skipped_superseded`, logged `group.skipped_superseded`).
     `fetch`: "all" (read the whole topic) or "own" (fold the group heads of a stage run with
     `--write-heads` and fetch only this rank's rows by offset; docs/reader.md, "Rank-local fetch").
@@ -869,7 +874,7 @@ class TrainDataReader:
     def _miles_shard(self, groups: Sequence[AssembledGroup]) -> tuple[list[TrainSample], dict[str, Any]]:
         """This rank's rows and finished shard, as miles splits the batch's global sample list over DP ranks
         (strided, or Karmarkar–Karp on total lengths with `balance_data`; not whole rollouts per rank)."""
-        from core.miles import dp_rows, shard_of_rows, split_by_dp, train_data, trainer_shard
+        from rollout_stream.core.miles import dp_rows, shard_of_rows, split_by_dp, train_data, trainer_shard
 
         everything = [s for g in groups for s in g.samples]
         sizes = [len(g.samples) for g in groups]

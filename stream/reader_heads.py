@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from codec import Array, DecodeError, Sample, TrainSample, decode_train_sample
-from codec.chunks import chunk_header_of, decode_chunk_header, value_digest
-from codec.group_heads import GroupHead
-from core.assembly import AssembledGroup, assembled_group
-from stream.clients import Connection
-from stream.errors import RuntimeFailure
-from stream.kafka import AssignedConsumer, TopicPartition, client_for
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Array, DecodeError, Sample, TrainSample, decode_train_sample
+from rollout_stream.codec.chunks import chunk_header_of, decode_chunk_header, value_digest
+from rollout_stream.codec.group_heads import GroupHead
+from rollout_stream.core.assembly import AssembledGroup, assembled_group
+from rollout_stream.errors import RuntimeFailure
+from rollout_stream.kafka import AssignedConsumer, TopicPartition, client_for
 
 __all__ = ["HeadMemory", "PayloadError", "PayloadFetcher", "fetch_tuning", "outline_group"]
 

@@ -1,9 +1,10 @@
 """How a client proves who it is and checks who it talks to: TLS and SASL settings, modeled once.
 
 `SecuritySettings` is filled from command-line flags, environment variables (`SecuritySettings.from_env`)
-or a client properties file (stream.client_properties), in that order of precedence; each implementation of
-the Kafka seam turns it into its library's settings (stream.kafka.kafka_python.settings,
-stream.kafka.confluent.settings). Secrets live in `SecretStr`, whose repr and str are masked, so a
+or a client properties file (rollout_stream.client_properties), in that order of precedence; each
+implementation of
+the Kafka seam turns it into its library's settings (rollout_stream.kafka.kafka_python.settings,
+rollout_stream.kafka.confluent.settings). Secrets live in `SecretStr`, whose repr and str are masked, so a
 settings object can be logged, put in an exception or printed by a debugger without leaking them.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from stream.errors import ConfigurationError
+from rollout_stream.errors import ConfigurationError
 
 __all__ = [
     "ENV_VARS",

@@ -6,9 +6,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-from stream.clients import MAX_RECORD_BYTES, Connection
-from stream.errors import ConfigurationError
-from stream.kafka import Admin, Client, TopicExists, TopicSpec, UnknownTopic, client_for
+from rollout_stream.clients import MAX_RECORD_BYTES, Connection
+from rollout_stream.errors import ConfigurationError
+from rollout_stream.kafka import Admin, Client, TopicExists, TopicSpec, UnknownTopic, client_for
 
 __all__ = ["TopicSettings", "Replication", "default_replication", "replication_for", "ensure_topics",
            "ensure_changelog", "TopicMismatch", "MissingTopic", "require_topics", "missing_topics",

@@ -31,10 +31,10 @@ import pytest
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from stream.tools.broker.errors import BrokerError, PortInUse
-from stream.tools.broker.jars import kafka_version, pom_path
-from stream.tools.broker.local import LocalBroker
-from stream.tools.broker.process import free_port
+from rollout_stream.broker.errors import BrokerError, PortInUse
+from rollout_stream.broker.jars import kafka_version, pom_path
+from rollout_stream.broker.local import LocalBroker
+from rollout_stream.broker.process import free_port
 
 KAFKA_TEST_TIMEOUT_S = 120.0
 

@@ -20,7 +20,7 @@ import pytest
 import typer
 import yaml
 
-from stream.cli import app
+from rollout_stream.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.dead_letter_limit import DeadLetterWindow
-from stream.config import WorkerConfig
-from stream.worker import Snapshot, WorkerStats
-from stream.worker.metrics import LoopMetrics, WorkerCollector
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core.dead_letter_limit import DeadLetterWindow
+from rollout_stream.worker import Snapshot, WorkerStats
+from rollout_stream.worker.metrics import LoopMetrics, WorkerCollector
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -84,7 +84,7 @@ class _PromptSource:
     """The prompt metrics of a worker that folds an admission log with a prompt source in it."""
 
     def collect(self) -> list:
-        from stream.worker.progress import prompt_metrics
+        from rollout_stream.worker.progress import prompt_metrics
         from tests.core.prompt_world import World
 
         w = World(prompts=2, groups_per_batch=1)

@@ -12,62 +12,70 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "codec", "stream")
+# the installed package's folders (pyproject.toml's package-dir), and the workshop beside it (not installed)
+FOLDERS = {"stream": "rollout_stream", "core": "rollout_stream.core", "codec": "rollout_stream.codec",
+           "bench": "bench"}
+P = "rollout_stream"
 
 # package (or module prefix) → project packages it may import (at module level or inside a function)
 # Connections, security settings, logs and errors: the seam imports them, so they import nothing of it.
-SETTINGS = ("stream.clients", "stream.security", "stream.logs", "stream.errors")
-BASE = ("stream.clients", "stream.config", "stream.errors", "stream.logs", "stream.names", "stream.security",
-        "stream.topics", "stream.layout", "core", "codec")
+SETTINGS = (f"{P}.clients", f"{P}.security", f"{P}.logs", f"{P}.errors")
+BASE = (f"{P}.clients", f"{P}.config", f"{P}.errors", f"{P}.logs", f"{P}.names", f"{P}.security",
+        f"{P}.topics",
+        f"{P}.layout", f"{P}.retry", f"{P}.core", f"{P}.codec")
 ALLOWED: dict[str, tuple[str, ...]] = {
-    "codec": ("codec",),
-    "core": ("core", "codec"),
-    "stream.errors": (),  # the error tree: importable from anywhere because it imports nothing of the project
+    f"{P}.codec": (f"{P}.codec",),
+    f"{P}.core": (f"{P}.core", f"{P}.codec"),
+    f"{P}.errors": (),  # the error tree: importable from anywhere because it imports nothing of the project
+    f"{P}.retry": (f"{P}.errors",),  # one retry helper, for the seam and everything above it
     # the seam and its clients
-    "stream.kafka": ("stream.kafka", "stream.logs", "stream.security", "stream.clients", "stream.errors"),
-    # pacing: the progress topic and the producer's admission gate (the rule is core.pacing)
-    "stream.pacing": ("stream.pacing", "stream.kafka", *BASE),
+    f"{P}.kafka": (f"{P}.kafka", f"{P}.logs", f"{P}.security", f"{P}.clients", f"{P}.errors", f"{P}.retry"),
+    # pacing: the progress topic and the producer's admission gate (the rule is rollout_stream.core.admission)
+    f"{P}.pacing": (f"{P}.pacing", f"{P}.kafka", *BASE),
     # the worker
-    "stream.worker": ("stream.worker", "stream.pacing", "stream.kafka", *BASE),
+    f"{P}.worker": (f"{P}.worker", f"{P}.pacing", f"{P}.kafka", *BASE),
     # what other processes import
-    "stream.producer": ("stream.producer", "stream.pacing", "stream.kafka", *BASE),
-    "stream.reader": ("stream.reader", "stream.reader_heads", "stream.pacing", "stream.kafka", *BASE),
-    # the reader's rank-local fetch: group heads and payloads by offset
-    "stream.reader_heads": ("stream.kafka", *BASE),
-    "stream.prompts": ("stream.prompts", "stream.producer", "stream.pacing", "stream.kafka", *BASE),
+    f"{P}.producer": (f"{P}.producer", f"{P}.pacing", f"{P}.kafka", *BASE),
+    f"{P}.reader": (f"{P}.reader", f"{P}.reader_heads", f"{P}.pacing", f"{P}.kafka", *BASE),
+    f"{P}.reader_heads": (f"{P}.kafka", *BASE),
+    f"{P}.prompts": (f"{P}.prompts", f"{P}.producer", f"{P}.pacing", f"{P}.kafka", *BASE),
+    # the worker's check of its ACLs at start, and the ACL lists `acls` applies
+    f"{P}.access": (f"{P}.acls", f"{P}.kafka", *BASE),
+    f"{P}.acls": (f"{P}.kafka", *BASE),
     # trainer frameworks on the reader, the producer and the prompt source (each framework imported only in
     # its own module)
-    "stream.integrations": ("stream.integrations", "stream.reader", "stream.producer", "stream.prompts",
-                            "stream.pacing", "stream.kafka", *BASE),
-    # operator tools
-    "stream.tools": (
-        "stream.tools", "stream.kafka", "stream.worker", "stream.pacing", "stream.producer", "stream.reader",
-        "stream.prompts", *BASE
-    ),
+    f"{P}.integrations": (f"{P}.integrations", f"{P}.reader", f"{P}.producer", f"{P}.prompts", f"{P}.pacing",
+                          f"{P}.kafka", *BASE),
+    # the development broker: a package of its own (`demo`, `broker`, the tests), never imported by `run`
+    f"{P}.broker": (f"{P}.broker", f"{P}.kafka", *BASE),
+    # operator tools (the CLI's dlq, lag, prompts, synth): beside the product, never imported by it
+    f"{P}.ops": (f"{P}.ops", f"{P}.kafka", f"{P}.worker", f"{P}.pacing", f"{P}.producer", f"{P}.reader",
+                 f"{P}.prompts", f"{P}.access", f"{P}.acls", *BASE),
     # the shared base: the settings, names and errors everything else uses
-    **{module: ("stream.kafka", *BASE) for module in BASE
-       if module.startswith("stream.") and module not in SETTINGS},
+    **{module: (f"{P}.kafka", *BASE) for module in BASE
+       if module.startswith(f"{P}.") and module not in SETTINGS and module.count(".") == 1},
     # how to reach the cluster: what the seam builds its clients from, so nothing of the seam, even lazily
-    **{module: SETTINGS for module in SETTINGS if module != "stream.errors"},
-    # commands that only parse and call (stream.commands, stream.app, stream.cli)
-    "stream": ("stream", "core", "codec"),
-    # the benchmark scripts: at the top like the CLI, run by hand, imported by nothing
-    "stream.tools.bench.scripts": ("stream", "core", "codec"),
+    **{module: SETTINGS for module in SETTINGS if module != f"{P}.errors"},
+    # the public surface (rollout_stream/__init__.py) and the commands that only parse and call
+    P: (P,),
+    # the workshop: benchmarks and acceptance harnesses, run by hand or by tests, imported by nothing
+    # installed
+    "bench": ("bench", P),
 }
-CLIENT_LIBRARIES = {"kafka": "stream.kafka.kafka_python", "confluent_kafka": "stream.kafka.confluent"}
+CLIENT_LIBRARIES = {"kafka": f"{P}.kafka.kafka_python", "confluent_kafka": f"{P}.kafka.confluent"}
 # Besides their seam implementation, only the benchmark scripts that measure the client libraries themselves
-RAW_CLIENTS = "stream.tools.bench.scripts"
+RAW_CLIENTS = "bench.scripts"
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([FOLDERS[parts[0]], *parts[1:]])
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {module_name(p): p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")}
 
 
 def imports(path: Path, *, top_level_only: bool) -> set[str]:
@@ -199,9 +207,9 @@ def test_kafka_python_is_imported_only_when_chosen():
     """The CLI, its connection settings and the seam's client on confluent-kafka load no kafka-python."""
     script = """
 import sys
-import stream.cli
-from stream.commands.connection import SecurityOptions, connection_from_options
-from stream.kafka import client_for
+import rollout_stream.cli
+from rollout_stream.commands.connection import SecurityOptions, connection_from_options
+from rollout_stream.kafka import client_for
 conn = connection_from_options("localhost:9092", SecurityOptions(client="confluent"), check=False)
 client_for(conn)
 assert "kafka" not in sys.modules, "kafka-python imported on the confluent path"

@@ -8,8 +8,15 @@ from typing import Annotated
 
 import typer
 
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import (
+from rollout_stream.acls import (
+    Permission,
+    producer_permissions,
+    reader_permissions,
+    render_kafka_acls,
+    worker_permissions,
+)
+from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
     CommandGroup,
@@ -20,15 +27,8 @@ from stream.commands.options import (
     grouped_options,
     option_group,
 )
-from stream.errors import described
-from stream.kafka import KafkaFailure
-from stream.tools.acls import (
-    Permission,
-    producer_permissions,
-    reader_permissions,
-    render_kafka_acls,
-    worker_permissions,
-)
+from rollout_stream.errors import described
+from rollout_stream.kafka import KafkaFailure
 
 __all__ = ["AclRequest", "acls_app", "register"]
 
@@ -190,7 +190,7 @@ def apply(
     """Create the same ACLs as a principal allowed to (ALTER on the cluster)."""
     permissions = _permissions(request)
     conn = connection_from_options(bootstrap_servers, security)
-    from stream.tools.access import apply_permissions
+    from rollout_stream.access import apply_permissions
 
     as_who = conn.security.principal or "this client"
     with described(KafkaFailure, f"cannot create ACLs on {conn.bootstrap_servers} as {as_who}"):

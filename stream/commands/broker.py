@@ -9,13 +9,13 @@ from typing import Annotated
 
 import typer
 
-from stream.commands.options import CommandGroup
-from stream.config import check_seconds
-from stream.tools.broker.cluster import LocalCluster, is_cluster
-from stream.tools.broker.errors import BrokerConfigError
-from stream.tools.broker.jars import cached_jars, default_cache_root, resolve_jars
-from stream.tools.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, LocalBroker
-from stream.tools.broker.properties import parse_override
+from rollout_stream.broker.cluster import LocalCluster, is_cluster
+from rollout_stream.broker.errors import BrokerConfigError
+from rollout_stream.broker.jars import cached_jars, default_cache_root, resolve_jars
+from rollout_stream.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, LocalBroker
+from rollout_stream.broker.properties import parse_override
+from rollout_stream.commands.options import CommandGroup
+from rollout_stream.config import check_seconds
 
 __all__ = ["broker_app", "register"]
 
@@ -137,7 +137,7 @@ def start(
     if before.running:
         _stderr(f"already running (pid {before.pid}) from {broker.data_dir}")
     if secure:
-        from stream.tools.broker.secure import describe_secure_broker
+        from rollout_stream.broker.secure import describe_secure_broker
 
         for line in describe_secure_broker(broker.material(), bootstrap):
             _stderr(line)

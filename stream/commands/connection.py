@@ -6,7 +6,8 @@ Adopt them in a command with two lines:
     def tail(bootstrap_servers: Bootstrap = None, ..., security: SecurityOptions = NO_SECURITY_OPTIONS):
         conn = connection_from_options(bootstrap_servers, security)
 
-`SecurityOptions` is an option group (stream.commands.options): `grouped_options` shows typer its flags
+`SecurityOptions` is an option group (rollout_stream.commands.options): `grouped_options` shows typer its
+flags
 and hands them to the function as one `SecurityOptions`. `connection_from_options` builds the settings (flag >
 env var > --kafka-config file), resolves the bootstrap address, and checks TCP, TLS and SASL once, so a
 wrong password or an untrusted certificate ends the command at once with one line, not a retry loop.
@@ -20,12 +21,12 @@ from typing import Annotated, Any
 
 import typer
 
-from stream.client_properties import load_properties
-from stream.clients import CLIENT_ENV, BadBootstrap, Connection, default_client
-from stream.commands.options import fail, option_group, resolve_bootstrap
-from stream.errors import described
-from stream.kafka import check_connection
-from stream.security import ENV_VARS, SASL_MECHANISMS, SECURITY_PROTOCOLS, SecretStr, SecuritySettings
+from rollout_stream.client_properties import load_properties
+from rollout_stream.clients import CLIENT_ENV, BadBootstrap, Connection, default_client
+from rollout_stream.commands.options import fail, option_group, resolve_bootstrap
+from rollout_stream.errors import described
+from rollout_stream.kafka import check_connection
+from rollout_stream.security import ENV_VARS, SASL_MECHANISMS, SECURITY_PROTOCOLS, SecretStr, SecuritySettings
 
 __all__ = [
     "NO_SECURITY_OPTIONS",
@@ -202,7 +203,7 @@ def connection_from_options(
 
 
 def _refuse_plaintext_to_secure_local_broker(security: SecuritySettings) -> None:
-    from stream.tools.broker.local import LocalBroker
+    from rollout_stream.broker.local import LocalBroker
 
     status = LocalBroker().status()
     if status.running and getattr(status, "secure", False) and security.protocol == "PLAINTEXT":

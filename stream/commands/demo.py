@@ -14,21 +14,21 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from core.validate import MAX_GROUP_SIZE, MAX_SIBLING_COUNT
-from stream.commands.connection import (
+from rollout_stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
     connection_from_options,
 )
-from stream.commands.options import Bootstrap, fail, grouped_options
-from stream.config import TopicNames, WorkerConfig, check_count, check_rate, check_seconds
-from stream.layout import Flow, output_console, titled
-from stream.logs import configure_logging
-from stream.producer import RolloutProducer
-from stream.tools.synth import Expected, FaultRates, RateLimiter, SynthPlan, plan_groups
-from stream.topics import TopicSettings, ensure_topics
-from stream.worker import Worker
-from stream.worker.allocator import reuse_freed_buffers
+from rollout_stream.commands.options import Bootstrap, fail, grouped_options
+from rollout_stream.config import TopicNames, WorkerConfig, check_count, check_rate, check_seconds
+from rollout_stream.core.validate import MAX_GROUP_SIZE, MAX_SIBLING_COUNT
+from rollout_stream.layout import Flow, output_console, titled
+from rollout_stream.logs import configure_logging
+from rollout_stream.ops.synth import Expected, FaultRates, RateLimiter, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.topics import TopicSettings, ensure_topics
+from rollout_stream.worker import Worker
+from rollout_stream.worker.allocator import reuse_freed_buffers
 
 
 def _table(expected: Expected, worker: Worker, sent: int, title: str) -> Group:

@@ -12,10 +12,10 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import RenderableType
 
-from codec import DeadLetterReason
-from stream.clients import MAX_RECORD_BYTES, Connection
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import (
+from rollout_stream.clients import MAX_RECORD_BYTES, Connection
+from rollout_stream.codec import DeadLetterReason
+from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
     CommandGroup,
@@ -24,12 +24,12 @@ from stream.commands.options import (
     grouped_options,
     option_group,
 )
-from stream.config import INT32_MAX, check_count, check_rate
-from stream.errors import described
-from stream.kafka import KafkaFailure, TopicPartition, client_for
-from stream.layout import Flow, output_console
-from stream.tools.dlq.cursor import cursor_name, resume_state
-from stream.tools.dlq.inspect import (
+from rollout_stream.config import INT32_MAX, check_count, check_rate
+from rollout_stream.errors import described
+from rollout_stream.kafka import KafkaFailure, TopicPartition, client_for
+from rollout_stream.layout import Flow, output_console
+from rollout_stream.ops.dlq.cursor import cursor_name, resume_state
+from rollout_stream.ops.dlq.inspect import (
     compare_rewards,
     decode_value,
     fetch_record,
@@ -37,8 +37,8 @@ from stream.tools.dlq.inspect import (
     nearby_values,
     value_of,
 )
-from stream.tools.dlq.record import DeadLetterRecord, readable_header
-from stream.tools.dlq.render import (
+from rollout_stream.ops.dlq.record import DeadLetterRecord, readable_header
+from rollout_stream.ops.dlq.render import (
     json_line,
     list_view,
     replay_document,
@@ -47,12 +47,12 @@ from stream.tools.dlq.render import (
     show_view,
     stats_view,
 )
-from stream.tools.dlq.replay import ReplayOptions, run_replay
-from stream.tools.dlq.scan import DeadLetterScanner
-from stream.tools.dlq.selection import Selection, parse_coordinates
-from stream.tools.dlq.stats import DeadLetterStats
-from stream.tools.dlq.values import DeadLetterValue, ValueGrouper
-from stream.topics import require_topics
+from rollout_stream.ops.dlq.replay import ReplayOptions, run_replay
+from rollout_stream.ops.dlq.scan import DeadLetterScanner
+from rollout_stream.ops.dlq.selection import Selection, parse_coordinates
+from rollout_stream.ops.dlq.stats import DeadLetterStats
+from rollout_stream.ops.dlq.values import DeadLetterValue, ValueGrouper
+from rollout_stream.topics import require_topics
 
 dlq_app = typer.Typer(
     cls=CommandGroup,

@@ -7,11 +7,17 @@ from typing import Annotated
 
 import typer
 
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, OutputTopic, grouped_options
-from stream.config import check_seconds
-from stream.layout import output_console
-from stream.tools.lag import lag_report, render_lag
+from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.options import (
+    DEFAULT_TOPICS,
+    Bootstrap,
+    InputTopic,
+    OutputTopic,
+    grouped_options,
+)
+from rollout_stream.config import check_seconds
+from rollout_stream.layout import output_console
+from rollout_stream.ops.lag import lag_report, render_lag
 
 __all__ = ["register"]
 

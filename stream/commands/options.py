@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar, ca
 import typer
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
-from stream.config import INT64_MAX, TopicNames
-from stream.errors import ConfigurationError, RolloutStreamError, RuntimeFailure, described
+from rollout_stream.config import INT64_MAX, TopicNames
+from rollout_stream.errors import ConfigurationError, RolloutStreamError, RuntimeFailure, described
 
 if TYPE_CHECKING:
     # typer's (vendored click) Context: not exported, and only CommandGroup's signatures need it.
@@ -258,10 +258,10 @@ def resolve_bootstrap(bootstrap: str | None) -> str:
     """
     if bootstrap:
         return bootstrap
-    from stream.tools.broker import BrokerConfigError, BrokerError, LocalBroker, PortInUse
+    from rollout_stream.broker import BrokerConfigError, BrokerError, LocalBroker, PortInUse
 
     broker = LocalBroker(progress=lambda line: print(line, file=sys.stderr))
-    from stream.tools.broker.cluster import LocalCluster, is_cluster
+    from rollout_stream.broker.cluster import LocalCluster, is_cluster
 
     if is_cluster(broker.data_dir):  # `broker start --nodes N` made it a cluster: start what is down
         with described(BrokerError, "no --bootstrap-servers given and the local cluster could not start"):

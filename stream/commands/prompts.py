@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import (
+from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
     CommandGroup,
@@ -17,8 +17,8 @@ from stream.commands.options import (
     fail,
     grouped_options,
 )
-from stream.layout import output_console
-from stream.tools.prompts import (
+from rollout_stream.layout import output_console
+from rollout_stream.ops.prompts import (
     fold_admission_log,
     parse_prompt_id,
     prompt_json,

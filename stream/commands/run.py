@@ -11,14 +11,14 @@ from typing import Annotated
 
 import typer
 
-from core.config import ADVANTAGE_ESTIMATORS
-from stream.clients import Connection
-from stream.commands.connection import (
+from rollout_stream.access import check_worker_access, denials_explained
+from rollout_stream.clients import Connection
+from rollout_stream.commands.connection import (
     NO_SECURITY_OPTIONS,
     SecurityOptions,
     connection_from_options,
 )
-from stream.commands.options import (
+from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
     DeadLetterTopic,
@@ -28,13 +28,13 @@ from stream.commands.options import (
     fail,
     grouped_options,
 )
-from stream.config import INT32_MAX, TopicNames, WorkerConfig, check_count, parse_zero_variance
-from stream.errors import described
-from stream.kafka import KafkaFailure
-from stream.logs import configure_logging, log_event
-from stream.names import heads_topic
-from stream.tools.access import check_worker_access, denials_explained
-from stream.topics import (
+from rollout_stream.config import INT32_MAX, TopicNames, WorkerConfig, check_count, parse_zero_variance
+from rollout_stream.core.config import ADVANTAGE_ESTIMATORS
+from rollout_stream.errors import described
+from rollout_stream.kafka import KafkaFailure
+from rollout_stream.logs import configure_logging, log_event
+from rollout_stream.names import heads_topic
+from rollout_stream.topics import (
     TopicMismatch,
     TopicSettings,
     ensure_topics,
@@ -42,9 +42,9 @@ from stream.topics import (
     require_topics,
     unreplicated_warning,
 )
-from stream.worker import Worker
-from stream.worker.allocator import reuse_freed_buffers
-from stream.worker.instance import claim_instance, fenced_as_taken_over
+from rollout_stream.worker import Worker
+from rollout_stream.worker.allocator import reuse_freed_buffers
+from rollout_stream.worker.instance import claim_instance, fenced_as_taken_over
 
 log = logging.getLogger("rollout_stream.run")
 
@@ -283,7 +283,7 @@ def _metrics_served(worker: Worker, port: int | None) -> Iterator[None]:
     if port is None:
         yield
         return
-    from stream.worker.metrics import serve_metrics
+    from rollout_stream.worker.metrics import serve_metrics
 
     server = serve_metrics(worker, port)
     log_event(log, "metrics.serving", port=port, paths="/metrics,/healthz,/readyz")

@@ -8,13 +8,12 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from core.validate import MAX_SIBLING_COUNT, SampleLimits
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, fail, grouped_options
-from stream.config import INT64_MAX, check_count, check_rate
-from stream.producer import RolloutProducer
-from stream.tools.access import write_denials_explained
-from stream.tools.synth import (
+from rollout_stream.access import write_denials_explained
+from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, fail, grouped_options
+from rollout_stream.config import INT64_MAX, check_count, check_rate
+from rollout_stream.core.validate import MAX_SIBLING_COUNT, SampleLimits
+from rollout_stream.ops.synth import (
     FaultRates,
     RateLimiter,
     SendProgress,
@@ -24,6 +23,7 @@ from stream.tools.synth import (
     interruption_summary,
     send_groups,
 )
+from rollout_stream.producer import RolloutProducer
 
 # The most tokens synth puts in one sample: 64 MiB of int32 token ids, the largest record topics take.
 MAX_TOKENS = 1 << 24

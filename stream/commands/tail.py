@@ -15,16 +15,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from codec import TrainSample
-from core.rewards import declared_rollout_key
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, grouped_options
-from stream.config import check_seconds
-from stream.layout import Fit, Flow, output_console
-from stream.topics import partition_count, require_topics
+from rollout_stream.codec import TrainSample
+from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, grouped_options
+from rollout_stream.config import check_seconds
+from rollout_stream.core.rewards import declared_rollout_key
+from rollout_stream.layout import Fit, Flow, output_console
+from rollout_stream.topics import partition_count, require_topics
 
 if TYPE_CHECKING:
-    from stream.reader import GroupInfo
+    from rollout_stream.reader import GroupInfo
 
 __all__ = ["following", "group_block", "register"]
 
@@ -160,7 +160,9 @@ def tail(
     Reads with read_committed and never commits (no consumer group is created). Says on stderr what it
     follows as soon as it starts; Ctrl-C stops it with exit 130.
     """
-    from stream.reader import TrainDataReader  # imports torch: only when tail runs, not for every command
+    from rollout_stream.reader import (
+        TrainDataReader,  # imports torch: only when tail runs, not for every command
+    )
 
     check_seconds("--partition-idle-ms", partition_idle_ms, zero=True, unit="ms", unit_s=0.001)
     console = output_console()

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
-from stream.commands.options import (
+from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
     CommandGroup,
@@ -18,10 +18,10 @@ from stream.commands.options import (
     OutputTopic,
     grouped_options,
 )
-from stream.config import INT32_MAX, check_count, check_seconds
-from stream.names import admission_topic, changelog_topic_name, heads_topic, progress_topic
-from stream.pacing import ensure_admission_topic, ensure_progress_topic
-from stream.topics import TopicSettings, ensure_changelog, ensure_topics, unreplicated_warning
+from rollout_stream.config import INT32_MAX, check_count, check_seconds
+from rollout_stream.names import admission_topic, changelog_topic_name, heads_topic, progress_topic
+from rollout_stream.pacing import ensure_admission_topic, ensure_progress_topic
+from rollout_stream.topics import TopicSettings, ensure_changelog, ensure_topics, unreplicated_warning
 
 topics_app = typer.Typer(cls=CommandGroup, help="Manage the stage's Kafka topics.", no_args_is_help=True)
 

@@ -19,7 +19,7 @@ miles builds it with `DataBufferConstructorInput(args, unused_handler_fn)` and c
 miles generates step k + 1 while it trains step k, so the groups handed out in a step are committed at the
 `get_metrics` two steps later: a restart repeats at most two steps' groups, never skips one.
 
-With `prompts=` (a class from `stream.integrations.miles_prompts.stage_data_source`, also miles'
+With `prompts=` (a class from `rollout_stream.integrations.miles_prompts.stage_data_source`, also miles'
 `--data-source-path`) the prompts come from the stage's prompt source and every group is settled through its
 admission log: `put` publishes a group keyed by its attempt; an aborted group's attempt is given back
 whichever unused handler miles chose (drop too: the prompt is not lost); the reader judges staleness
@@ -38,13 +38,13 @@ from typing import Any
 
 import msgspec
 
-from codec import Sample, TrainSample
-from stream.clients import Connection, default_client
-from stream.errors import ConfigurationError
-from stream.integrations.miles_prompts import GROUP_INDEX_KEY, StageDataSource
-from stream.producer import RolloutProducer
-from stream.prompts import prompt_fence
-from stream.reader import BatchPosition, TrainDataReader
+from rollout_stream.clients import Connection, default_client
+from rollout_stream.codec import Sample, TrainSample
+from rollout_stream.errors import ConfigurationError
+from rollout_stream.integrations.miles_prompts import GROUP_INDEX_KEY, StageDataSource
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.prompts import prompt_fence
+from rollout_stream.reader import BatchPosition, TrainDataReader
 
 __all__ = ["BufferEntry", "StageDataBuffer", "miles_group", "stage_data_buffer"]
 

@@ -1,7 +1,7 @@
 """miles (radixark/miles at 31f1ca9): the stage's prompt source as miles' data source (`--data-source-path`).
 
 `stage_data_source(...)` makes the class to point that flag at; `stage_data_buffer(..., prompts=that class)`
-(stream.integrations.miles) makes the fully-async data buffer that publishes its groups. miles'
+(rollout_stream.integrations.miles) makes the fully-async data buffer that publishes its groups. miles'
 `RolloutManager` builds it with `data_source_cls(args)` and, in the fully-async rollout
 (`FullyAsyncRolloutFn`), calls:
 
@@ -29,13 +29,13 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from codec import Sample
-from stream.clients import Connection
-from stream.errors import ConfigurationError
-from stream.kafka import Client
-from stream.logs import log_event
-from stream.prompts import PromptLease, PromptSource
-from stream.prompts.dataset import Row
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample
+from rollout_stream.errors import ConfigurationError
+from rollout_stream.kafka import Client
+from rollout_stream.logs import log_event
+from rollout_stream.prompts import PromptLease, PromptSource
+from rollout_stream.prompts.dataset import Row
 
 __all__ = ["ATTEMPT_KEY", "GROUP_INDEX_KEY", "StageDataSource", "miles_prompt_sample", "stage_data_source"]
 

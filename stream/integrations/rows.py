@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from codec import TrainSample
+from rollout_stream.codec import TrainSample
 
 __all__ = ["Row", "row_of", "weight_version_of"]
 

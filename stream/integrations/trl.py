@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-from codec import Array, Sample, TrainSample
-from stream.errors import RuntimeFailure
-from stream.integrations.rows import row_of, weight_version_of
-from stream.reader import Batch, BatchPosition, TrainDataReader
+from rollout_stream.codec import Array, Sample, TrainSample
+from rollout_stream.errors import RuntimeFailure
+from rollout_stream.integrations.rows import row_of, weight_version_of
+from rollout_stream.reader import Batch, BatchPosition, TrainDataReader
 
 __all__ = ["StageRolloutWorker", "StageWorkerError", "rollout_sample", "completion_samples"]
 

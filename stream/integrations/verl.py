@@ -33,11 +33,11 @@ from verl import DataProto
 from verl.experimental.fully_async_policy.detach_utils import RolloutSample
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
-from codec import Array, Sample, TrainSample
-from stream.errors import RuntimeFailure
-from stream.integrations.rows import row_of
-from stream.producer import RolloutProducer
-from stream.reader import BatchPosition, TrainDataReader
+from rollout_stream.codec import Array, Sample, TrainSample
+from rollout_stream.errors import RuntimeFailure
+from rollout_stream.integrations.rows import row_of
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.reader import BatchPosition, TrainDataReader
 
 __all__ = ["STAGE_ESTIMATOR", "StageMessageQueue", "StageQueueError", "data_proto", "rollout_sample",
            "samples_of", "stage_advantage"]

@@ -1,13 +1,15 @@
 """The Kafka seam (`seam`), its errors (`errors`) and the one factory that picks an implementation.
 
 Everything in rollout-stream that talks to Kafka does it through these types; a client library is
-imported only inside its implementation package (`stream.kafka.confluent`, `stream.kafka.kafka_python`).
+imported only inside its implementation package (`rollout_stream.kafka.confluent`,
+`rollout_stream.kafka.kafka_python`).
 
 The implementations are plugins chosen by name, here and nowhere else: `client_for` imports the package a
 Connection's `client` names when it is first asked for, so choosing confluent-kafka loads no kafka-python
 (and the reverse). Two helpers use kafka-python on purpose, whatever the chosen client, and import it only
 when called: `check_connection` (one raw Kafka exchange that names what failed) and `ask_admin` (the admin
-requests librdkafka lacks). Connections and their security settings (stream.clients, stream.security)
+requests librdkafka lacks). Connections and their security settings (rollout_stream.clients,
+rollout_stream.security)
 import nothing of this package, so the seam imports them at module level.
 """
 
@@ -17,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
 
-from stream.clients import Connection
-from stream.kafka.errors import (
+from rollout_stream.clients import Connection
+from rollout_stream.kafka.errors import (
     AuthenticationRefused,
     AuthorizationFailed,
     BrokerUnavailable,
@@ -34,7 +36,7 @@ from stream.kafka.errors import (
     authorization_cause,
     refusal_cause,
 )
-from stream.kafka.seam import (
+from rollout_stream.kafka.seam import (
     AclSpec,
     Admin,
     AssignedConsumer,
@@ -72,7 +74,7 @@ def check_connection(conn: Connection, timeout_s: float = 10.0) -> None:
     """Return when a bootstrap server accepts this connection's settings up to a Metadata answer (TCP, TLS,
     SASL login); raise BrokerUnreachable or a ConnectionCheckFailed naming what is wrong. One raw Kafka
     exchange, whatever client the commands use afterwards."""
-    from stream.kafka.kafka_python.preflight import check_connection as check
+    from rollout_stream.kafka.kafka_python.preflight import check_connection as check
 
     check(conn, timeout_s)
 
@@ -81,10 +83,10 @@ def client_for(conn: Connection) -> Client:
     """The client implementation a Connection names (`conn.client`): confluent-kafka (librdkafka) or
     kafka-python, its package imported when first chosen (the plugin choice, see above)."""
     if conn.client == "kafka-python":
-        from stream.kafka.kafka_python import KafkaPythonClient
+        from rollout_stream.kafka.kafka_python import KafkaPythonClient
 
         return KafkaPythonClient(conn)
-    from stream.kafka.confluent import ConfluentClient
+    from rollout_stream.kafka.confluent import ConfluentClient
 
     return ConfluentClient(conn)
 

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from stream.errors import RuntimeFailure
+from rollout_stream.errors import RuntimeFailure
 
 __all__ = ["Hung", "call_within"]
 

@@ -6,7 +6,7 @@ class names: a fenced producer stops the worker, a missing ACL is named with the
 retriable failure is retried or restored from the last commit.
 
 A KafkaFailure is a RuntimeFailure (exit 1; stream/errors.py): a missing ACL is one too until a caller that
-knows what was asked says which (stream.tools.access `denials_explained`: AccessDenied, exit 2). A
+knows what was asked says which (rollout_stream.access `denials_explained`: AccessDenied, exit 2). A
 ConnectionCheckFailed is a ConfigurationError (exit 2): the broker answered, the settings are wrong.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal, TypeVar
 
-from stream.errors import ConfigurationError, RuntimeFailure
+from rollout_stream.errors import ConfigurationError, RuntimeFailure
 
 __all__ = [
     "AuthenticationRefused",

@@ -12,8 +12,9 @@ Three kinds of clients, each a Protocol below, built by a `Client` (one per impl
 
 Offsets are plain ints (the next record to read). Records are whatever the client returns, read through
 the `Record` protocol (no per-record conversion on the hot path). Every failure is a
-`stream.kafka.errors.KafkaFailure`. Implementations: `stream.kafka.kafka_python` (the design's client),
-`stream.kafka.memory` (tests only: partitions, groups, transactions in one process).
+`rollout_stream.kafka.errors.KafkaFailure`. Implementations: `rollout_stream.kafka.kafka_python` (the
+design's client),
+`rollout_stream.kafka.memory` (tests only: partitions, groups, transactions in one process).
 """
 
 from __future__ import annotations
@@ -314,7 +315,7 @@ class Admin(Protocol):
 
 
 class Client(Protocol):
-    """Builds one implementation's clients from the project's settings (stream.clients.Connection)."""
+    """Builds one implementation's clients from the project's settings (rollout_stream.clients.Connection)."""
 
     name: str
 

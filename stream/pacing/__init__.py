@@ -1,9 +1,9 @@
 """Pacing rollouts to the trainer (docs/pacing.md): the admission log paced producers ask for room on and
 trainers report to, and the progress topic every party writes its state to for display. The rule itself
-is pure: `core.admission`."""
+is pure: `rollout_stream.core.admission`."""
 
-from stream.pacing.admission_log import AdmissionFollower, AdmissionWriter, ensure_admission_topic
-from stream.pacing.gate import (
+from rollout_stream.pacing.admission_log import AdmissionFollower, AdmissionWriter, ensure_admission_topic
+from rollout_stream.pacing.gate import (
     AdmissionGate,
     AdmissionRevoked,
     PacingError,
@@ -11,8 +11,8 @@ from stream.pacing.gate import (
     PacingTimeout,
     WeightsTooOld,
 )
-from stream.pacing.progress import ProgressBoard, ProgressWriter, ensure_progress_topic, now_ms
-from stream.pacing.trainer import TrainerProgressPublisher
+from rollout_stream.pacing.progress import ProgressBoard, ProgressWriter, ensure_progress_topic, now_ms
+from rollout_stream.pacing.trainer import TrainerProgressPublisher
 
 __all__ = ["AdmissionFollower", "AdmissionGate", "AdmissionRevoked", "AdmissionWriter", "PacingError",
            "PacingStats", "PacingTimeout", "ProgressBoard", "ProgressWriter", "TrainerProgressPublisher",

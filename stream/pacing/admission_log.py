@@ -1,7 +1,8 @@
-"""The admission log on Kafka: one partition per train-data topic (`stream.names.admission_topic`).
+"""The admission log on Kafka: one partition per train-data topic (`rollout_stream.names.admission_topic`).
 
 `AdmissionWriter` appends records; `AdmissionFollower` reads the log from its start in a thread of its own
-and folds every record with `core.admission.AdmissionLog`, so a producer learns the answer to its request
+and folds every record with `rollout_stream.core.admission.AdmissionLog`, so a producer learns the answer to
+its request
 when the fold reaches the record that decides it. The topic keeps records by time (never compacted: every
 record counts, not only the newest per key) and stamps them with the broker's clock (LogAppendTime), the
 only clock the rule uses.
@@ -17,11 +18,11 @@ from typing import TypeVar
 
 import msgspec
 
-from codec.admission import AdmissionRecord, decode_admission, encode_admission
-from core.admission import AdmissionLog, AdmissionSnapshot, Decision
-from stream.clients import Connection
-from stream.errors import ConfigurationError
-from stream.kafka import (
+from rollout_stream.clients import Connection
+from rollout_stream.codec.admission import AdmissionRecord, decode_admission, encode_admission
+from rollout_stream.core.admission import AdmissionLog, AdmissionSnapshot, Decision
+from rollout_stream.errors import ConfigurationError
+from rollout_stream.kafka import (
     Admin,
     Client,
     KafkaFailure,
@@ -32,8 +33,8 @@ from stream.kafka import (
     UnknownTopic,
     client_for,
 )
-from stream.logs import log_event
-from stream.topics import replication_for
+from rollout_stream.logs import log_event
+from rollout_stream.topics import replication_for
 
 __all__ = ["ADMISSION_TOPIC_CONFIGS", "AdmissionFollower", "AdmissionWriter", "ensure_admission_topic"]
 

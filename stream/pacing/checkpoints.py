@@ -1,7 +1,8 @@
 """Checkpoint records on the admission log: find the newest to start a fold from, write one when due.
 
 A newcomer reads the log's tail backwards, `WINDOW` records at a time, for the newest `Checkpoint` it can
-load; it folds from there (`core.checkpoint`). With none (a young log, or only checkpoints of another fold
+load; it folds from there (`rollout_stream.core.checkpoint`). With none (a young log, or only checkpoints of
+another fold
 version) it folds from the log's start, which is right only while the log still holds its first record:
 the log keeps records 7 days, so a run longer than that needs its checkpoints (a prompt source writes one
 every `CHECKPOINT_EVERY` records).
@@ -14,11 +15,11 @@ import time
 
 import msgspec
 
-from codec.admission import Checkpoint, decode_admission
-from core.checkpoint import FOLD_VERSION, CheckpointMismatch, dump_fold, load_fold
-from core.prompts import PromptLog
-from stream.kafka import AssignedConsumer, Client, KafkaFailure, TopicPartition
-from stream.logs import log_event
+from rollout_stream.codec.admission import Checkpoint, decode_admission
+from rollout_stream.core.checkpoint import FOLD_VERSION, CheckpointMismatch, dump_fold, load_fold
+from rollout_stream.core.prompts import PromptLog
+from rollout_stream.kafka import AssignedConsumer, Client, KafkaFailure, TopicPartition
+from rollout_stream.logs import log_event
 
 __all__ = ["CHECKPOINT_EVERY", "checkpoint_due", "newest_fold", "take_checkpoint"]
 

@@ -1,7 +1,8 @@
 """The producer's side of pacing: ask the admission log for room and wait for its answer.
 
 `AdmissionGate` is what `RolloutProducer(..., max_policy_lag=k, max_unconsumed_groups=n)` uses. `admit`
-appends a request to the admission log and waits until the fold (`core.admission`) decides it; every paced
+appends a request to the admission log and waits until the fold (`rollout_stream.core.admission`) decides it;
+every paced
 producer folds the same log, so no two can take the same room, however many there are (docs/pacing.md).
 A group's records are sent only after a `Sent` record names its key, and only while this producer's lease
 holds (it renews it every second); once they are all acknowledged a `Delivered` record says the group is
@@ -19,17 +20,26 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TypedDict
 
-from codec import Sample
-from codec.admission import AdmissionRecord, Cancel, Delivered, Hello, Release, Renew, Request, Sent
-from codec.progress import ProducerProgress
-from core.admission import SUSPECT_MS, AdmissionLog, Decision, Outcome
-from core.pacing import Admission, PacingLimits, next_batch_version
-from stream.clients import Connection
-from stream.errors import RuntimeFailure
-from stream.kafka import Client, KafkaFailure, SendFuture, client_for
-from stream.logs import log_event
-from stream.pacing.admission_log import AdmissionFollower, AdmissionWriter, ensure_admission_topic
-from stream.pacing.progress import ProgressWriter, now_ms
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample
+from rollout_stream.codec.admission import (
+    AdmissionRecord,
+    Cancel,
+    Delivered,
+    Hello,
+    Release,
+    Renew,
+    Request,
+    Sent,
+)
+from rollout_stream.codec.progress import ProducerProgress
+from rollout_stream.core.admission import SUSPECT_MS, AdmissionLog, Decision, Outcome
+from rollout_stream.core.pacing import Admission, PacingLimits, next_batch_version
+from rollout_stream.errors import RuntimeFailure
+from rollout_stream.kafka import Client, KafkaFailure, SendFuture, client_for
+from rollout_stream.logs import log_event
+from rollout_stream.pacing.admission_log import AdmissionFollower, AdmissionWriter, ensure_admission_topic
+from rollout_stream.pacing.progress import ProgressWriter, now_ms
 
 __all__ = ["AdmissionGate", "AdmissionRevoked", "PacingError", "PacingStats", "PacingTimeout",
            "WeightsTooOld"]

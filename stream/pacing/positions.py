@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codec.progress import ProducerProgress, TrainerProgress
+from rollout_stream.codec.progress import ProducerProgress, TrainerProgress
 
 __all__ = ["ProducerRow", "TrainerRow", "age_s", "producer_row", "trainer_row"]
 

@@ -1,5 +1,5 @@
 """The progress topic: each party writes its latest record (`ProgressWriter`), anyone reads them all
-(`ProgressBoard`). One small compacted topic per train-data topic (`stream.names.progress_topic`).
+(`ProgressBoard`). One small compacted topic per train-data topic (`rollout_stream.names.progress_topic`).
 
 Why a compacted topic rather than the reader's commit metadata: producers would have to ask the group
 coordinator for every rank's offsets (an admin request per check, and ACLs on the trainer's groups), and
@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from codec.progress import (
+from rollout_stream.clients import Connection
+from rollout_stream.codec.progress import (
     ProducerProgress,
     Progress,
     StageProgress,
@@ -26,10 +27,9 @@ from codec.progress import (
     encode_progress,
     progress_key,
 )
-from stream.clients import Connection
-from stream.kafka import Client, KafkaFailure, TopicExists, TopicPartition, TopicSpec, client_for
-from stream.logs import log_event
-from stream.topics import replication_for
+from rollout_stream.kafka import Client, KafkaFailure, TopicExists, TopicPartition, TopicSpec, client_for
+from rollout_stream.logs import log_event
+from rollout_stream.topics import replication_for
 
 __all__ = ["ProgressBoard", "ProgressWriter", "ensure_progress_topic", "now_ms"]
 
@@ -54,7 +54,7 @@ def ensure_progress_topic(conn: Connection, topic: str, client: Client | None = 
                           replication_factor: int | None = None,
                           min_insync_replicas: int | None = None) -> bool:
     """Create the compacted progress topic if it is missing (True: created now), replicated like the stage's
-    other topics (`stream.topics.replication_for`: by default the smaller of 3 and the brokers)."""
+    other topics (`rollout_stream.topics.replication_for`: by default the smaller of 3 and the brokers)."""
     admin = (client or client_for(conn)).admin(client_id=conn.client_id)
     try:
         if topic in admin.list_topics():

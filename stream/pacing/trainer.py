@@ -18,14 +18,14 @@ from collections.abc import Iterable
 
 import msgspec
 
-from codec.admission import TrainerMark
-from codec.progress import TrainerProgress
-from core.assembly import AssembledGroup
-from stream.clients import Connection
-from stream.kafka import KafkaFailure
-from stream.logs import log_event
-from stream.pacing.admission_log import AdmissionWriter, ensure_admission_topic
-from stream.pacing.progress import ProgressWriter, now_ms
+from rollout_stream.clients import Connection
+from rollout_stream.codec.admission import TrainerMark
+from rollout_stream.codec.progress import TrainerProgress
+from rollout_stream.core.assembly import AssembledGroup
+from rollout_stream.kafka import KafkaFailure
+from rollout_stream.logs import log_event
+from rollout_stream.pacing.admission_log import AdmissionWriter, ensure_admission_topic
+from rollout_stream.pacing.progress import ProgressWriter, now_ms
 
 __all__ = ["TrainerProgressPublisher"]
 
@@ -125,7 +125,8 @@ class TrainerProgressPublisher:
                      consumed_through={t: dict(p) for t, p in self._through.items()})
 
     def doomed(self, through: dict[str, dict[int, int]], keys: Iterable[str] = ()) -> None:
-        """Queued groups that will be skipped (`core.pacing.doomed_through`; `keys`: every one of them):
+        """Queued groups that will be skipped (`rollout_stream.core.pacing.doomed_through`; `keys`: every one
+        of them):
         producers may stop counting them now, before the batch that skips them completes."""
         with self._lock:
             known = set(self._mark.doomed)

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from stream.errors import ConfigurationError
+from rollout_stream.errors import ConfigurationError
 
 __all__ = ["DatasetError", "Row", "fingerprint", "load_rows"]
 

@@ -26,16 +26,16 @@ from importlib.metadata import PackageNotFoundError, version
 
 import msgspec
 
-from codec import DeadLetterReason
-from codec import headers as H
-from codec.admission import Resolved, encode_admission
-from core.prompt_keys import AttemptKey
-from core.prompt_records import Exhausted, attempt_history
-from core.prompts import PromptLog
-from stream.clients import Connection
-from stream.kafka import Client, KafkaFailure, TopicPartition
-from stream.logs import log_event
-from stream.pacing import AdmissionFollower
+from rollout_stream.clients import Connection
+from rollout_stream.codec import DeadLetterReason
+from rollout_stream.codec import headers as H
+from rollout_stream.codec.admission import Resolved, encode_admission
+from rollout_stream.core.prompt_keys import AttemptKey
+from rollout_stream.core.prompt_records import Exhausted, attempt_history
+from rollout_stream.core.prompts import PromptLog
+from rollout_stream.kafka import Client, KafkaFailure, TopicPartition
+from rollout_stream.logs import log_event
+from rollout_stream.pacing import AdmissionFollower
 
 __all__ = ["TRANSACTION_TIMEOUT_S", "ExhaustedWriter", "exhausted_record", "transactional_id"]
 

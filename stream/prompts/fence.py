@@ -3,14 +3,14 @@ trainer's reader starts from (docs/loop.md)."""
 
 from __future__ import annotations
 
-from core.prompt_keys import PromptFence
-from core.prompts import PromptLog
-from stream.clients import Connection
-from stream.kafka import TopicPartition, client_for
-from stream.names import admission_topic
-from stream.pacing import AdmissionFollower
-from stream.pacing.checkpoints import newest_fold
-from stream.topics import missing_topics
+from rollout_stream.clients import Connection
+from rollout_stream.core.prompt_keys import PromptFence
+from rollout_stream.core.prompts import PromptLog
+from rollout_stream.kafka import TopicPartition, client_for
+from rollout_stream.names import admission_topic
+from rollout_stream.pacing import AdmissionFollower
+from rollout_stream.pacing.checkpoints import newest_fold
+from rollout_stream.topics import missing_topics
 
 __all__ = ["fold_admission_log", "prompt_fence"]
 

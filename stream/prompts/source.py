@@ -6,7 +6,8 @@
     ...         src.publish(lease, generate(lease.row, weights=version))
 
 Taking a prompt is a paced admission (docs/pacing.md) whose request names the source: the fold every party
-runs (`core.prompts.PromptLog`) hands it the next prompt, so no two processes get the same one and a
+runs (`rollout_stream.core.prompts.PromptLog`) hands it the next prompt, so no two processes get the same one
+and a
 restarted process simply goes on (docs/loop.md). The group goes out through a `RolloutProducer` keyed by
 the attempt (`<source>@<epoch>.<attempt>/<row>`), so the stage, the trainer and the log all know which
 attempt of which prompt it is.
@@ -24,21 +25,21 @@ from typing import Any
 
 import msgspec
 
-from codec import Sample
-from codec.admission import Checkpoint, Dataset
-from core.pacing import PacingLimits
-from core.prompt_keys import AttemptKey, attempt_run_id, valid_source
-from core.prompts import EpochStatus, PromptLog
-from stream.clients import Connection, default_client
-from stream.errors import ConfigurationError, RuntimeFailure
-from stream.kafka import Client, KafkaFailure, SendFuture, client_for
-from stream.logs import log_event
-from stream.names import admission_topic, progress_topic
-from stream.pacing import AdmissionGate, PacingTimeout
-from stream.pacing.checkpoints import CHECKPOINT_EVERY, checkpoint_due, newest_fold, take_checkpoint
-from stream.producer import RolloutProducer
-from stream.prompts.dataset import Row, fingerprint, load_rows
-from stream.prompts.exhausted import ExhaustedWriter
+from rollout_stream.clients import Connection, default_client
+from rollout_stream.codec import Sample
+from rollout_stream.codec.admission import Checkpoint, Dataset
+from rollout_stream.core.pacing import PacingLimits
+from rollout_stream.core.prompt_keys import AttemptKey, attempt_run_id, valid_source
+from rollout_stream.core.prompts import EpochStatus, PromptLog
+from rollout_stream.errors import ConfigurationError, RuntimeFailure
+from rollout_stream.kafka import Client, KafkaFailure, SendFuture, client_for
+from rollout_stream.logs import log_event
+from rollout_stream.names import admission_topic, progress_topic
+from rollout_stream.pacing import AdmissionGate, PacingTimeout
+from rollout_stream.pacing.checkpoints import CHECKPOINT_EVERY, checkpoint_due, newest_fold, take_checkpoint
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.prompts.dataset import Row, fingerprint, load_rows
+from rollout_stream.prompts.exhausted import ExhaustedWriter
 
 __all__ = ["DatasetMismatch", "PromptLease", "PromptSource", "SourceFinished"]
 
@@ -81,7 +82,8 @@ class PromptSource:
                  versions_per_batch: int = 1, producer_id: str | None = None, check: bool = True,
                  kafka_client: Client | None = None, checkpoint_every: int = CHECKPOINT_EVERY,
                  dead_letter_topic: str = "rollouts-dlq") -> None:
-        """`dataset`: a path (`stream.prompts.dataset.load_rows`) or the rows themselves; `name` the source's
+        """`dataset`: a path (`rollout_stream.prompts.dataset.load_rows`) or the rows themselves; `name` the
+        source's
         name in the log (letters, digits, `_ . : -`); `seed` orders each epoch; `epochs` None: endless;
         `max_attempts` attempts end without a result before a prompt is exhausted. Pacing as
         `RolloutProducer` (`max_policy_lag`, `max_unconsumed_groups`; both None: every take is granted at
@@ -200,7 +202,7 @@ class PromptSource:
 
     def _write_exhausted(self) -> None:
         """Exhausted prompts' dead-letter records not written yet: this process writes them if no other has
-        (stream.prompts.exhausted); at most once a second, and only when the fold lists some."""
+        (rollout_stream.prompts.exhausted); at most once a second, and only when the fold lists some."""
         now = time.monotonic()
         if now < self._exhausted_next or not self.exhausted.pending():
             return

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 import time
 
-from codec import DeadLetterReason as R
-from codec.admission import Resolved
-from core.records import DeadLettered, Outcome, Published
-from stream.clients import Connection
-from stream.kafka import Client, KafkaFailure
-from stream.logs import log_event
-from stream.pacing.admission_log import AdmissionWriter
-from stream.worker.outputs import OutputRecord
+from rollout_stream.clients import Connection
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec.admission import Resolved
+from rollout_stream.core.records import DeadLettered, Outcome, Published
+from rollout_stream.kafka import Client, KafkaFailure
+from rollout_stream.logs import log_event
+from rollout_stream.pacing.admission_log import AdmissionWriter
+from rollout_stream.worker.outputs import OutputRecord
 
 __all__ = ["SILENT", "AdmissionResolver"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from stream.kafka import GroupConsumer, TopicPartition
-from stream.logs import log_event
+from rollout_stream.kafka import GroupConsumer, TopicPartition
+from rollout_stream.logs import log_event
 
 __all__ = ["BackPressure", "PAUSE_STALL_S"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from stream.logs import log_event
+from rollout_stream.logs import log_event
 
 __all__ = ["BrokerWatch"]
 

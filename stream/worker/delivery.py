@@ -20,12 +20,12 @@ import logging
 from collections.abc import Sequence
 from typing import NamedTuple, NoReturn, Protocol
 
-from codec import changelog_key, encode_changelog
-from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
-from core.offsets import OffsetLedger
-from core.windows import ClosedGroup, WindowKey
-from stream.errors import RuntimeFailure
-from stream.kafka import (
+from rollout_stream.codec import changelog_key, encode_changelog
+from rollout_stream.codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
+from rollout_stream.core.offsets import OffsetLedger
+from rollout_stream.core.windows import ClosedGroup, WindowKey
+from rollout_stream.errors import RuntimeFailure
+from rollout_stream.kafka import (
     CommitFailed,
     GroupConsumer,
     KafkaFailure,
@@ -36,9 +36,9 @@ from stream.kafka import (
     authorization_cause,
     refusal_cause,
 )
-from stream.logs import log_event
-from stream.worker.heads import PendingHead
-from stream.worker.outputs import OutputRecord
+from rollout_stream.logs import log_event
+from rollout_stream.worker.heads import PendingHead
+from rollout_stream.worker.outputs import OutputRecord
 
 __all__ = ["AtLeastOnce", "ChangelogWrite", "CommitAborted", "Delivery", "ExactlyOnce", "ProduceFailed",
            "closed_entry"]

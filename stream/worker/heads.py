@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import msgspec
 
-from codec import TrainSample
-from codec.chunks import CHUNK_HEADER, decode_chunk_header
-from codec.group_heads import GroupHead, HeadSample, encode_group_head
-from core.collate import collation_problem
-from core.records import Published
-from stream.kafka import OutgoingRecord, Written
-from stream.names import heads_topic
-from stream.worker.outputs import OutputRecord
+from rollout_stream.codec import TrainSample
+from rollout_stream.codec.chunks import CHUNK_HEADER, decode_chunk_header
+from rollout_stream.codec.group_heads import GroupHead, HeadSample, encode_group_head
+from rollout_stream.core.collate import collation_problem
+from rollout_stream.core.records import Published
+from rollout_stream.kafka import OutgoingRecord, Written
+from rollout_stream.names import heads_topic
+from rollout_stream.worker.outputs import OutputRecord
 
 __all__ = ["PendingHead", "plan_head"]
 

@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from stream.config import ConfigError
-from stream.errors import RuntimeFailure
-from stream.kafka import ProducerFenced
-from stream.names import transactional_id
+from rollout_stream.config import ConfigError
+from rollout_stream.errors import RuntimeFailure
+from rollout_stream.kafka import ProducerFenced
+from rollout_stream.names import transactional_id
 
 __all__ = ["InstanceClaim", "InstanceInUse", "InstanceTakenOver", "claim_instance", "fenced_as_taken_over",
            "lock_dir"]

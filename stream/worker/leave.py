@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from stream.clients import Connection
-from stream.errors import RolloutStreamError
-from stream.kafka import Client, ask_admin
-from stream.logs import log_event
+from rollout_stream.clients import Connection
+from rollout_stream.errors import RolloutStreamError
+from rollout_stream.kafka import Client, ask_admin
+from rollout_stream.logs import log_event
 
 __all__ = ["leave_group"]
 

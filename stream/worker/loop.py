@@ -18,28 +18,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from codec import compiled
-from core.offsets import OffsetLedger
-from core.rewards import torch_free_normalization
-from core.windows import WindowStore
-from stream.clients import Connection
-from stream.config import WorkerConfig
-from stream.kafka import Client, GroupConsumer, client_for
-from stream.logs import log_event
-from stream.names import admission_topic, changelog_topic_name, transactional_id
-from stream.topics import ensure_changelog
-from stream.worker.admission import AdmissionResolver
-from stream.worker.backpressure import BackPressure
-from stream.worker.broker_watch import BrokerWatch
-from stream.worker.cadence import POLL_RECORDS
-from stream.worker.delivery import AtLeastOnce, Delivery, ExactlyOnce
-from stream.worker.instance import InstanceClaim, claim_instance
-from stream.worker.leave import leave_group
-from stream.worker.observer import Observer
-from stream.worker.processor import Processor
-from stream.worker.restore import Restorer
-from stream.worker.routing import DeadLetterLimitExceeded
-from stream.worker.stats import LoopObserver, Snapshot, WorkerStats
+from rollout_stream.clients import Connection
+from rollout_stream.codec import compiled
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core.offsets import OffsetLedger
+from rollout_stream.core.rewards import torch_free_normalization
+from rollout_stream.core.windows import WindowStore
+from rollout_stream.kafka import Client, GroupConsumer, client_for
+from rollout_stream.logs import log_event
+from rollout_stream.names import admission_topic, changelog_topic_name, transactional_id
+from rollout_stream.topics import ensure_changelog
+from rollout_stream.worker.admission import AdmissionResolver
+from rollout_stream.worker.backpressure import BackPressure
+from rollout_stream.worker.broker_watch import BrokerWatch
+from rollout_stream.worker.cadence import POLL_RECORDS
+from rollout_stream.worker.delivery import AtLeastOnce, Delivery, ExactlyOnce
+from rollout_stream.worker.instance import InstanceClaim, claim_instance
+from rollout_stream.worker.leave import leave_group
+from rollout_stream.worker.observer import Observer
+from rollout_stream.worker.processor import Processor
+from rollout_stream.worker.restore import Restorer
+from rollout_stream.worker.routing import DeadLetterLimitExceeded
+from rollout_stream.worker.stats import LoopObserver, Snapshot, WorkerStats
 
 __all__ = ["Worker"]
 
@@ -67,7 +67,8 @@ class Worker:
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def observe_with(self, metrics: LoopObserver) -> None:
-        """Report batch, commit and latency observations to `metrics` (stream.worker.metrics.LoopMetrics)."""
+        """Report batch, commit and latency observations to `metrics`
+        (rollout_stream.worker.metrics.LoopMetrics)."""
         self.processor.metrics = metrics
         self.processor.router.track_published = True
 

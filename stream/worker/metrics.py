@@ -22,9 +22,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from stream.errors import ConfigurationError
-from stream.worker.outputs import STAGE_VERSION
-from stream.worker.progress import ProgressCollector, StageProgressPublisher
+from rollout_stream.errors import ConfigurationError
+from rollout_stream.worker.outputs import STAGE_VERSION
+from rollout_stream.worker.progress import ProgressCollector, StageProgressPublisher
 
 __all__ = ["LoopMetrics", "MetricsPortUnavailable", "WorkerCollector", "MetricsServer", "serve_metrics"]
 

@@ -8,13 +8,13 @@ import logging
 import os
 from typing import Any
 
-from stream.config import WorkerConfig
-from stream.logs import log_event
-from stream.worker.backpressure import BackPressure
-from stream.worker.broker_watch import BrokerWatch
-from stream.worker.periodic import Every
-from stream.worker.processor import Processor
-from stream.worker.stats import Snapshot
+from rollout_stream.config import WorkerConfig
+from rollout_stream.logs import log_event
+from rollout_stream.worker.backpressure import BackPressure
+from rollout_stream.worker.broker_watch import BrokerWatch
+from rollout_stream.worker.periodic import Every
+from rollout_stream.worker.processor import Processor
+from rollout_stream.worker.stats import Snapshot
 
 __all__ = ["Observer"]
 

@@ -8,11 +8,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 import msgspec
 
-from codec import TrainSample, encode_train_sample, encode_train_samples
-from codec import headers as H
-from codec.chunks import CHUNK_HEADER, split
-from core.config import RewardConfig
-from core.records import DeadLettered, InputRecord, Published
+from rollout_stream.codec import TrainSample, encode_train_sample, encode_train_samples
+from rollout_stream.codec import headers as H
+from rollout_stream.codec.chunks import CHUNK_HEADER, split
+from rollout_stream.core.config import RewardConfig
+from rollout_stream.core.records import DeadLettered, InputRecord, Published
 
 __all__ = ["STAGE_VERSION", "OutputRecord", "train_records", "dead_letter_records", "DLQ_HEADERS", "chunked"]
 

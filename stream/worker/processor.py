@@ -17,20 +17,20 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from core.offsets import OffsetLedger
-from core.records import Outcome
-from core.windows import WindowStore
-from stream.config import WorkerConfig
-from stream.kafka import GroupConsumer, Record, TopicPartition
-from stream.logs import log_event
-from stream.worker.admission import SILENT, AdmissionResolver
-from stream.worker.cadence import CommitCadence, caught_up
-from stream.worker.delivery import CommitAborted, Delivery
-from stream.worker.partitions import Partitions
-from stream.worker.periodic import Every
-from stream.worker.restore import Restorer
-from stream.worker.routing import Router
-from stream.worker.stats import LoopObserver, OutcomeCounts, WorkerStats
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core.offsets import OffsetLedger
+from rollout_stream.core.records import Outcome
+from rollout_stream.core.windows import WindowStore
+from rollout_stream.kafka import GroupConsumer, Record, TopicPartition
+from rollout_stream.logs import log_event
+from rollout_stream.worker.admission import SILENT, AdmissionResolver
+from rollout_stream.worker.cadence import CommitCadence, caught_up
+from rollout_stream.worker.delivery import CommitAborted, Delivery
+from rollout_stream.worker.partitions import Partitions
+from rollout_stream.worker.periodic import Every
+from rollout_stream.worker.restore import Restorer
+from rollout_stream.worker.routing import Router
+from rollout_stream.worker.stats import LoopObserver, OutcomeCounts, WorkerStats
 
 __all__ = ["Processor"]
 

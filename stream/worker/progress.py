@@ -18,15 +18,15 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from codec.progress import StageProgress
-from core.admission import AdmissionLog
-from core.prompts import PromptLog
-from stream.kafka import KafkaFailure
-from stream.logs import log_event
-from stream.names import admission_topic, progress_topic
-from stream.pacing import AdmissionFollower, ProgressBoard, ProgressWriter, now_ms
-from stream.pacing.checkpoints import newest_fold
-from stream.pacing.positions import producer_row, trainer_row
+from rollout_stream.codec.progress import StageProgress
+from rollout_stream.core.admission import AdmissionLog
+from rollout_stream.core.prompts import PromptLog
+from rollout_stream.kafka import KafkaFailure
+from rollout_stream.logs import log_event
+from rollout_stream.names import admission_topic, progress_topic
+from rollout_stream.pacing import AdmissionFollower, ProgressBoard, ProgressWriter, now_ms
+from rollout_stream.pacing.checkpoints import newest_fold
+from rollout_stream.pacing.positions import producer_row, trainer_row
 
 __all__ = ["LAG_BUCKETS", "ProgressCollector", "StageProgressPublisher"]
 

@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from codec import DeadLetterReason, decode_changelog, parse_changelog_key
-from codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
-from core.offsets import OffsetLedger
-from core.windows import ClosedGroup, WindowKey, WindowStore, distinct, input_record
-from stream.errors import RuntimeFailure
-from stream.kafka import AssignedConsumer, Client, GroupConsumer, KafkaFailure, Record, TopicPartition
-from stream.logs import log_event
+from rollout_stream.codec import DeadLetterReason, decode_changelog, parse_changelog_key
+from rollout_stream.codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
+from rollout_stream.core.offsets import OffsetLedger
+from rollout_stream.core.windows import ClosedGroup, WindowKey, WindowStore, distinct, input_record
+from rollout_stream.errors import RuntimeFailure
+from rollout_stream.kafka import AssignedConsumer, Client, GroupConsumer, KafkaFailure, Record, TopicPartition
+from rollout_stream.logs import log_event
 
 __all__ = ["RESTORE_RETRY_S", "Restored", "Restorer", "RestoreStalled", "read_changelog"]
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from codec import decode_train_sample
-from core.config import RewardConfig
-from core.dead_letter_limit import DeadLetterWindow, LimitExceeded
-from core.records import DeadLettered, Outcome, Published
-from stream.config import WorkerConfig
-from stream.errors import PolicyStop
-from stream.logs import log_event
-from stream.worker.heads import PendingHead, plan_head
-from stream.worker.outputs import OutputRecord, chunked, dead_letter_records, train_records
-from stream.worker.stats import OutcomeCounts
+from rollout_stream.codec import decode_train_sample
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core.config import RewardConfig
+from rollout_stream.core.dead_letter_limit import DeadLetterWindow, LimitExceeded
+from rollout_stream.core.records import DeadLettered, Outcome, Published
+from rollout_stream.errors import PolicyStop
+from rollout_stream.logs import log_event
+from rollout_stream.worker.heads import PendingHead, plan_head
+from rollout_stream.worker.outputs import OutputRecord, chunked, dead_letter_records, train_records
+from rollout_stream.worker.stats import OutcomeCounts
 
 __all__ = ["DeadLetterLimitExceeded", "Router"]
 
@@ -25,7 +25,8 @@ log = logging.getLogger("rollout_stream.worker")
 
 
 class DeadLetterLimitExceeded(PolicyStop, RuntimeError):
-    """The worker stopped because too much of its recent input was dead-lettered (core.dead_letter_limit)."""
+    """The worker stopped because too much of its recent input was dead-lettered
+    (rollout_stream.core.dead_letter_limit)."""
 
     def __init__(self, verdict: LimitExceeded, input_topic: str, dead_letter_topic: str) -> None:
         self.verdict = verdict
@@ -95,7 +96,7 @@ class Router:
         outs = chunked(train, self.config.chunk_bytes)
         if self.config.write_heads:
             # The head reads the train samples as a reader would decode them: the stage holds only a few
-            # fields of each member (core.structs.HeldSample).
+            # fields of each member (rollout_stream.core.structs.HeldSample).
             self.head = plan_head(group, outs, [decode_train_sample(o.value or b"") for o in train])
         return outs
 

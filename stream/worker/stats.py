@@ -11,7 +11,8 @@ __all__ = ["LoopObserver", "OutcomeCounts", "Snapshot", "WorkerStats"]
 
 
 class LoopObserver(Protocol):
-    """What the loop reports timings to (stream.worker.metrics.LoopMetrics while an endpoint serves it)."""
+    """What the loop reports timings to (rollout_stream.worker.metrics.LoopMetrics while an endpoint serves
+    it)."""
 
     def observe_batch(self, seconds: float) -> None: ...
 

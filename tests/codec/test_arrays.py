@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from codec.arrays import Array, array_dec_hook, array_enc_hook, array_ext_hook
+from rollout_stream.codec.arrays import Array, array_dec_hook, array_enc_hook, array_ext_hook
 
 ENCODER = msgspec.msgpack.Encoder(enc_hook=array_enc_hook)
 DECODER = msgspec.msgpack.Decoder(Array, dec_hook=array_dec_hook, ext_hook=array_ext_hook)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from codec import ClosedGroupEntry, decode_changelog, encode_changelog
+from rollout_stream.codec import ClosedGroupEntry, decode_changelog, encode_changelog
 
 
 def test_an_entry_written_before_digest_algorithm_existed_reads_as_blake2b():

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codec.chunks import (
+from rollout_stream.codec.chunks import (
     CHUNK_HEADER,
     ChunkHeader,
     ChunkHeaderError,

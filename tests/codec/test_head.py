@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from msgspec.msgpack import Ext
 
-from codec import Array, DecodeError, Sample, ShapedArray, decode_sample, encode_sample
-from codec.head import HEAD_MAX_BYTES, SampleHead, decode_head, ext_all_finite, item_count
+from rollout_stream.codec import Array, DecodeError, Sample, ShapedArray, decode_sample, encode_sample
+from rollout_stream.codec.head import HEAD_MAX_BYTES, SampleHead, decode_head, ext_all_finite, item_count
 
 _ARRAY_FIELDS = ("tokens", "loss_mask", "rollout_log_probs", "teacher_log_probs", "opd_reverse_kl",
                  "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets")

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from codec import (
+from rollout_stream.codec import (
     DecodeError,
     Sample,
     ShapedArray,
@@ -23,7 +23,7 @@ from codec import (
     encode_sample,
     encode_train_sample,
 )
-from core.collate import collate
+from rollout_stream.core.collate import collate
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "wire_records_before_miles_fields.json"
 NEW_FIELDS = ("teacher_log_probs", "opd_reverse_kl", "rollout_routed_experts", "rollout_indexer_topk",

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from codec import (
+from rollout_stream.codec import (
     SCHEMA_VERSION,
     Array,
     DecodeError,
@@ -534,7 +534,7 @@ _any_reward = st.one_of(st.floats(), st.integers(-(2**63), 2**64 - 1), st.sample
        st.integers(0, 2**31 - 1), _any_reward, st.booleans(), st.text(max_size=6), st.booleans())
 def test_a_groups_train_samples_from_one_template_are_the_bytes_of_one_struct_each(
         copies, group_key_text, reward_key, topic, partition, mean, zero_variance, stage_version, native):
-    from codec import encode_train_samples, wire
+    from rollout_stream.codec import encode_train_samples, wire
     shared = TrainSample(sample=msgspec.Raw(b""), raw_reward=0.0, reward=0.0, group_key=group_key_text,
                          group_rollout_count=len(copies), group_sample_count=len(copies), group_mean=mean,
                          group_std=1.0, zero_variance=zero_variance, advantage_estimator="grpo",
@@ -556,9 +556,9 @@ def test_a_groups_train_samples_from_one_template_are_the_bytes_of_one_struct_ea
 
 
 def test_a_group_of_float_rewards_is_encoded_in_c_where_it_is_built() -> None:
-    from codec import wire
+    from rollout_stream.codec import wire
     if wire._native_train_values is None:
-        pytest.skip("codec._train_values is not in use in this run")
+        pytest.skip("rollout_stream.codec._train_values is not in use in this run")
     shared = TrainSample(sample=msgspec.Raw(b""), raw_reward=0.0, reward=0.0, group_key="g",
                          group_rollout_count=2, group_sample_count=2, group_mean=0.5, group_std=0.5,
                          zero_variance=False, advantage_estimator="grpo", rewards_normalization=True,

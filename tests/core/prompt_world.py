@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from codec.admission import (
+from rollout_stream.codec.admission import (
     AdmissionRecord,
     Cancel,
     Dataset,
@@ -23,9 +23,9 @@ from codec.admission import (
     Sent,
     TrainerMark,
 )
-from core.admission import Outcome
-from core.prompt_keys import AttemptKey, PromptFence, PromptId, parse_attempt_key
-from core.prompts import PromptLog
+from rollout_stream.core.admission import Outcome
+from rollout_stream.core.prompt_keys import AttemptKey, PromptFence, PromptId, parse_attempt_key
+from rollout_stream.core.prompts import PromptLog
 
 SOURCE = "gsm8k"
 TRAINER = "trainer"

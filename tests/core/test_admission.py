@@ -1,4 +1,5 @@
-"""The admission log's rule (core.admission): decisions from the log alone, and the bound it proves: with
+"""The admission log's rule (rollout_stream.core.admission): decisions from the log alone, and the bound it
+proves: with
 `max_policy_lag == max_weight_staleness`, no admitted group is ever skipped as stale, whatever the number
 of producers, the order the pipeline delivers groups in, or how late the trainer's marks come."""
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec.admission import (
+from rollout_stream.codec.admission import (
     Cancel,
     Delivered,
     Hello,
@@ -25,7 +26,7 @@ from codec.admission import (
     decode_admission,
     encode_admission,
 )
-from core.admission import AdmissionLog, Outcome
+from rollout_stream.core.admission import AdmissionLog, Outcome
 
 
 class Log:

@@ -1,4 +1,5 @@
-"""core.assembly without Kafka: whole groups, one global order, batches, shards, commit marks and resume."""
+"""rollout_stream.core.assembly without Kafka: whole groups, one global order, batches, shards, commit marks
+and resume."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import Array, Sample, TrainSample
-from core.assembly import (
+from rollout_stream.codec import Array, Sample, TrainSample
+from rollout_stream.core.assembly import (
     AssembledGroup,
     GroupMerger,
     Mark,
@@ -381,7 +382,7 @@ def test_every_rank_resumes_from_the_commit_with_the_lowest_batch_index():
 
 # ---- purity --------------------------------------------------------------------------------------
 def test_the_module_imports_neither_kafka_nor_stream():
-    code = ("import sys, core.assembly; "
+    code = ("import sys, rollout_stream.core.assembly; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kafka', 'stream')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])

@@ -8,13 +8,13 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import DeadLetterReason as R
-from codec import Sample, encode_sample, group_key
-from codec.chunks import CHUNK_HEADER, decode_chunk_header, split
-from codec.headers import REPLAY_ID
-from core.config import RewardConfig
-from core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, Published
-from core.windows import WindowConfig, WindowStore, chunks_memory_key
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import Sample, encode_sample, group_key
+from rollout_stream.codec.chunks import CHUNK_HEADER, decode_chunk_header, split
+from rollout_stream.codec.headers import REPLAY_ID
+from rollout_stream.core.config import RewardConfig
+from rollout_stream.core.records import DeadLettered, DuplicateDropped, InputRecord, Outcome, Published
+from rollout_stream.core.windows import WindowConfig, WindowStore, chunks_memory_key
 
 TIMEOUT = 10_000
 CHUNK = 100

@@ -1,4 +1,5 @@
-"""core.collate: padded tensors, data-parallel sharding and the staleness rule (tables and properties)."""
+"""rollout_stream.core.collate: padded tensors, data-parallel sharding and the staleness rule (tables and
+properties)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import Sample, TrainSample, decode_train_sample, encode_train_sample
-from core.collate import (
+from rollout_stream.codec import Sample, TrainSample, decode_train_sample, encode_train_sample
+from rollout_stream.core.collate import (
     collate,
     collation_problem,
     is_stale,

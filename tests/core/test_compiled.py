@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from codec import compiled, wire
-from core import plain_scan, rewards
+from rollout_stream.codec import compiled, wire
+from rollout_stream.core import plain_scan, rewards
 
 ROOT = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
@@ -26,8 +26,9 @@ IN_CI = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 def _handles() -> dict[str, object]:
     """What each importer of a C extension runs: the extension's function, or None for its Python."""
-    return {"core._plain_scan": plain_scan.scanner(), "core._float32_statistics": rewards._native_statistics,
-            "codec._train_values": wire._native_train_values}
+    return {"rollout_stream.core._plain_scan": plain_scan.scanner(),
+            "rollout_stream.core._float32_statistics": rewards._native_statistics,
+            "rollout_stream.codec._train_values": wire._native_train_values}
 
 
 def test_ci_runs_the_c_extensions_and_the_switch_turns_them_all_off() -> None:
@@ -50,11 +51,12 @@ def test_the_status_says_what_the_importers_run() -> None:
 
 
 def test_the_status_names_what_is_not_built(monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "codec._train_values", None)  # import fails as for a missing module
+    # import fails as for a missing module
+    monkeypatch.setitem(sys.modules, "rollout_stream.codec._train_values", None)
     monkeypatch.setenv(compiled.ENV, "1")
     state = compiled.status.__wrapped__()
-    assert not state.active and "codec._train_values" not in state.in_use
-    assert state.reason.startswith("not built: ") and "codec._train_values" in state.reason
+    assert not state.active and "rollout_stream.codec._train_values" not in state.in_use
+    assert state.reason.startswith("not built: ") and "rollout_stream.codec._train_values" in state.reason
     assert state.describe().endswith(f"({state.reason})")
 
 
@@ -73,9 +75,9 @@ def test_setup_builds_every_extension_optional_and_the_statistics_without_fused_
     assert set(extensions) == set(compiled.NATIVE_MODULES)
     for name, extension in extensions.items():
         assert extension.optional, name  # an install without a C compiler still succeeds
-        assert extension.sources == [name.replace(".", "/") + ".c"]
+        assert extension.sources == [name.removeprefix("rollout_stream.").replace(".", "/") + ".c"]
     # a fused multiply-add would round once where the Python it mirrors rounds twice
-    assert "-ffp-contract=off" in extensions["core._float32_statistics"].extra_compile_args
+    assert "-ffp-contract=off" in extensions["rollout_stream.core._float32_statistics"].extra_compile_args
 
 
 def test_without_a_c_compiler_the_build_succeeds_without_the_extensions(tmp_path) -> None:

@@ -1,4 +1,4 @@
-"""core.dead_letter_limit: the sliding window of resolved records and when it says stop."""
+"""rollout_stream.core.dead_letter_limit: the sliding window of resolved records and when it says stop."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.dead_letter_limit import MAX_WINDOW, DeadLetterLimit, DeadLetterWindow, LimitExceeded
+from rollout_stream.core.dead_letter_limit import MAX_WINDOW, DeadLetterLimit, DeadLetterWindow, LimitExceeded
 
 
 def feed(window: DeadLetterWindow, outcomes: list[tuple[str | None, int]]) -> list[LimitExceeded | None]:

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import DecodeError, Sample, decode_sample, encode_sample, group_key_of
-from core import RewardConfig
-from core.records import InputRecord
-from core.validate import SampleLimits, plainly_valid, validate_sample
-from core.windows import REPLAY_ID_HEADER, WindowConfig, WindowStore
+from rollout_stream.codec import DecodeError, Sample, decode_sample, encode_sample, group_key_of
+from rollout_stream.core import RewardConfig
+from rollout_stream.core.records import InputRecord
+from rollout_stream.core.validate import SampleLimits, plainly_valid, validate_sample
+from rollout_stream.core.windows import REPLAY_ID_HEADER, WindowConfig, WindowStore
 
 _rewards = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([0.0, -0.0, 0.25, 1.0, -2.5, 1e300]),
@@ -119,10 +119,10 @@ def test_plainly_valid_agrees_at_every_single_field_edge(limits):
 
 def _without_fast_paths(config: WindowConfig, monkeypatch: pytest.MonkeyPatch) -> WindowStore:
     """A store that takes neither fast path while `monkeypatch` holds."""
-    import core.windows
+    import rollout_stream.core.windows
 
     store = WindowStore(config)
-    monkeypatch.setattr(core.windows, "plainly_valid", lambda *args: None)
+    monkeypatch.setattr(rollout_stream.core.windows, "plainly_valid", lambda *args: None)
     monkeypatch.setattr(store, "_add_rollout", lambda wkey, window, record, sample, rkey, group_size, now_ms:
                         store._add_member(wkey, window, record, sample, rkey, None, group_size, now_ms))
     return store

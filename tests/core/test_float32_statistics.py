@@ -1,4 +1,5 @@
-"""`core._float32_statistics` (C) against `core.rewards._fast_statistics` (Python), the steps it mirrors:
+"""`rollout_stream.core._float32_statistics` (C) against `rollout_stream.core.rewards._fast_statistics`
+(Python), the steps it mirrors:
 the same tuple, bit for bit, wherever it answers; and it answers for the common groups, or it saves nothing.
 tests/core/test_rewards_fastpath.py holds both to the reference's torch ops.
 
@@ -16,13 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import RewardConfig
-from core import rewards as rewards_module
-from core.config import ADVANTAGE_ESTIMATORS
-from core.structs import HeldSample
+from rollout_stream.core import RewardConfig
+from rollout_stream.core import rewards as rewards_module
+from rollout_stream.core.config import ADVANTAGE_ESTIMATORS
+from rollout_stream.core.structs import HeldSample
 
 native = rewards_module._native_statistics
-needs_native = pytest.mark.skipif(native is None, reason="core._float32_statistics is not in use in this run")
+needs_native = pytest.mark.skipif(native is None, 
+                                  reason="rollout_stream.core._float32_statistics is not in use in this run")
 
 _CONFIGS = [RewardConfig(advantage_estimator=e, grpo_std_normalization=d)
             for e in ADVANTAGE_ESTIMATORS for d in (True, False)]
@@ -89,7 +91,8 @@ def test_what_it_does_not_answer_is_left_to_the_python(shared: Any) -> None:
     assert native(shared, True, True) is None
 
 
-# ---- normalize_group's one-sample-per-rollout path (core.rewards._plain_group), which asks the C first
+# ---- normalize_group's one-sample-per-rollout path (rollout_stream.core.rewards._plain_group), which asks
+# the C first
 
 def _held(rewards: list[Any], ids: list[Any]) -> list[HeldSample]:
     return [HeldSample(reward, rollout_id, None, 0) for reward, rollout_id in zip(rewards, ids, strict=True)]

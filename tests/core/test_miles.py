@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec import (
+from rollout_stream.codec import (
     Sample,
     TrainSample,
     decode_sample,
@@ -32,11 +32,11 @@ from codec import (
     encode_sample,
     encode_train_sample,
 )
-from core import RewardConfig, normalize_group
-from core.balance import balanced_partitions
-from core.config import ADVANTAGE_ESTIMATORS
-from core.miles import split_by_dp, train_data, trainer_shard
-from core.rewards import GroupRewards
+from rollout_stream.core import RewardConfig, normalize_group
+from rollout_stream.core.balance import balanced_partitions
+from rollout_stream.core.config import ADVANTAGE_ESTIMATORS
+from rollout_stream.core.miles import split_by_dp, train_data, trainer_shard
+from rollout_stream.core.rewards import GroupRewards
 
 
 def _load(name: str) -> Any:

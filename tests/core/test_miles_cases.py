@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from codec import Sample, TrainSample, decode_train_sample, encode_train_sample
-from core.miles import split_by_dp, train_data, trainer_shard
+from rollout_stream.codec import Sample, TrainSample, decode_train_sample, encode_train_sample
+from rollout_stream.core.miles import split_by_dp, train_data, trainer_shard
 
 CASES = json.loads((Path(__file__).resolve().parents[1] / "data" / "miles_cases.json").read_text())["cases"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.offsets import OffsetLedger
+from rollout_stream.core.offsets import OffsetLedger
 
 # Steps on two partitions: hold an offset, resolve one, or commit what is due. Offsets mostly ascend, as a
 # consumer hands them out; some go back (a partition read again from its last commit after a restore).

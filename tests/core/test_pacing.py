@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.collate import is_stale_version
-from core.pacing import (
+from rollout_stream.core.collate import is_stale_version
+from rollout_stream.core.pacing import (
     PacingLimits,
     Refusal,
     admission,

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec import DecodeError, Sample, compiled, decode_sample, encode_sample, group_key_of
-from core.plain_scan import scanner
-from core.structs import PlainHead
-from core.validate import SampleLimits, plainly_valid
+from rollout_stream.codec import DecodeError, Sample, compiled, decode_sample, encode_sample, group_key_of
+from rollout_stream.core.plain_scan import scanner
+from rollout_stream.core.structs import PlainHead
+from rollout_stream.core.validate import SampleLimits, plainly_valid
 from tests.codec.test_head import _corrupt
 from tests.codec.test_head import samples as any_samples
 from tests.core.test_fast_paths import _limits
@@ -38,10 +38,12 @@ def test_ci_runs_the_scan_in_c() -> None:
         return
     if not IN_CI and scan is None:
         pytest.skip(f"not in CI, and this checkout runs {compiled.status().describe()}")
-    assert scan is not None, f"make venv builds core._plain_scan, but this run has {compiled.status()}"
+    assert scan is not None, (
+        f"make venv builds rollout_stream.core._plain_scan, but this run has {compiled.status()}")
 
 
-needs_scan = pytest.mark.skipif(scan is None, reason="core._plain_scan is not in use in this run")
+needs_scan = pytest.mark.skipif(scan is None,
+                                reason="rollout_stream.core._plain_scan is not in use in this run")
 LIMITS = SampleLimits()
 
 
@@ -80,18 +82,19 @@ def _agrees(value: bytes, key: bytes | None, limits: SampleLimits) -> PlainHead 
 SCANNED = {
     "schema_version": "<class 'int'>", "group_index": "int | None", "index": "int | None",
     "rollout_id": "int | str | None", "prompt": "<class 'str'>", "response": "<class 'str'>",
-    "label": "str | None", "tokens": "codec.arrays.Array | None", "response_length": "<class 'int'>",
-    "reward": "float | dict[str, float] | None", "loss_mask": "codec.arrays.Array | None",
-    "rollout_log_probs": "codec.arrays.Array | None", "status": "<class 'str'>",
+    "label": "str | None", "tokens": "rollout_stream.codec.arrays.Array | None",
+    "response_length": "<class 'int'>",
+    "reward": "float | dict[str, float] | None", "loss_mask": "rollout_stream.codec.arrays.Array | None",
+    "rollout_log_probs": "rollout_stream.codec.arrays.Array | None", "status": "<class 'str'>",
     "remove_sample": "<class 'bool'>", "weight_versions": "list[str]", "metadata": "dict[str, typing.Any]",
     "group_size": "int | None", "sibling_count": "<class 'int'>", "sibling_index": "<class 'int'>",
-    "run_id": "str | None", "teacher_log_probs": "codec.arrays.Array | None",
-    "opd_reverse_kl": "codec.arrays.Array | None",
-    "rollout_routed_experts": "codec.arrays.ShapedArray | None",
-    "rollout_indexer_topk": "codec.arrays.ShapedArray | None",
+    "run_id": "str | None", "teacher_log_probs": "rollout_stream.codec.arrays.Array | None",
+    "opd_reverse_kl": "rollout_stream.codec.arrays.Array | None",
+    "rollout_routed_experts": "rollout_stream.codec.arrays.ShapedArray | None",
+    "rollout_indexer_topk": "rollout_stream.codec.arrays.ShapedArray | None",
     "train_metadata": "dict[str, typing.Any] | None",
-    "rollout_sampling_mask_ids": "codec.arrays.Array | None",
-    "rollout_sampling_mask_offsets": "codec.arrays.Array | None",
+    "rollout_sampling_mask_ids": "rollout_stream.codec.arrays.Array | None",
+    "rollout_sampling_mask_offsets": "rollout_stream.codec.arrays.Array | None",
 }
 
 
@@ -101,7 +104,7 @@ def test_the_scan_reads_every_field_of_a_sample_as_its_type() -> None:
 
 @needs_scan
 def test_the_scan_knows_every_field_of_a_sample_and_no_other() -> None:
-    from core import _plain_scan
+    from rollout_stream.core import _plain_scan
     assert set(_plain_scan.FIELDS) == {"type"} | set(SCANNED)
 
 

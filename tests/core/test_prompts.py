@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec.admission import Resolved
-from core.checkpoint import FOLD_VERSION, CheckpointMismatch, dump_fold, load_fold
-from core.prompt_keys import AttemptKey, PromptFence, parse_attempt_key
-from core.prompts import AttemptEnd, PromptLog, PromptState, epoch_order
+from rollout_stream.codec.admission import Resolved
+from rollout_stream.core.checkpoint import FOLD_VERSION, CheckpointMismatch, dump_fold, load_fold
+from rollout_stream.core.prompt_keys import AttemptKey, PromptFence, parse_attempt_key
+from rollout_stream.core.prompts import AttemptEnd, PromptLog, PromptState, epoch_order
 from tests.core.prompt_world import SOURCE, World
 
 FINAL = {PromptState.TRAINED, PromptState.DEAD_LETTERED, PromptState.FILTERED, PromptState.EXHAUSTED}

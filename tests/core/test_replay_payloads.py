@@ -1,6 +1,7 @@
 """Replay payloads on their way to a miles trainer: the sampling mask (CSR ids/offsets over the response),
 routing and indexer replay in the producer's dtype, and rollout log-probs that must be finite where the loss
-uses them. What the stage refuses is `invalid_sample` (decided by `core.validate`), on both record paths
+uses them. What the stage refuses is `invalid_sample` (decided by `rollout_stream.core.validate`), on both
+record paths
 (`take` of the bytes, with the C scan where built, and `accept` of a decoded sample)."""
 
 from __future__ import annotations
@@ -12,13 +13,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import DeadLetterReason as R
-from codec import Sample, TrainSample, decode_sample, decode_train_sample, encode_sample, encode_train_sample
-from core import RewardConfig
-from core.miles import split_by_dp, train_data, trainer_shard
-from core.records import DeadLettered, InputRecord, Published
-from core.validate import SampleLimits, validate_sample
-from core.windows import WindowConfig, WindowStore
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import (
+    Sample,
+    TrainSample,
+    decode_sample,
+    decode_train_sample,
+    encode_sample,
+    encode_train_sample,
+)
+from rollout_stream.core import RewardConfig
+from rollout_stream.core.miles import split_by_dp, train_data, trainer_shard
+from rollout_stream.core.records import DeadLettered, InputRecord, Published
+from rollout_stream.core.validate import SampleLimits, validate_sample
+from rollout_stream.core.windows import WindowConfig, WindowStore
 
 
 def _sample(rl: int = 3, **kw: object) -> Sample:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from codec import Sample
-from core import (
+from rollout_stream.codec import Sample
+from rollout_stream.core import (
     GroupRewards,
     RewardConfig,
     RewardSelectionError,
@@ -18,7 +18,7 @@ from core import (
     post_process_rewards,
     selected_reward,
 )
-from core.rewards import prompt_groups, rollout_key
+from rollout_stream.core.rewards import prompt_groups, rollout_key
 
 SQRT_HALF = 0.7071057558059692  # float32 result of (x - mean) / (std + 1e-6) for two rollouts 0, 1
 

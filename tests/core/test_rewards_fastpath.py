@@ -1,10 +1,11 @@
 """`normalize_group`'s torch-free statistics against the implementation they replaced, bit for bit.
 
-`_reference_normalize_group` is `core.rewards.normalize_group` as it was before the fast path: the
+`_reference_normalize_group` is `rollout_stream.core.rewards.normalize_group` as it was before the fast path:
+the
 reference trainer's torch float32 sequence, call for call. It stays the definition of correct; every
 output field of the new function (raw, rewards, mean, std, zero_variance, rollout_count, or the
 violation) must carry the same types and IEEE-754 bits for every input.
-`stream/tools/bench/scripts/normalize_bench.py` times it against the current function.
+`bench/scripts/normalize_bench.py` times it against the current function.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from codec import Sample
-from core import GroupRewards, RewardConfig, SharedRewardViolation, normalize_group
-from core import rewards as rewards_module
-from core.config import ADVANTAGE_ESTIMATORS
-from core.rewards import RolloutKey, rollout_key, selected_reward
+from rollout_stream.codec import Sample
+from rollout_stream.core import GroupRewards, RewardConfig, SharedRewardViolation, normalize_group
+from rollout_stream.core import rewards as rewards_module
+from rollout_stream.core.config import ADVANTAGE_ESTIMATORS
+from rollout_stream.core.rewards import RolloutKey, rollout_key, selected_reward
 
 # ---------------------------------------------------------------- the implementation before the fast path
 

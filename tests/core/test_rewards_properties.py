@@ -14,8 +14,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codec import Sample
-from core import (
+from rollout_stream.codec import Sample
+from rollout_stream.core import (
     GroupRewards,
     RewardConfig,
     SharedRewardError,
@@ -23,8 +23,8 @@ from core import (
     normalize_group,
     post_process_rewards,
 )
-from core.config import ADVANTAGE_ESTIMATORS
-from core.rewards import prompt_groups, rollout_key
+from rollout_stream.core.config import ADVANTAGE_ESTIMATORS
+from rollout_stream.core.rewards import prompt_groups, rollout_key
 
 
 def _load_reference() -> Any:

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from codec import Sample
-from core import (
+from rollout_stream.codec import Sample
+from rollout_stream.core import (
     RewardConfig,
     SharedRewardError,
     SharedRewardViolation,
     normalize_group,
     post_process_rewards,
 )
-from core.rewards import prompt_groups
+from rollout_stream.core.rewards import prompt_groups
 
 VECTORS_PATH = Path(__file__).resolve().parent.parent / "data" / "miles_vectors.json"
 VECTORS: list[dict[str, Any]] = json.loads(VECTORS_PATH.read_text())

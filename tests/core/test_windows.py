@@ -7,13 +7,13 @@ from typing import NamedTuple
 
 import pytest
 
-from codec import DeadLetterReason as R
-from codec import DecodeError, Sample, encode_sample, group_key
-from core import RewardConfig, post_process_rewards
-from core.offsets import OffsetLedger
-from core.records import DeadLettered, DuplicateDropped, InputRecord, Published
-from core.validate import SampleLimits
-from core.windows import WindowConfig, WindowStore
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import DecodeError, Sample, encode_sample, group_key
+from rollout_stream.core import RewardConfig, post_process_rewards
+from rollout_stream.core.offsets import OffsetLedger
+from rollout_stream.core.records import DeadLettered, DuplicateDropped, InputRecord, Published
+from rollout_stream.core.validate import SampleLimits
+from rollout_stream.core.windows import WindowConfig, WindowStore
 
 TIMEOUT = 10_000
 
@@ -42,7 +42,7 @@ def store(**kw) -> WindowStore:
 def feed(st: WindowStore, *records: InputRecord, now: int = 2_000):
     out = []
     for r in records:
-        from codec import decode_sample
+        from rollout_stream.codec import decode_sample
 
         try:
             decoded = decode_sample(r.value)
@@ -324,8 +324,8 @@ def test_sibling_slots_keep_order_and_copies_of_any_sibling_are_dropped():
 
 @pytest.mark.parametrize("algorithm", ["blake2b-128", "xxh3-128"])
 def test_closed_groups_restored_from_a_changelog_recognise_copies_with_their_own_digest(algorithm):
-    from core.digest import digest_with
-    from core.windows import ClosedGroup
+    from rollout_stream.core.digest import digest_with
+    from rollout_stream.core.windows import ClosedGroup
 
     member = rec(s(rid=0), 0)
     restored = ClosedGroup(
@@ -339,7 +339,7 @@ def test_closed_groups_restored_from_a_changelog_recognise_copies_with_their_own
 
 
 def test_closed_group_from_an_unknown_digest_algorithm_never_drops_a_record():
-    from core.windows import ClosedGroup
+    from rollout_stream.core.windows import ClosedGroup
 
     st = store()
     st.restore_closed((0, "0", ""), ClosedGroup(None, "", 10_000, 1_000, (b"x" * 16,), "sha3-512"))

@@ -8,10 +8,10 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import DecodeError, Sample, decode_sample, encode_sample, group_key
-from core import RewardConfig, post_process_rewards
-from core.records import DeadLettered, DuplicateDropped, InputRecord, Published
-from core.windows import WindowConfig, WindowStore
+from rollout_stream.codec import DecodeError, Sample, decode_sample, encode_sample, group_key
+from rollout_stream.core import RewardConfig, post_process_rewards
+from rollout_stream.core.records import DeadLettered, DuplicateDropped, InputRecord, Published
+from rollout_stream.core.windows import WindowConfig, WindowStore
 
 rewards = st.sampled_from([0.0, 0.5, 1.0, 2.0, math.nan])
 

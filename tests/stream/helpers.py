@@ -14,12 +14,12 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from codec import TrainSample, decode_train_sample
-from codec.chunks import CHUNK_HEADER
-from core import RewardConfig, post_process_rewards
-from stream.clients import Connection
-from stream.config import TopicNames, WorkerConfig
-from stream.worker import Worker
+from rollout_stream.clients import Connection
+from rollout_stream.codec import TrainSample, decode_train_sample
+from rollout_stream.codec.chunks import CHUNK_HEADER
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.core import RewardConfig, post_process_rewards
+from rollout_stream.worker import Worker
 
 
 def new_topics(bootstrap: str, partitions: int = 3, prefix: str = "t",
@@ -131,7 +131,7 @@ def read_topic(bootstrap: str, topic: str, *, min_count: int = 0, timeout: float
 def joined(reads: list[Read]) -> list[Read]:
     """`reads` with the chunk records of each value (docs/chunks.md) joined into one Read at its first chunk's
     place, once all are there (a value with chunks missing is left out)."""
-    from codec.chunks import decode_chunk_header
+    from rollout_stream.codec.chunks import decode_chunk_header
 
     out: list[Read] = []
     parts: dict[bytes, list[Read | None]] = {}

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from codec import encode_sample
-from stream.reader import TrainDataReader
+from rollout_stream.codec import encode_sample
+from rollout_stream.reader import TrainDataReader
 
 
 def barrier(directory: Path, rank: int, world: int, index: int, timeout_s: float = 240.0) -> None:

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from stream.clients import Connection
-from stream.kafka import TopicSpec, client_for
-from stream.topics import TopicMismatch, ensure_changelog
+from rollout_stream.clients import Connection
+from rollout_stream.kafka import TopicSpec, client_for
+from rollout_stream.topics import TopicMismatch, ensure_changelog
 
 
 def test_topic_configs_are_the_topics_own_on_every_client(kafka_bootstrap, kafka_client):

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from codec.admission import Renew
-from core.pacing import PacingLimits
-from stream.clients import Connection
-from stream.errors import ConfigurationError
-from stream.kafka.memory import MemoryClient, MemoryCluster
-from stream.pacing import AdmissionGate, AdmissionWriter, PacingTimeout, ensure_admission_topic
+from rollout_stream.clients import Connection
+from rollout_stream.codec.admission import Renew
+from rollout_stream.core.pacing import PacingLimits
+from rollout_stream.errors import ConfigurationError
+from rollout_stream.kafka.memory import MemoryClient, MemoryCluster
+from rollout_stream.pacing import AdmissionGate, AdmissionWriter, PacingTimeout, ensure_admission_topic
 
 TOPIC = "train-data.admission"
 
@@ -90,11 +90,11 @@ def test_a_producer_that_stops_renewing_gives_its_undelivered_group_up_after_thr
 
 
 def test_the_stage_says_which_groups_will_never_train_once_its_commit_succeeded():
-    from codec import DeadLetterReason
-    from codec.admission import decode_admission
-    from core.records import DeadLettered
-    from core.structs import InputRecord
-    from stream.worker.admission import AdmissionResolver
+    from rollout_stream.codec import DeadLetterReason
+    from rollout_stream.codec.admission import decode_admission
+    from rollout_stream.core.records import DeadLettered
+    from rollout_stream.core.structs import InputRecord
+    from rollout_stream.worker.admission import AdmissionResolver
 
     cluster = MemoryCluster()
     conn, client = Connection("memory:9092"), MemoryClient(cluster)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from stream.worker.allocator import reuse_freed_buffers
+from rollout_stream.worker.allocator import reuse_freed_buffers
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
@@ -18,7 +18,7 @@ def test_settings_apply_and_repeat() -> None:
 
 
 def test_a_fresh_process_applies_them_before_anything_else() -> None:
-    code = "from stream.worker.allocator import reuse_freed_buffers as r; print(r())"
+    code = "from rollout_stream.worker.allocator import reuse_freed_buffers as r; print(r())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert out.strip() == str(expected)
@@ -26,7 +26,7 @@ def test_a_fresh_process_applies_them_before_anything_else() -> None:
 
 _ROUNDS = """
 import resource, sys
-from stream.worker.allocator import reuse_freed_buffers
+from rollout_stream.worker.allocator import reuse_freed_buffers
 if sys.argv[1] == "settings":
     assert reuse_freed_buffers()
 def batch():  # one poll of 1,500 32K-token samples' worth of buffers (320 MB), freed together

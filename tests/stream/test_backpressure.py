@@ -13,11 +13,11 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from codec import Sample, encode_sample, group_key
-from core import RewardConfig, post_process_rewards
-from stream.config import WorkerConfig
-from stream.producer import RolloutProducer
-from stream.tools.synth import SynthPlan, plan_groups
+from rollout_stream.codec import Sample, encode_sample, group_key
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core import RewardConfig, post_process_rewards
+from rollout_stream.ops.synth import SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = pytest.mark.kafka(timeout=90)

@@ -1,4 +1,4 @@
-"""`rollout-stream bench --quick` on the real broker: it runs, and both sides report positive throughput."""
+"""`python -m bench run --quick` on the real broker: it runs, and both sides report positive throughput."""
 
 from __future__ import annotations
 
@@ -48,10 +48,10 @@ def test_bench_quick_reports_stage_and_passthrough_throughput(kafka_bootstrap):
 def test_bench_table_and_option_errors():
     from typer.testing import CliRunner
 
-    from stream.cli import app
+    from bench.__main__ import app
 
     result = CliRunner().invoke(
-        app, ["bench", "--delivery", "sometimes", "--bootstrap-servers", "127.0.0.1:1"]
+        app, ["run", "--delivery", "sometimes", "--bootstrap-servers", "127.0.0.1:1"]
     )
     assert result.exit_code == 2
     assert "--delivery must be exactly-once, at-least-once or both" in result.output
@@ -61,11 +61,11 @@ def test_bench_latency_rate_and_workload_options_reach_the_run(monkeypatch):
     """`--latency-rate` and `--workload` become the run's settings; bad values stop it before any Kafka."""
     from typer.testing import CliRunner
 
-    import stream.commands.bench as command
-    from stream.cli import app
-    from stream.clients import Connection
-    from stream.tools.bench import suite
-    from stream.tools.bench.results import BenchReport
+    import bench.command as command
+    from bench import suite
+    from bench.__main__ import app
+    from bench.results import BenchReport
+    from rollout_stream.clients import Connection
 
     seen = []
 
@@ -76,7 +76,7 @@ def test_bench_latency_rate_and_workload_options_reach_the_run(monkeypatch):
     monkeypatch.setattr(suite, "run_bench", run_bench)
     monkeypatch.setattr(command, "connection_from_options", lambda *a, **k: Connection("127.0.0.1:1"))
     runner = CliRunner()
-    result = runner.invoke(app, ["bench", "--bootstrap-servers", "127.0.0.1:1", "--json",
+    result = runner.invoke(app, ["run", "--bootstrap-servers", "127.0.0.1:1", "--json",
                                  "--latency-rate", "20000", "--workload", "b-g8", "--workload", "a-g8",
                                  "--no-compare-delivery"])
     assert result.exit_code == 0, result.output
@@ -87,7 +87,7 @@ def test_bench_latency_rate_and_workload_options_reach_the_run(monkeypatch):
 
     for args, message in ((["--workload", "a-g9"], "--workload a-g9: not a workload of this run"),
                           (["--latency-rate", "0"], "--latency-rate must be at least one per 100 years")):
-        result = runner.invoke(app, ["bench", "--bootstrap-servers", "127.0.0.1:1", *args])
+        result = runner.invoke(app, ["run", "--bootstrap-servers", "127.0.0.1:1", *args])
         assert result.exit_code == 2 and message in result.output, result.output
     assert len(seen) == 1
 
@@ -95,10 +95,10 @@ def test_bench_latency_rate_and_workload_options_reach_the_run(monkeypatch):
 def test_at_a_fixed_latency_rate_the_half_load_p99_targets_are_not_judged():
     from rich.console import Console
 
-    from stream.tools.bench.latency import LatencyResult
-    from stream.tools.bench.report import render
-    from stream.tools.bench.results import BenchReport, BenchSettings, WorkloadResult
-    from stream.tools.bench.workloads import Workload
+    from bench.latency import LatencyResult
+    from bench.report import render
+    from bench.results import BenchReport, BenchSettings, WorkloadResult
+    from bench.workloads import Workload
 
     lat = LatencyResult(rate=20000.0, groups=100, seen=100, p50_ms=30.0, p99_ms=400.0, max_ms=410.0,
                         seconds=6.0)
@@ -117,7 +117,7 @@ def test_at_a_fixed_latency_rate_the_half_load_p99_targets_are_not_judged():
 
 
 def _throughput(mode: str, rate: float):
-    from stream.tools.bench.results import Throughput
+    from bench.results import Throughput
 
     return Throughput(mode, samples=1000, bytes=2_000_000, seconds=1000 / rate, cpu_s=0.5, loop_cpu_s=0.04,
                       commits=3, final_commit_s=0.01)
@@ -126,16 +126,16 @@ def _throughput(mode: str, rate: float):
 def test_table_renders_every_section_and_judges_the_targets():
     from rich.console import Console
 
-    from stream.tools.bench.latency import LatencyResult, percentile
-    from stream.tools.bench.report import render
-    from stream.tools.bench.results import (
+    from bench.latency import LatencyResult, percentile
+    from bench.report import render
+    from bench.results import (
         BenchReport,
         BenchSettings,
         MemoryResult,
         SweepPoint,
         WorkloadResult,
     )
-    from stream.tools.bench.workloads import Workload
+    from bench.workloads import Workload
 
     tp = _throughput
     lat = LatencyResult(
@@ -184,9 +184,9 @@ def test_table_renders_every_section_and_judges_the_targets():
 
 
 def test_bench_measures_the_worker_default_commit_cadence():
-    from stream.config import WorkerConfig
-    from stream.tools.bench.results import BenchSettings
-    from stream.tools.bench.runner import RunSpec
+    from bench.results import BenchSettings
+    from bench.runner import RunSpec
+    from rollout_stream.config import WorkerConfig
 
     worker = WorkerConfig(bootstrap_servers="x:1", group_id="g")
     assert BenchSettings(bootstrap="x:1").commit_interval_s == worker.commit_interval_s
@@ -198,9 +198,9 @@ def test_bench_measures_the_worker_default_commit_cadence():
 def test_bench_topics_go_with_the_windows_changelog_of_their_input(kafka_bootstrap):
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    from stream.clients import Connection
-    from stream.names import changelog_topic_name
-    from stream.tools.bench.workloads import create_topics, delete_topics
+    from bench.workloads import create_topics, delete_topics
+    from rollout_stream.clients import Connection
+    from rollout_stream.names import changelog_topic_name
     from tests.stream.helpers import wait_until
 
     conn = Connection(kafka_bootstrap)
@@ -222,11 +222,11 @@ def test_bench_topics_go_with_the_windows_changelog_of_their_input(kafka_bootstr
 def test_a_drain_that_stops_short_says_where_each_partition_stands(kafka_bootstrap):
     """Groups missing their last member never let the stage commit to the end: the failure names the open
     groups, how far each partition was read and committed, and the input's end offsets."""
-    from stream.clients import Connection
-    from stream.tools.bench.proc import RunnerFailed, RunnerProcess
-    from stream.tools.bench.results import BenchSettings
-    from stream.tools.bench.suite import _Bench
-    from stream.tools.bench.workloads import Workload, create_topics, delete_topics, preload
+    from bench.proc import RunnerFailed, RunnerProcess
+    from bench.results import BenchSettings
+    from bench.suite import _Bench
+    from bench.workloads import Workload, create_topics, delete_topics, preload
+    from rollout_stream.clients import Connection
 
     bench = _Bench(BenchSettings(bootstrap=kafka_bootstrap), lambda _: None)
     conn = Connection(kafka_bootstrap)
@@ -261,12 +261,12 @@ def test_a_measurement_that_fails_is_reported_and_the_run_goes_on(monkeypatch):
     from rich.console import Console
     from typer.testing import CliRunner
 
-    from stream.cli import app
-    from stream.tools.bench import suite
-    from stream.tools.bench.proc import RunnerFailed
-    from stream.tools.bench.report import render
-    from stream.tools.bench.results import BenchSettings, WorkloadResult
-    from stream.tools.bench.workloads import Workload
+    from bench import suite
+    from bench.__main__ import app
+    from bench.proc import RunnerFailed
+    from bench.report import render
+    from bench.results import BenchSettings, WorkloadResult
+    from bench.workloads import Workload
 
     def workload(self, w, delivery, client=None):
         if w.group_size == 16:
@@ -289,21 +289,21 @@ def test_a_measurement_that_fails_is_reported_and_the_run_goes_on(monkeypatch):
     text = console.export_text()
     assert "Not measured" in text and "b 32Kt g16 [exactly-once" in text
 
-    import stream.commands.bench as command
-    from stream.clients import Connection
+    import bench.command as command
+    from rollout_stream.clients import Connection
 
     monkeypatch.setattr(suite, "run_bench", lambda *a, **k: report)
     monkeypatch.setattr(command, "connection_from_options", lambda *a, **k: Connection("127.0.0.1:1"))
-    result = CliRunner().invoke(app, ["bench", "--bootstrap-servers", "127.0.0.1:1", "--json"])
+    result = CliRunner().invoke(app, ["run", "--bootstrap-servers", "127.0.0.1:1", "--json"])
     assert result.exit_code == 1, result.output
     assert '"failures"' in result.output and "1 measurement(s) failed" in result.output
 
 
 def test_without_a_g8_measurement_the_cadence_sweep_is_reported_as_not_run(monkeypatch):
-    from stream.tools.bench import suite
-    from stream.tools.bench.proc import RunnerFailed
-    from stream.tools.bench.results import BenchSettings
-    from stream.tools.bench.workloads import Workload
+    from bench import suite
+    from bench.proc import RunnerFailed
+    from bench.results import BenchSettings
+    from bench.workloads import Workload
 
     def workload(self, w, delivery, client=None):
         raise RunnerFailed("stage (exactly-once) exited (1) before 'drained'")
@@ -324,7 +324,7 @@ def test_thread_cpu_names_the_client_threads_beside_the_loop():
 
     from confluent_kafka import Producer
 
-    from stream.tools.bench.procstat import thread_cpu_seconds
+    from bench.procstat import thread_cpu_seconds
 
     producer = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0})
     spin = threading.Thread(target=lambda: sum(range(2_000_000)), name="bench-spin")

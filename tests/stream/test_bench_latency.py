@@ -11,10 +11,10 @@ from collections import deque
 import pytest
 from kafka import TopicPartition
 
-from stream.clients import Connection
-from stream.kafka.kafka_python import raw_consumer, raw_producer
-from stream.tools.bench.latency import measure_latency
-from stream.tools.bench.workloads import Workload
+from bench.latency import measure_latency
+from bench.workloads import Workload
+from rollout_stream.clients import Connection
+from rollout_stream.kafka.kafka_python import raw_consumer, raw_producer
 
 # any client: the latency arithmetic over records any client reads
 pytestmark = pytest.mark.any_client

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 
-from stream.clients import Connection
-from stream.kafka import KafkaFailure
-from stream.kafka.memory import MemoryClient, MemoryCluster, MemoryProducer
-from stream.tools.bench import passthrough
-from stream.tools.bench.passthrough import Passthrough
+from bench import passthrough
+from bench.passthrough import Passthrough
+from rollout_stream.clients import Connection
+from rollout_stream.kafka import KafkaFailure
+from rollout_stream.kafka.memory import MemoryClient, MemoryCluster, MemoryProducer
 
 
 class _RefusingAbort(MemoryProducer):

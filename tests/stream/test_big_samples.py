@@ -1,16 +1,16 @@
 """Big samples (docs/spec.md §4.5): records of 8 MiB and 32 MiB pass end to end through the exactly-once
 worker, the train sample embedding the original bytes unchanged. Codec measurements:
-stream/tools/bench/scripts/compression_bench.py."""
+bench/scripts/compression_bench.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from codec import Sample, encode_sample, group_key
-from core import RewardConfig, post_process_rewards
-from stream.config import WorkerConfig
-from stream.producer import RolloutProducer
+from rollout_stream.codec import Sample, encode_sample, group_key
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core import RewardConfig, post_process_rewards
+from rollout_stream.producer import RolloutProducer
 from tests.stream.helpers import joined, new_topics, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = pytest.mark.kafka(timeout=120)

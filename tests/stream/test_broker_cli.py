@@ -15,8 +15,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient
 from kafka.structs import OffsetAndMetadata
 
-from stream.tools.broker.local import LocalBroker
-from stream.tools.broker.process import free_port, port_accepts
+from rollout_stream.broker.local import LocalBroker
+from rollout_stream.broker.process import free_port, port_accepts
 
 pytestmark = pytest.mark.kafka(timeout=60)
 

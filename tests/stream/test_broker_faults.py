@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from stream.producer import RolloutProducer
-from stream.tools.broker.errors import PortInUse
-from stream.tools.broker.local import LocalBroker
-from stream.tools.broker.process import free_port
-from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
+from rollout_stream.broker.errors import PortInUse
+from rollout_stream.broker.local import LocalBroker
+from rollout_stream.broker.process import free_port
+from rollout_stream.ops.synth import Expected, FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
 from tests.stream.helpers import new_topics, read_topic, spawn_worker, train_samples, wait_until
 
 pytestmark = [pytest.mark.kafka(timeout=180), pytest.mark.every_client]

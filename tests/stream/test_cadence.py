@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream.worker.cadence import POLL_MS, CommitCadence
+from rollout_stream.worker.cadence import POLL_MS, CommitCadence
 
 
 def test_under_a_backlog_commits_are_one_interval_apart_or_max_records():
@@ -84,10 +84,10 @@ def test_caught_up_needs_a_short_poll_and_less_than_a_poll_left(kafka_bootstrap,
     """On a real consumer: what `backlog` reads from kafka-python's subscription state is the lag."""
     import time
 
-    from stream.clients import Connection
-    from stream.kafka import TopicPartition, client_for
-    from stream.kafka.kafka_python import raw_producer
-    from stream.worker.cadence import POLL_RECORDS, caught_up
+    from rollout_stream.clients import Connection
+    from rollout_stream.kafka import TopicPartition, client_for
+    from rollout_stream.kafka.kafka_python import raw_producer
+    from rollout_stream.worker.cadence import POLL_RECORDS, caught_up
 
     conn = Connection(kafka_bootstrap)
     topic = topic_factory(1)

@@ -9,10 +9,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from codec import Sample, encode_sample
-from stream.config import WorkerConfig
-from stream.producer import RolloutProducer
-from stream.reader import TrainDataReader
+from rollout_stream.codec import Sample, encode_sample
+from rollout_stream.config import WorkerConfig
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.reader import TrainDataReader
 from tests.stream.helpers import new_topics, running_worker, wait_until
 
 pytestmark = pytest.mark.kafka(timeout=240)

@@ -1,15 +1,15 @@
 """The chunked-sample benchmark's own parts at tiny sizes (the benchmark itself:
-stream/tools/bench/scripts/chunked_bench.py, results in docs/benchmarks.md)."""
+bench/scripts/chunked_bench.py, results in docs/benchmarks.md)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from codec import decode_sample, encode_sample
-from codec.chunks import DEFAULT_CHUNK_BYTES
-from stream.clients import MAX_RECORD_BYTES
-from stream.tools.bench.scripts.chunked_bench import LAYERS, TOP_K, cases, moe_sample, parse_args
+from bench.scripts.chunked_bench import LAYERS, TOP_K, cases, moe_sample, parse_args
+from rollout_stream.clients import MAX_RECORD_BYTES
+from rollout_stream.codec import decode_sample, encode_sample
+from rollout_stream.codec.chunks import DEFAULT_CHUNK_BYTES
 
 
 def test_the_sample_carries_its_routing_replay_of_tokens_minus_one_rows():

@@ -13,10 +13,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from codec import Sample, ShapedArray, encode_sample, group_key
-from codec import headers as H
-from codec.chunks import CHUNK_HEADER, split
-from stream.producer import RolloutProducer
+from rollout_stream.codec import Sample, ShapedArray, encode_sample, group_key
+from rollout_stream.codec import headers as H
+from rollout_stream.codec.chunks import CHUNK_HEADER, split
+from rollout_stream.producer import RolloutProducer
 from tests.stream.helpers import joined, new_topics, read_topic, spawn_worker, train_samples
 
 pytestmark = pytest.mark.kafka(timeout=240)

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from codec import DeadLetterReason, Sample, ShapedArray, encode_sample, group_key
-from codec import headers as H
-from codec.chunks import CHUNK_HEADER, split
-from stream.cli import app
-from stream.config import TopicNames, WorkerConfig
-from stream.kafka import RecordRefused
-from stream.producer import RolloutProducer
-from stream.reader import TrainDataReader
-from stream.tools.broker.errors import PortInUse
-from stream.tools.broker.local import LocalBroker
-from stream.tools.broker.process import free_port
+from rollout_stream.broker.errors import PortInUse
+from rollout_stream.broker.local import LocalBroker
+from rollout_stream.broker.process import free_port
+from rollout_stream.cli import app
+from rollout_stream.codec import DeadLetterReason, Sample, ShapedArray, encode_sample, group_key
+from rollout_stream.codec import headers as H
+from rollout_stream.codec.chunks import CHUNK_HEADER, split
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.kafka import RecordRefused
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.reader import TrainDataReader
 from tests.stream.helpers import joined, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = [pytest.mark.kafka(timeout=300), pytest.mark.every_client]

@@ -12,16 +12,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codec import DeadLetterReason, Sample, ShapedArray, decode_train_sample, encode_sample, group_key
-from codec import headers as H
-from codec.chunks import CHUNK_HEADER, decode_chunk_header, split
-from core import RewardConfig, post_process_rewards
-from stream.clients import Connection
-from stream.config import TopicNames, WorkerConfig
-from stream.kafka import KafkaFailure
-from stream.kafka.memory import MemoryCluster
-from stream.worker import Worker
-from stream.worker.instance import InstanceClaim
+from rollout_stream.clients import Connection
+from rollout_stream.codec import (
+    DeadLetterReason,
+    Sample,
+    ShapedArray,
+    decode_train_sample,
+    encode_sample,
+    group_key,
+)
+from rollout_stream.codec import headers as H
+from rollout_stream.codec.chunks import CHUNK_HEADER, decode_chunk_header, split
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.core import RewardConfig, post_process_rewards
+from rollout_stream.kafka import KafkaFailure
+from rollout_stream.kafka.memory import MemoryCluster
+from rollout_stream.worker import Worker
+from rollout_stream.worker.instance import InstanceClaim
 from tests.stream.test_worker_memory import commit, steps
 
 TOPICS = TopicNames("in", "out", "dlq")
@@ -248,7 +255,7 @@ def test_open_chunk_bytes_count_toward_the_cap_and_fetching_pauses_there(cluster
         for s, header, part in (c[i] for c in chunked if i < len(c)):
             producer.send(TOPICS.input, part, group_key(s), headers=[(CHUNK_HEADER, header)])
     producer.flush()
-    monkeypatch.setattr("stream.worker.loop.POLL_RECORDS", 4)
+    monkeypatch.setattr("rollout_stream.worker.loop.POLL_RECORDS", 4)
     cap = 4 * MiB
     w = worker(cluster, max_record_bytes=MiB, max_open_bytes=cap, commit_interval_s=0.001)
     w.back_pressure.stall_s = 3600.0

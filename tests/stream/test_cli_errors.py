@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from stream.cli import app
+from rollout_stream.cli import app
 from tests.stream.test_cli_help import COMMANDS, options_of
 
 EXE = str(Path(sys.executable).with_name("rollout-stream"))

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from stream.cli import app
-from stream.clients import BadBootstrap, Connection, bootstrap_addresses
-from stream.config import ConfigError, TopicNames, WorkerConfig
-from stream.kafka.kafka_python import client_settings
+from rollout_stream.cli import app
+from rollout_stream.clients import BadBootstrap, Connection, bootstrap_addresses
+from rollout_stream.config import ConfigError, TopicNames, WorkerConfig
+from rollout_stream.kafka.kafka_python import client_settings
 from tests.stream.test_cli_help import options_of
 
 runner = CliRunner()

@@ -9,7 +9,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from stream.cli import app
+from rollout_stream.cli import app
 
 runner = CliRunner()
 

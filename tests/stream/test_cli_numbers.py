@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from core.dead_letter_limit import MAX_WINDOW
-from core.validate import MAX_GROUP_SIZE, MAX_SIBLING_COUNT
-from stream.cli import app
-from stream.clients import MAX_RECORD_BYTES
-from stream.commands.synth import MAX_TOKENS
-from stream.config import INT32_MAX, INT64_MAX, MAX_SECONDS
+from rollout_stream.cli import app
+from rollout_stream.clients import MAX_RECORD_BYTES
+from rollout_stream.commands.synth import MAX_TOKENS
+from rollout_stream.config import INT32_MAX, INT64_MAX, MAX_SECONDS
+from rollout_stream.core.dead_letter_limit import MAX_WINDOW
+from rollout_stream.core.validate import MAX_GROUP_SIZE, MAX_SIBLING_COUNT
 from tests.stream.test_cli_help import COMMANDS
 
 runner = CliRunner()

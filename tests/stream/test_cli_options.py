@@ -10,11 +10,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from stream.commands.acls import AclRequest, print_acls
-from stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions
-from stream.commands.dlq import ALL_RECORDS, DeadLetterFilters, list_
-from stream.commands.options import CommandGroup, grouped_options, option_group
-from stream.security import SecretStr
+from rollout_stream.commands.acls import AclRequest, print_acls
+from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions
+from rollout_stream.commands.dlq import ALL_RECORDS, DeadLetterFilters, list_
+from rollout_stream.commands.options import CommandGroup, grouped_options, option_group
+from rollout_stream.security import SecretStr
 
 runner = CliRunner()
 

@@ -17,13 +17,13 @@ import pytest
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.partitioner.default import murmur2
 
-from codec import Sample, decode_sample, encode_sample, group_key
-from core import RewardConfig, post_process_rewards
-from stream.clients import Connection
-from stream.config import TopicNames, WorkerConfig
-from stream.producer import RolloutProducer
-from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
-from stream.topics import TopicSettings, ensure_topics
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample, decode_sample, encode_sample, group_key
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.core import RewardConfig, post_process_rewards
+from rollout_stream.ops.synth import Expected, FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.topics import TopicSettings, ensure_topics
 from tests.stream.helpers import joined, new_topics, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = pytest.mark.kafka

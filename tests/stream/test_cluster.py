@@ -23,14 +23,14 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 
-from stream.clients import Connection
-from stream.config import TopicNames
-from stream.names import changelog_topic_name
-from stream.producer import RolloutProducer
-from stream.tools.broker.cluster import LocalCluster
-from stream.tools.broker.process import free_port, port_is_free
-from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
-from stream.topics import TopicSettings, ensure_topics
+from rollout_stream.broker.cluster import LocalCluster
+from rollout_stream.broker.process import free_port, port_is_free
+from rollout_stream.clients import Connection
+from rollout_stream.config import TopicNames
+from rollout_stream.names import changelog_topic_name
+from rollout_stream.ops.synth import Expected, FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.topics import TopicSettings, ensure_topics
 from tests.stream.helpers import assert_exactly_once, read_topic, spawn_worker, train_samples
 
 pytestmark = pytest.mark.kafka(timeout=150)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from kafka.admin import KafkaAdminClient
 
-from codec import Sample, ShapedArray, encode_sample, group_key
-from stream.config import WorkerConfig
-from stream.producer import RolloutProducer
-from stream.reader import TrainDataReader
+from rollout_stream.codec import Sample, ShapedArray, encode_sample, group_key
+from rollout_stream.config import WorkerConfig
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.reader import TrainDataReader
 from tests.stream.helpers import joined, new_topics, read_topic, running_worker, train_samples, wait_until
 
 # On both clients: each maps `compression_type` to its own setting, and decompresses with its own codecs.

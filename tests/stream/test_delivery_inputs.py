@@ -1,10 +1,11 @@
-"""stream.worker.delivery: what an exactly-once transaction keeps of each send; its changelog writes."""
+"""rollout_stream.worker.delivery: what an exactly-once transaction keeps of each send; its changelog
+writes."""
 
 from __future__ import annotations
 
-from core.records import InputRecord
-from stream.worker.delivery import ChangelogWrite, inputs_of
-from stream.worker.outputs import OutputRecord
+from rollout_stream.core.records import InputRecord
+from rollout_stream.worker.delivery import ChangelogWrite, inputs_of
+from rollout_stream.worker.outputs import OutputRecord
 
 
 def _out(partition: int, offset: int) -> OutputRecord:

@@ -20,25 +20,25 @@ from kafka.structs import OffsetAndMetadata
 from rich.console import Console
 from typer.testing import CliRunner
 
-from codec import DeadLetterReason as R
-from codec import Sample, encode_sample, group_key
-from core.records import DeadLettered, InputRecord
-from stream.cli import app
-from stream.clients import Connection
-from stream.config import WorkerConfig
-from stream.kafka import client_for
-from stream.kafka.kafka_python import raw_producer
-from stream.producer import RolloutProducer
-from stream.tools.dlq import headers as H
-from stream.tools.dlq.cursor import CursorState, cursor_name, resume_state
-from stream.tools.dlq.inspect import compare_rewards, hexdump
-from stream.tools.dlq.lineage import decide
-from stream.tools.dlq.record import DeadLetterRecord, SampleHead
-from stream.tools.dlq.replay import ReplayOptions, run_replay
-from stream.tools.dlq.scan import DeadLetterScanner
-from stream.tools.dlq.selection import Selection, SelectionError, parse_coordinates, parse_time
-from stream.tools.dlq.stats import TopGroups
-from stream.worker.outputs import DLQ_HEADERS, dead_letter_records
+from rollout_stream.cli import app
+from rollout_stream.clients import Connection
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import Sample, encode_sample, group_key
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core.records import DeadLettered, InputRecord
+from rollout_stream.kafka import client_for
+from rollout_stream.kafka.kafka_python import raw_producer
+from rollout_stream.ops.dlq import headers as H
+from rollout_stream.ops.dlq.cursor import CursorState, cursor_name, resume_state
+from rollout_stream.ops.dlq.inspect import compare_rewards, hexdump
+from rollout_stream.ops.dlq.lineage import decide
+from rollout_stream.ops.dlq.record import DeadLetterRecord, SampleHead
+from rollout_stream.ops.dlq.replay import ReplayOptions, run_replay
+from rollout_stream.ops.dlq.scan import DeadLetterScanner
+from rollout_stream.ops.dlq.selection import Selection, SelectionError, parse_coordinates, parse_time
+from rollout_stream.ops.dlq.stats import TopGroups
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.worker.outputs import DLQ_HEADERS, dead_letter_records
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 
 # any client: the dead-letter tools above the seam; the seam's contract tests show each client
@@ -587,7 +587,7 @@ def test_interrupted_replay_resumes_under_its_replay_id(kafka_bootstrap, monkeyp
     produce(kafka_bootstrap, dlq_records(dlq, [("r/1", i, input_topic) for i in range(5)]))
     conn = Connection(kafka_bootstrap)
     options = ReplayOptions(dlq, Selection.build(groups=["r/1"], now_ms=NOW), rate=0, batch_records=2)
-    import stream.tools.dlq.replay as replay_module
+    import rollout_stream.ops.dlq.replay as replay_module
 
     calls = {"n": 0}
     real_wait = replay_module.RateLimiter.wait

@@ -12,17 +12,17 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from rich.console import Console
 
-from codec import DeadLetterReason as R
-from codec import Sample, encode_sample, group_key
-from codec.chunks import CHUNK_HEADER, decode_chunk_header, split
-from core.records import DeadLettered, InputRecord
-from stream.tools.dlq import headers as H
-from stream.tools.dlq.lineage import decide_value
-from stream.tools.dlq.record import DeadLetterRecord
-from stream.tools.dlq.render import list_view, show_document, show_view
-from stream.tools.dlq.stats import DeadLetterStats
-from stream.tools.dlq.values import group_values
-from stream.worker.outputs import dead_letter_records
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import Sample, encode_sample, group_key
+from rollout_stream.codec.chunks import CHUNK_HEADER, decode_chunk_header, split
+from rollout_stream.core.records import DeadLettered, InputRecord
+from rollout_stream.ops.dlq import headers as H
+from rollout_stream.ops.dlq.lineage import decide_value
+from rollout_stream.ops.dlq.record import DeadLetterRecord
+from rollout_stream.ops.dlq.render import list_view, show_document, show_view
+from rollout_stream.ops.dlq.stats import DeadLetterStats
+from rollout_stream.ops.dlq.values import group_values
+from rollout_stream.worker.outputs import dead_letter_records
 from tests.stream.test_dlq import NOW, cli, cli_json, produce, replay_topics, s
 
 CHUNK = 1000

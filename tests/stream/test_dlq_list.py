@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from codec import DeadLetterReason as R
-from core.records import DeadLettered, InputRecord
-from stream.cli import app
-from stream.kafka.memory import MemoryCluster
-from stream.worker.outputs import dead_letter_records
+from rollout_stream.cli import app
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.core.records import DeadLettered, InputRecord
+from rollout_stream.kafka.memory import MemoryCluster
+from rollout_stream.worker.outputs import dead_letter_records
 from tests.stream.memory_cli import BOOTSTRAP, on_memory
 
 runner = CliRunner()
@@ -27,7 +27,7 @@ def cluster(monkeypatch) -> MemoryCluster:
         for out in dead_letter_records(failed, TOPIC):
             producer.send(out.topic, out.value, out.key, headers=out.headers)
     producer.flush()
-    on_memory(monkeypatch, c, "stream.commands.dlq")
+    on_memory(monkeypatch, c, "rollout_stream.commands.dlq")
     return c
 
 

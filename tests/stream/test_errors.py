@@ -10,21 +10,27 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import stream
-from stream.clients import BadBootstrap, BrokerUnreachable
-from stream.commands.options import CommandGroup, error_line, fail
-from stream.config import ConfigError
-from stream.errors import ConfigurationError, PolicyStop, RolloutStreamError, RuntimeFailure, described
-from stream.kafka import AuthorizationFailed, ConnectionCheckFailed, KafkaFailure
-from stream.topics import MissingTopic
-from stream.worker import DeadLetterLimitExceeded, ProduceFailed
+import rollout_stream
+from rollout_stream.clients import BadBootstrap, BrokerUnreachable
+from rollout_stream.commands.options import CommandGroup, error_line, fail
+from rollout_stream.config import ConfigError
+from rollout_stream.errors import (
+    ConfigurationError,
+    PolicyStop,
+    RolloutStreamError,
+    RuntimeFailure,
+    described,
+)
+from rollout_stream.kafka import AuthorizationFailed, ConnectionCheckFailed, KafkaFailure
+from rollout_stream.topics import MissingTopic
+from rollout_stream.worker import DeadLetterLimitExceeded, ProduceFailed
 
 runner = CliRunner()
 
 
 def test_every_exception_the_stream_package_defines_is_in_the_tree():
     outside = []
-    for info in pkgutil.walk_packages(stream.__path__, "stream."):
+    for info in pkgutil.walk_packages(rollout_stream.__path__, "rollout_stream."):
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if (inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == module.__name__

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stream.producer import RolloutProducer
-from stream.tools.synth import FaultRates, SynthPlan, plan_groups
+from rollout_stream.ops.synth import FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
 from tests.stream.helpers import new_topics, read_topic, spawn_worker
 
 RESTORED_WITHIN_S = 5.0

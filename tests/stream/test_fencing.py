@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stream.producer import RolloutProducer
-from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
+from rollout_stream.ops.synth import Expected, FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
 from tests.stream.helpers import assert_exactly_once, new_topics, read_topic, spawn_worker, train_samples
 
 pytestmark = pytest.mark.kafka(timeout=150)

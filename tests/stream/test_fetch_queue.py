@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from stream.clients import Connection
-from stream.kafka import TopicPartition, client_for
-from stream.kafka.kafka_python import raw_producer
+from rollout_stream.clients import Connection
+from rollout_stream.kafka import TopicPartition, client_for
+from rollout_stream.kafka.kafka_python import raw_producer
 
 RECORDS, RECORD_BYTES = 200, 64 * 1024  # 12.5 MiB: a dozen times the queue this test gives librdkafka
 

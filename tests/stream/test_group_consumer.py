@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from stream.clients import Connection
-from stream.kafka import TopicPartition, client_for
+from rollout_stream.clients import Connection
+from rollout_stream.kafka import TopicPartition, client_for
 from tests.stream.helpers import new_topics
 
 RECORDS = 200

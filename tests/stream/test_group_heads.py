@@ -10,11 +10,11 @@ from collections import defaultdict
 import msgspec
 import pytest
 
-from codec import DecodeError, decode_train_sample
-from codec.chunks import CHUNK_HEADER
-from codec.group_heads import GroupHead, HeadSample, decode_group_head, encode_group_head
-from stream.kafka.memory import MemoryCluster
-from stream.names import heads_topic
+from rollout_stream.codec import DecodeError, decode_train_sample
+from rollout_stream.codec.chunks import CHUNK_HEADER
+from rollout_stream.codec.group_heads import GroupHead, HeadSample, decode_group_head, encode_group_head
+from rollout_stream.kafka.memory import MemoryCluster
+from rollout_stream.names import heads_topic
 from tests.stream.test_chunked_worker import TOPICS, produce, sample, whole, worker
 from tests.stream.test_worker_memory import commit, steps
 
@@ -128,7 +128,7 @@ def test_groups_of_several_partitions_keep_their_partition_number(cluster):
 
 
 def test_the_acls_of_a_stage_that_writes_heads_and_of_a_rank_local_reader_name_the_heads_topic():
-    from stream.tools.acls import reader_permissions, worker_permissions
+    from rollout_stream.acls import reader_permissions, worker_permissions
 
     worker = worker_permissions(input_topic="in", output_topic="out", dead_letter_topic="dlq", group_id="g",
                                 route_topic="zv", write_heads=True)

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from codec import DeadLetterReason, Sample, decode_train_sample, encode_sample, group_key
-from stream.config import WorkerConfig
-from stream.producer import RolloutProducer
+from rollout_stream.codec import DeadLetterReason, Sample, decode_train_sample, encode_sample, group_key
+from rollout_stream.config import WorkerConfig
+from rollout_stream.producer import RolloutProducer
 from tests.stream.helpers import new_topics, running_worker, wait_until
 
 # any client: decoding and routing bytes; both clients hand over the same bytes

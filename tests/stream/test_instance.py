@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from stream.producer import RolloutProducer
-from stream.tools.synth import FaultRates, SynthPlan, plan_groups
-from stream.worker.instance import InstanceInUse, claim_instance
+from rollout_stream.ops.synth import FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.worker.instance import InstanceInUse, claim_instance
 from tests.stream.helpers import new_topics, read_topic, spawn_worker
 
 # any client: instance ids are host locks; the clients only carry them

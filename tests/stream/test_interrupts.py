@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from codec import DeadLetterReason as R
-from codec import Sample, encode_sample, group_key
-from core.records import DeadLettered, InputRecord
-from stream.clients import Connection
-from stream.config import TopicNames, WorkerConfig
-from stream.kafka.kafka_python import raw_producer
-from stream.tools.dlq import headers as H
-from stream.tools.dlq.cursor import cursor_name
-from stream.tools.dlq.selection import Selection
-from stream.tools.synth import (
+from rollout_stream.clients import Connection
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import Sample, encode_sample, group_key
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.core.records import DeadLettered, InputRecord
+from rollout_stream.kafka.kafka_python import raw_producer
+from rollout_stream.ops.dlq import headers as H
+from rollout_stream.ops.dlq.cursor import cursor_name
+from rollout_stream.ops.dlq.selection import Selection
+from rollout_stream.ops.synth import (
     FaultRates,
     SendProgress,
     SynthPlan,
@@ -38,7 +38,7 @@ from stream.tools.synth import (
     plan_groups,
     send_groups,
 )
-from stream.worker.outputs import dead_letter_records
+from rollout_stream.worker.outputs import dead_letter_records
 from tests.stream.helpers import read_topic, running_worker, wait_until
 
 EXE = Path(sys.executable).with_name("rollout-stream")
@@ -107,21 +107,21 @@ def test_ctrl_c_while_a_command_starts_is_one_line_and_exit_130(args):
 
 
 def test_ctrl_c_while_typer_builds_the_command_line(monkeypatch, capsys):
-    import stream.cli
+    import rollout_stream.cli
 
     def interrupted() -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(stream.cli, "app", interrupted)
+    monkeypatch.setattr(rollout_stream.cli, "app", interrupted)
     with pytest.raises(SystemExit) as exc:
-        stream.cli.main()
+        rollout_stream.cli.main()
     assert exc.value.code == 130
     assert capsys.readouterr().err.strip() == STARTING
 
 
 def test_importing_the_cli_leaves_sigint_as_it_was():
     code = (
-        "import signal; before = signal.getsignal(signal.SIGINT); import stream.cli; "
+        "import signal; before = signal.getsignal(signal.SIGINT); import rollout_stream.cli; "
         "assert signal.getsignal(signal.SIGINT) is before is signal.default_int_handler; print('ok')"
     )
     result = subprocess.run(
@@ -141,7 +141,8 @@ KINDS = [None, *FaultRates.__slots__]
 def test_the_expectation_of_every_planned_group_is_the_window_state_machines_verdict(
     fault, group_size, max_siblings
 ):
-    """plan_group's hand-made expectation agrees with core.windows fed the same records (which is what
+    """plan_group's hand-made expectation agrees with rollout_stream.core.windows fed the same records (which
+    is what
     an interrupted synth uses for a group it cut short)."""
     import random
 
@@ -412,8 +413,8 @@ def test_ctrl_c_during_dlq_replay_says_where_it_stopped_and_the_next_run_resumes
 def test_ctrl_c_during_a_dry_run_says_nothing_was_written(kafka_bootstrap, topic_factory, monkeypatch):
     from typer.testing import CliRunner
 
-    import stream.commands.dlq as dlq_command
-    from stream.cli import app
+    import rollout_stream.commands.dlq as dlq_command
+    from rollout_stream.cli import app
 
     dlq = topic_factory(1, prefix="rpd-dlq")
 

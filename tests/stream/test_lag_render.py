@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
-from stream.layout import PIPE_WIDTH
-from stream.pacing.positions import ProducerRow, TrainerRow
-from stream.tools.lag import LagReport, StageRow, render_lag
+from rollout_stream.layout import PIPE_WIDTH
+from rollout_stream.ops.lag import LagReport, StageRow, render_lag
+from rollout_stream.pacing.positions import ProducerRow, TrainerRow
 
 
 def report() -> LagReport:

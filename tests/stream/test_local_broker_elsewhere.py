@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import stream.tools.broker
-from stream.cli import app
-from stream.tools.broker import LocalBroker, PortInUse, running_brokers
-from stream.tools.broker.process import free_port
+import rollout_stream.broker
+from rollout_stream.broker import LocalBroker, PortInUse, running_brokers
+from rollout_stream.broker.process import free_port
+from rollout_stream.cli import app
 
 runner = CliRunner()
 
@@ -47,7 +47,7 @@ def elsewhere(tmp_path, monkeypatch) -> Path:
 
 
 def _implicit_broker_on(port: int, monkeypatch) -> None:
-    monkeypatch.setattr(stream.tools.broker, "LocalBroker", functools.partial(LocalBroker, port=port))
+    monkeypatch.setattr(rollout_stream.broker, "LocalBroker", functools.partial(LocalBroker, port=port))
 
 
 def _without_bootstrap(args: list[str]):

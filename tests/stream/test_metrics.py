@@ -12,13 +12,13 @@ from dataclasses import replace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from codec import Sample
-from stream.clients import Connection
-from stream.config import WorkerConfig
-from stream.producer import RolloutProducer
-from stream.tools.broker.process import free_port
-from stream.worker import Worker
-from stream.worker.metrics import serve_metrics
+from rollout_stream.broker.process import free_port
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample
+from rollout_stream.config import WorkerConfig
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.worker import Worker
+from rollout_stream.worker.metrics import serve_metrics
 from tests.stream.helpers import new_topics, wait_until
 
 # any client: the worker's counters; each client's pipeline is shown elsewhere

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from stream.clients import BrokerUnreachable
-from stream.producer import RolloutProducer
-from stream.tools.broker.properties import server_properties
-from stream.topics import MissingTopic
+from rollout_stream.broker.properties import server_properties
+from rollout_stream.clients import BrokerUnreachable
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.topics import MissingTopic
 from tests.stream.helpers import new_topics
 
 EXE = str(Path(sys.executable).with_name("rollout-stream"))

@@ -12,15 +12,15 @@ import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 from typer.testing import CliRunner
 
-from codec import DeadLetterReason as R
-from codec import Sample, encode_sample, group_key
-from core.records import DeadLettered, InputRecord
-from stream.cli import app
-from stream.clients import Connection
-from stream.config import WorkerConfig
-from stream.kafka.kafka_python import raw_producer
-from stream.tools.dlq.record import readable_header
-from stream.worker.outputs import dead_letter_records
+from rollout_stream.cli import app
+from rollout_stream.clients import Connection
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import Sample, encode_sample, group_key
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core.records import DeadLettered, InputRecord
+from rollout_stream.kafka.kafka_python import raw_producer
+from rollout_stream.ops.dlq.record import readable_header
+from rollout_stream.worker.outputs import dead_letter_records
 from tests.stream.helpers import new_topics, running_worker, wait_until
 from tests.stream.test_cli_help import COMMANDS, options_of
 

@@ -4,7 +4,7 @@ middle of a group, the trainer killed -9 and restarted on its committed step (do
 
 One run in `make test`, on the first client: the rule shown sits above the Kafka seam, and the paced
 producers of test_prompt_deployment.py run on both clients there; the other client's run is in the long
-tier. `stream/tools/bench/scripts/pacing_processes.py` runs the same with `--runs` repeated for the ten-run
+tier. `bench/scripts/pacing_processes.py` runs the same with `--runs` repeated for the ten-run
 acceptance and the figures in docs/pacing.md.
 """
 
@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.kafka(timeout=300), pytest.mark.any_client]
 
-HARNESS = Path(__file__).resolve().parents[2] / "stream/tools/bench/scripts/pacing_processes.py"
+HARNESS = Path(__file__).resolve().parents[2] / "bench/scripts/pacing_processes.py"
 DURATION_S = 30
 
 

@@ -17,16 +17,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from codec import Sample
-from stream.app import app
-from stream.clients import Connection
-from stream.config import WorkerConfig
-from stream.names import progress_topic
-from stream.pacing import PacingTimeout, ProgressBoard, WeightsTooOld
-from stream.producer import RolloutProducer
-from stream.reader import TrainDataReader
-from stream.tools.broker.process import free_port
-from stream.worker.metrics import serve_metrics
+from rollout_stream.app import app
+from rollout_stream.broker.process import free_port
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample
+from rollout_stream.config import WorkerConfig
+from rollout_stream.names import progress_topic
+from rollout_stream.pacing import PacingTimeout, ProgressBoard, WeightsTooOld
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.reader import TrainDataReader
+from rollout_stream.worker.metrics import serve_metrics
 from tests.stream.helpers import new_topics, running_worker
 
 # any client: the pacing rule over topics; each client's reader and producer are shown elsewhere
@@ -281,7 +281,7 @@ def test_a_producer_whose_trainer_is_gone_times_out_and_says_so(kafka_bootstrap,
 def test_groups_the_reader_will_skip_stop_counting_before_their_batch_completes(kafka_bootstrap, kafka_client,
                                                                                topic_factory):
     """Stale groups waiting in the reader's buffer must not hold back the fresh groups their batch waits for:
-    the trainer reports them as done at once (core.pacing.doomed_through)."""
+    the trainer reports them as done at once (rollout_stream.core.pacing.doomed_through)."""
     from tests.stream.test_reader import publish, train_sample
 
     topic = topic_factory(1)

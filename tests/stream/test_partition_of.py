@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from kafka.cluster import ClusterMetadata
 from kafka.partitioner.default import DefaultPartitioner
 
-from stream.kafka.kafka_python import _Producer as SeamProducer
+from rollout_stream.kafka.kafka_python import _Producer as SeamProducer
 
 
 def partition_of(producer: object, topic: str, key: bytes) -> int | None:

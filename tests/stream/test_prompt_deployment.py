@@ -3,7 +3,7 @@ epochs, a fifth of them with rollouts 5x longer, 4 rollout processes, the stage 
 its own OS process; a rollout process killed -9 mid-group, one SIGSTOPped past its lease and resumed, the
 stage killed -9 and the trainer killed -9, each started again (docs/loop.md, "Through any crash").
 
-One run per client here; `stream/tools/bench/scripts/prompt_loop_processes.py --runs 10` is the ten-run
+One run per client here; `bench/scripts/prompt_loop_processes.py --runs 10` is the ten-run
 acceptance whose figures docs/loop.md gives.
 """
 
@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = [pytest.mark.kafka(timeout=420)]
 
-HARNESS = Path(__file__).resolve().parents[2] / "stream/tools/bench/scripts/prompt_loop_processes.py"
+HARNESS = Path(__file__).resolve().parents[2] / "bench/scripts/prompt_loop_processes.py"
 
 
 def test_every_prompt_of_the_first_epoch_trains_once_through_kills_of_every_part(

@@ -12,15 +12,15 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from codec import Sample
-from core.prompt_keys import parse_attempt_key
-from core.prompts import PromptLog, PromptState
-from stream.app import app
-from stream.clients import Connection
-from stream.config import WorkerConfig
-from stream.producer import RolloutProducer
-from stream.prompts import PromptSource, SourceFinished, prompt_fence
-from stream.reader import TrainDataReader
+from rollout_stream.app import app
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core.prompt_keys import parse_attempt_key
+from rollout_stream.core.prompts import PromptLog, PromptState
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.prompts import PromptSource, SourceFinished, prompt_fence
+from rollout_stream.reader import TrainDataReader
 from tests.stream.helpers import new_topics, read_topic, running_worker, wait_until
 
 ROWS = [{"prompt": f"q{i}"} for i in range(4)]
@@ -77,8 +77,8 @@ def test_every_prompt_of_the_epoch_trains_once_and_a_prompt_given_back_is_handed
 
 KILLED_MID_GROUP = """
 import os, sys
-from codec import Sample
-from stream.prompts import PromptSource
+from rollout_stream.codec import Sample
+from rollout_stream.prompts import PromptSource
 bootstrap, topic, output, trainer = sys.argv[1:5]
 rows = [{"prompt": f"q{i}"} for i in range(4)]
 source = PromptSource(bootstrap, rows, name="toy", trainer_group_id=trainer, topic=topic,
@@ -128,8 +128,8 @@ def test_a_prompt_whose_process_was_killed_mid_group_is_handed_out_again_and_tra
 
 FROZEN_MID_GROUP = """
 import os, signal, sys
-from codec import Sample
-from stream.prompts import PromptSource
+from rollout_stream.codec import Sample
+from rollout_stream.prompts import PromptSource
 bootstrap, topic, output, trainer = sys.argv[1:5]
 rows = [{"prompt": f"q{i}"} for i in range(4)]
 source = PromptSource(bootstrap, rows, name="toy", trainer_group_id=trainer, topic=topic,
@@ -340,9 +340,9 @@ def test_a_prompt_whose_attempts_are_exhausted_is_dead_lettered_once_with_its_hi
                                       "--json"])
     assert result.exit_code == 0 and f"toy@0/{killed.prompt}" in result.output, result.output
     # a log that ends with a transaction's marker (no record at its last offset): a newcomer folds past it
-    from codec.admission import Resolved, encode_admission
-    from stream.kafka import client_for
-    from stream.names import admission_topic
+    from rollout_stream.codec.admission import Resolved, encode_admission
+    from rollout_stream.kafka import client_for
+    from rollout_stream.names import admission_topic
 
     producer = client_for(Connection(kafka_bootstrap)).producer(
         client_id="marker", max_record_bytes=1 << 20, transactional_id=f"marker-{topics.input}")

@@ -7,15 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from codec import Sample
-from codec.admission import Checkpoint, Dataset, Delivered, Renew, Resolved, Sent, decode_admission
-from core.prompt_keys import parse_attempt_key
-from core.prompts import PromptLog, epoch_order
-from stream.clients import Connection
-from stream.kafka.memory import MemoryClient, MemoryCluster
-from stream.pacing import AdmissionRevoked, AdmissionWriter
-from stream.pacing.checkpoints import newest_fold
-from stream.prompts import (
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample
+from rollout_stream.codec.admission import (
+    Checkpoint,
+    Dataset,
+    Delivered,
+    Renew,
+    Resolved,
+    Sent,
+    decode_admission,
+)
+from rollout_stream.core.prompt_keys import parse_attempt_key
+from rollout_stream.core.prompts import PromptLog, epoch_order
+from rollout_stream.kafka.memory import MemoryClient, MemoryCluster
+from rollout_stream.pacing import AdmissionRevoked, AdmissionWriter
+from rollout_stream.pacing.checkpoints import newest_fold
+from rollout_stream.prompts import (
     DatasetError,
     DatasetMismatch,
     PromptSource,
@@ -90,7 +98,7 @@ def test_a_take_whose_attempt_ended_before_it_was_read_takes_again(monkeypatch, 
     import logging
     import time
 
-    from core.pacing import Admission
+    from rollout_stream.core.pacing import Admission
 
     cluster = MemoryCluster()
     cluster.create_topic("rollouts", 1)
@@ -214,7 +222,7 @@ def test_an_arrow_directory_without_state_json_is_read_file_by_file(tmp_path: Pa
 def test_the_status_table_and_one_prompt_s_attempts_render() -> None:
     from rich.console import Console
 
-    from stream.tools.prompts import (
+    from rollout_stream.ops.prompts import (
         parse_prompt_id,
         prompt_json,
         prompts_report,
@@ -248,7 +256,7 @@ def test_the_status_table_and_one_prompt_s_attempts_render() -> None:
 
 
 def test_the_worker_s_metrics_show_each_source_s_newest_epoch_and_its_settled_prompts() -> None:
-    from stream.worker.progress import prompt_metrics
+    from rollout_stream.worker.progress import prompt_metrics
     from tests.core.prompt_world import SOURCE, World
 
     w = World(prompts=3, epochs=2, groups_per_batch=1)
@@ -274,7 +282,7 @@ def test_the_worker_s_metrics_show_each_source_s_newest_epoch_and_its_settled_pr
 def test_the_report_counts_refills_per_trainer_batch() -> None:
     from rich.console import Console
 
-    from stream.tools.prompts import prompts_report, render_prompts
+    from rollout_stream.ops.prompts import prompts_report, render_prompts
     from tests.core.prompt_world import World
 
     w = World(prompts=4, groups_per_batch=1)
@@ -298,7 +306,7 @@ def test_the_report_counts_refills_per_trainer_batch() -> None:
 def test_the_report_lists_exhausted_prompts_whose_record_is_not_written_yet() -> None:
     from rich.console import Console
 
-    from stream.tools.prompts import prompts_report, render_prompts
+    from rollout_stream.ops.prompts import prompts_report, render_prompts
     from tests.core.prompt_world import SOURCE, World
 
     w = World(prompts=2, max_attempts=1)
@@ -318,14 +326,14 @@ def test_the_reader_s_fence_skips_a_superseded_attempt_with_a_reason_of_its_own(
     counted and logged apart from invalid groups, with the prompt and the attempt that trained it."""
     import logging
 
-    from codec import encode_train_sample
-    from core.prompt_keys import PromptFence
-    from stream.reader import TrainDataReader
+    from rollout_stream.codec import encode_train_sample
+    from rollout_stream.core.prompt_keys import PromptFence
+    from rollout_stream.reader import TrainDataReader
     from tests.stream.memory_cli import on_memory
     from tests.stream.test_reader import train_sample
 
     cluster = MemoryCluster()
-    on_memory(monkeypatch, cluster, "stream.reader", "stream.topics")
+    on_memory(monkeypatch, cluster, "rollout_stream.reader", "rollout_stream.topics")
     cluster.create_topic("td", 1)
     producer = cluster.client().producer(transactional_id="stage")
     producer.init_transactions()
@@ -359,9 +367,9 @@ def test_an_exhausted_prompt_is_dead_lettered_once_whichever_process_writes_it(m
 
     from typer.testing import CliRunner
 
-    from codec import DeadLetterReason
-    from stream.cli import app
-    from stream.prompts.exhausted import ExhaustedWriter
+    from rollout_stream.cli import app
+    from rollout_stream.codec import DeadLetterReason
+    from rollout_stream.prompts.exhausted import ExhaustedWriter
     from tests.stream.memory_cli import BOOTSTRAP, on_memory
 
     cluster = MemoryCluster()
@@ -394,7 +402,7 @@ def test_an_exhausted_prompt_is_dead_lettered_once_whichever_process_writes_it(m
     markers = [r for r in log(cluster) if isinstance(r, Resolved) and r.reason == "prompt_attempts_exhausted"]
     assert [m.keys for m in markers] == [[str(lease.key)]]
 
-    on_memory(monkeypatch, cluster, "stream.commands.dlq")
+    on_memory(monkeypatch, cluster, "rollout_stream.commands.dlq")
     runner = CliRunner()
     listed = runner.invoke(app, ["dlq", "list", *BOOTSTRAP, "--json"], env={"COLUMNS": "200"})
     assert listed.exit_code == 0, listed.output
@@ -404,8 +412,8 @@ def test_an_exhausted_prompt_is_dead_lettered_once_whichever_process_writes_it(m
     where = f"{dead[0].partition}:{dead[0].offset}"
     shown = runner.invoke(app, ["dlq", "show", *BOOTSTRAP, where], env={"COLUMNS": "200"})
     assert shown.exit_code == 0 and "prompt_attempts_exhausted" in shown.stdout, shown.output
-    from stream.tools.dlq.lineage import decide
-    from stream.tools.dlq.record import parse_record
+    from rollout_stream.ops.dlq.lineage import decide
+    from rollout_stream.ops.dlq.record import parse_record
 
     action = decide(parse_record(dead[0]), to=None, max_replays=3, replay_id="r")
     assert action.topic is None and action.refused is not None and "prompt's record" in action.refused
@@ -451,7 +459,7 @@ def late_renewal(a: PromptSource, cluster: MemoryCluster, log_ms: int) -> None:
     passed since its last renewal, and another party's record was folded first."""
     import time
 
-    from codec.admission import Hello, encode_admission
+    from rollout_stream.codec.admission import Hello, encode_admission
 
     with a.gate.sending():
         a.gate._valid_until = time.monotonic() - 1.0
@@ -466,7 +474,7 @@ def late_renewal(a: PromptSource, cluster: MemoryCluster, log_ms: int) -> None:
 @pytest.fixture
 def no_renewals(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sources' own renewal threads stay quiet: the test renews."""
-    monkeypatch.setattr("stream.pacing.gate.RENEW_S", 3600.0)
+    monkeypatch.setattr("rollout_stream.pacing.gate.RENEW_S", 3600.0)
 
 
 def test_a_lease_renewed_after_the_log_ended_it_does_not_make_the_held_prompts_good_again(

@@ -14,13 +14,14 @@ from hypothesis import strategies as st
 from kafka import TopicPartition
 from typer.testing import CliRunner
 
-from codec import Sample, TrainSample, encode_train_sample
-from stream.cli import app
-from stream.clients import Connection
-from stream.config import WorkerConfig
-from stream.kafka.kafka_python import raw_admin, raw_consumer, raw_producer
-from stream.producer import RolloutProducer
-from stream.reader import (
+from rollout_stream.cli import app
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample, TrainSample, encode_train_sample
+from rollout_stream.config import WorkerConfig
+from rollout_stream.kafka.kafka_python import raw_admin, raw_consumer, raw_producer
+from rollout_stream.ops.synth import Expected, FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.reader import (
     Batch,
     GroupAssembler,
     GroupMerger,
@@ -30,7 +31,6 @@ from stream.reader import (
     TrainDataReader,
     rank_group_id,
 )
-from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples
 
 

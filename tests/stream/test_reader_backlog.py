@@ -8,11 +8,11 @@ from collections import defaultdict
 
 import pytest
 
-from codec import TrainSample, encode_train_sample
-from stream.clients import Connection
-from stream.kafka import TopicPartition, client_for
-from stream.kafka.kafka_python import raw_producer
-from stream.reader import TrainDataReader
+from rollout_stream.clients import Connection
+from rollout_stream.codec import TrainSample, encode_train_sample
+from rollout_stream.kafka import TopicPartition, client_for
+from rollout_stream.kafka.kafka_python import raw_producer
+from rollout_stream.reader import TrainDataReader
 from tests.stream.test_reader import publish, train_sample
 
 GROUPS = 512  # whole batches for every groups_per_batch tested: a partial batch waits for more data
@@ -67,7 +67,7 @@ def test_a_fresh_reader_with_default_settings_reads_every_group_of_a_backlog(
 def test_paused_partitions_never_starve_a_partition_with_unread_records(kafka_bootstrap, topic_factory):
     """The reader's (and the worker's) back-pressure on the seam's consumer: partitions far ahead are paused,
     and resumed once the others catch up. Every unpaused partition behind its end keeps making progress
-    (kafka-python alone parked a resumed partition's records for good: stream.kafka.kafka_python)."""
+    (kafka-python alone parked a resumed partition's records for good: rollout_stream.kafka.kafka_python)."""
     topic = topic_factory(PARTITIONS)
     producer = raw_producer(Connection(kafka_bootstrap), linger_ms=5)
     for i in range(3000):
@@ -191,7 +191,7 @@ def test_a_reader_reads_every_group_of_a_backlog_published_in_transactions(kafka
 def test_tail_from_beginning_shows_every_group_of_a_backlog(kafka_bootstrap, backlog_topic):
     from typer.testing import CliRunner
 
-    from stream.cli import app
+    from rollout_stream.cli import app
 
     result = CliRunner().invoke(app, ["tail", "--bootstrap-servers", kafka_bootstrap, "--output-topic",
                                       backlog_topic, "--from-beginning", "--groups", str(GROUPS)])

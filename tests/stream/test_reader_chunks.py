@@ -16,12 +16,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import stream.reader as reader_module
-from codec import TrainSample, encode_train_sample
-from codec.chunks import CHUNK_HEADER, decode_chunk_header, split
-from stream.kafka import TopicPartition
-from stream.kafka.memory import MemoryCluster
-from stream.reader import (
+import rollout_stream.reader as reader_module
+from rollout_stream.codec import TrainSample, encode_train_sample
+from rollout_stream.codec.chunks import CHUNK_HEADER, decode_chunk_header, split
+from rollout_stream.kafka import TopicPartition
+from rollout_stream.kafka.memory import MemoryCluster
+from rollout_stream.reader import (
     Batch,
     ChunkLimitError,
     GroupAssembler,
@@ -402,7 +402,7 @@ def test_an_incomplete_chunked_value_is_dropped_and_stops_holding_the_commit(clu
     tp = TopicPartition("chunked", 0)
     # It holds its first chunk: the rest could be behind another producer's open transaction, so it waits
     # that much longer (15 minutes by default) before it is given up.
-    monkeypatch.setattr("stream.reader.HIDDEN_BY_TRANSACTION_S", 1.5)
+    monkeypatch.setattr("rollout_stream.reader.HIDDEN_BY_TRANSACTION_S", 1.5)
     with open_reader("chunked", chunk_timeout_s=0.2) as r:
         assert take(r, 1)[0].groups[0].key == "r/0"
         assert r.commit()

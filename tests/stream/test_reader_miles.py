@@ -1,5 +1,6 @@
 """layout="miles" on the real broker: each DP rank's batch carries exactly the shard a miles trainer rank
-would get in-process for the batch's samples (core.miles: train_data → split_by_dp → trainer_shard)."""
+would get in-process for the batch's samples (rollout_stream.core.miles: train_data → split_by_dp →
+trainer_shard)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from core.miles import split_by_dp, train_data, trainer_shard
-from stream.reader import TrainDataReader
+from rollout_stream.core.miles import split_by_dp, train_data, trainer_shard
+from rollout_stream.reader import TrainDataReader
 from tests.stream.test_reader import make_group, publish, sid, train_sample
 
 # any client: sharding over the reader's batches; the reader on each client is in test_reader

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import stream.reader as reader_module
-import stream.reader_heads as heads_module
-from codec import Sample, ShapedArray, encode_sample
-from stream.kafka.memory import MemoryCluster
-from stream.names import heads_topic
-from stream.reader import Batch, TrainDataReader
+import rollout_stream.reader as reader_module
+import rollout_stream.reader_heads as heads_module
+from rollout_stream.codec import Sample, ShapedArray, encode_sample
+from rollout_stream.kafka.memory import MemoryCluster
+from rollout_stream.names import heads_topic
+from rollout_stream.reader import Batch, TrainDataReader
 from tests.stream.test_chunked_worker import TOPICS, produce, worker
 from tests.stream.test_worker_memory import commit, steps
 
@@ -155,9 +155,9 @@ def test_the_miles_layout_gets_the_shard_a_whole_topic_reader_gets(cluster, bala
 
 
 def test_a_second_head_of_a_group_is_dropped_and_an_outline_counts_what_batching_reads():
-    from codec.group_heads import GroupHead, HeadSample
-    from core.assembly import loss_tokens
-    from stream.reader_heads import HeadMemory, outline_group
+    from rollout_stream.codec.group_heads import GroupHead, HeadSample
+    from rollout_stream.core.assembly import loss_tokens
+    from rollout_stream.reader_heads import HeadMemory, outline_group
 
     s = HeadSample(offsets=[7], nbytes=10, source_topic="in", source_partition=0, source_offset=3,
                    rollout_id=1, tokens=12, response_length=5, loss_tokens=3, weight_versions=["4"])

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codec import Sample, ShapedArray, encode_sample, group_key
-from stream.config import TopicNames, WorkerConfig
-from stream.names import heads_topic
+from rollout_stream.codec import Sample, ShapedArray, encode_sample, group_key
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.names import heads_topic
 from tests.stream.helpers import joined, read_topic, running_worker, train_samples
 
 pytestmark = [pytest.mark.kafka(timeout=400), pytest.mark.every_client]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream.reader import TrainDataReader
+from rollout_stream.reader import TrainDataReader
 from tests.stream.integrations.groups import committed_batch
 from tests.stream.test_reader import publish, train_sample
 

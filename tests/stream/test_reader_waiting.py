@@ -10,11 +10,11 @@ import uuid
 
 import pytest
 
-import stream.reader as reader_module
-from codec import encode_train_sample
-from stream.kafka.memory import MemoryCluster
-from stream.reader import TrainDataReader
-from stream.topics import MissingTopic
+import rollout_stream.reader as reader_module
+from rollout_stream.codec import encode_train_sample
+from rollout_stream.kafka.memory import MemoryCluster
+from rollout_stream.reader import TrainDataReader
+from rollout_stream.topics import MissingTopic
 from tests.stream.memory_cli import on_memory
 from tests.stream.test_reader import train_sample
 
@@ -22,7 +22,7 @@ from tests.stream.test_reader import train_sample
 @pytest.fixture
 def cluster(monkeypatch) -> MemoryCluster:
     c = MemoryCluster()
-    on_memory(monkeypatch, c, "stream.reader", "stream.topics")
+    on_memory(monkeypatch, c, "rollout_stream.reader", "rollout_stream.topics")
     return c
 
 

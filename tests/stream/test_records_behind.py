@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-import stream.tools.records_behind as module
-from stream.clients import Connection
-from stream.kafka import TopicPartition, client_for
-from stream.kafka.memory import MemoryClient, MemoryCluster
-from stream.tools.records_behind import TAIL_OFFSETS, records_behind
+import rollout_stream.ops.records_behind as module
+from rollout_stream.clients import Connection
+from rollout_stream.kafka import TopicPartition, client_for
+from rollout_stream.kafka.memory import MemoryClient, MemoryCluster
+from rollout_stream.ops.records_behind import TAIL_OFFSETS, records_behind
 
 TOPIC = "rollouts"
 

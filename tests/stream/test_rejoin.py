@@ -3,7 +3,7 @@ partitions."""
 
 from __future__ import annotations
 
-from stream.kafka.kafka_python import RejoinWatchdog
+from rollout_stream.kafka.kafka_python import RejoinWatchdog
 
 
 class _Consumer:

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from codec import Sample, ShapedArray
-from codec import headers as H
-from stream.config import TopicNames, WorkerConfig
-from stream.producer import RolloutProducer
-from stream.reader import TrainDataReader
+from rollout_stream.codec import Sample, ShapedArray
+from rollout_stream.codec import headers as H
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.reader import TrainDataReader
 from tests.stream.helpers import read_topic, running_worker, wait_until
 
 # the payloads are bytes the stage passes on and the reader decodes: above the Kafka seam

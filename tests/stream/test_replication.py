@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from stream.errors import ConfigurationError
-from stream.kafka.memory import MemoryCluster
-from stream.tools.broker.properties import ClusterNode, server_properties
-from stream.topics import Replication, default_replication, ensure_changelog, replication_for
+from rollout_stream.broker.properties import ClusterNode, server_properties
+from rollout_stream.errors import ConfigurationError
+from rollout_stream.kafka.memory import MemoryCluster
+from rollout_stream.topics import Replication, default_replication, ensure_changelog, replication_for
 
 
 @pytest.mark.parametrize(("brokers", "factor", "in_sync"), [(1, 1, 1), (2, 2, 1), (3, 3, 2), (5, 3, 2)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from stream.cli import app
+from rollout_stream.cli import app
 
 LONG = "Zq8-long-and-unlikely-secret-41x"
 

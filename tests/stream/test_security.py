@@ -30,10 +30,22 @@ from kafka import TopicPartition
 from kafka.admin import UserScramCredentialUpsertion
 from kafka.errors import CoordinatorNotAvailableError
 
-from codec import Sample, ShapedArray, TrainSample, encode_sample
-from stream.clients import Connection
-from stream.config import TopicNames
-from stream.kafka import (
+from rollout_stream.access import apply_permissions
+from rollout_stream.acls import (
+    Permission,
+    producer_permissions,
+    reader_permissions,
+    worker_permissions,
+)
+from rollout_stream.broker.errors import BrokerError, PortInUse
+from rollout_stream.broker.local import LocalBroker
+from rollout_stream.broker.pki import issue, new_ca
+from rollout_stream.broker.process import free_port
+from rollout_stream.broker.secure import SecureMaterial, prepare_secure_material
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample, ShapedArray, TrainSample, encode_sample
+from rollout_stream.config import TopicNames
+from rollout_stream.kafka import (
     AuthenticationRefused,
     KafkaFailure,
     ListenerMismatch,
@@ -43,24 +55,12 @@ from stream.kafka import (
     check_connection,
     client_for,
 )
-from stream.kafka.kafka_python import kafka_acl, raw_admin, raw_consumer
-from stream.names import changelog_topic_name
-from stream.producer import RolloutProducer
-from stream.security import SecretStr, SecuritySettings
-from stream.tools.access import apply_permissions
-from stream.tools.acls import (
-    Permission,
-    producer_permissions,
-    reader_permissions,
-    worker_permissions,
-)
-from stream.tools.broker.errors import BrokerError, PortInUse
-from stream.tools.broker.local import LocalBroker
-from stream.tools.broker.pki import issue, new_ca
-from stream.tools.broker.process import free_port
-from stream.tools.broker.secure import SecureMaterial, prepare_secure_material
-from stream.tools.synth import FaultRates, SynthPlan, plan_groups
-from stream.topics import TopicSettings, ensure_changelog, ensure_topics
+from rollout_stream.kafka.kafka_python import kafka_acl, raw_admin, raw_consumer
+from rollout_stream.names import changelog_topic_name
+from rollout_stream.ops.synth import FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.security import SecretStr, SecuritySettings
+from rollout_stream.topics import TopicSettings, ensure_changelog, ensure_topics
 
 EXE = str(Path(sys.executable).with_name("rollout-stream"))
 
@@ -329,7 +329,7 @@ def worker_args(topics: TopicNames, group_id: str) -> list[str]:
 def test_pipeline_synth_worker_reader_over_sasl_ssl_with_least_privilege(cluster, tmp_path):
     """synth (producer ACLs, env vars, SCRAM-SHA-256) → run (worker ACLs, flags, password file) →
     TrainDataReader (reader ACLs): every record accounted for, and no password in anything they printed."""
-    from stream.reader import TrainDataReader  # torch
+    from rollout_stream.reader import TrainDataReader  # torch
 
     group_id = f"sec-g-{uuid.uuid4().hex[:6]}"
     tag = uuid.uuid4().hex[:8]

@@ -10,27 +10,27 @@ import pytest
 from kafka.errors import KafkaError, TopicAuthorizationFailedError, TransactionalIdAuthorizationFailedError
 from typer.testing import CliRunner
 
-from stream.cli import app
-from stream.client_properties import load_properties
-from stream.clients import Connection
-from stream.commands.connection import SecurityOptions, security_from_options
-from stream.config import TopicNames, WorkerConfig
-from stream.kafka import AuthorizationFailed, authorization_cause
-from stream.kafka.kafka_python import client_settings, security_settings, translate
-from stream.security import (
-    MASK,
-    SecretStr,
-    SecurityConfigError,
-    SecuritySettings,
-)
-from stream.tools.access import explain_denial
-from stream.tools.acls import (
+from rollout_stream.access import explain_denial
+from rollout_stream.acls import (
     producer_permissions,
     reader_permissions,
     render_kafka_acls,
     worker_permissions,
 )
-from stream.tools.broker.pki import issue, new_ca
+from rollout_stream.broker.pki import issue, new_ca
+from rollout_stream.cli import app
+from rollout_stream.client_properties import load_properties
+from rollout_stream.clients import Connection
+from rollout_stream.commands.connection import SecurityOptions, security_from_options
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.kafka import AuthorizationFailed, authorization_cause
+from rollout_stream.kafka.kafka_python import client_settings, security_settings, translate
+from rollout_stream.security import (
+    MASK,
+    SecretStr,
+    SecurityConfigError,
+    SecuritySettings,
+)
 
 PASSWORD = "pa55-w0rd-that-must-not-leak"
 

@@ -9,9 +9,9 @@ import uuid
 import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from stream.clients import Connection
-from stream.kafka import KafkaFailure, OutgoingRecord, client_for
-from stream.kafka.partitioner import murmur2
+from rollout_stream.clients import Connection
+from rollout_stream.kafka import KafkaFailure, OutgoingRecord, client_for
+from rollout_stream.kafka.partitioner import murmur2
 from tests.stream.helpers import read_topic
 
 

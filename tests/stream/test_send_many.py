@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from codec import Sample, decode_train_sample
-from stream.config import WorkerConfig
-from stream.producer import RolloutProducer, numbered_group
+from rollout_stream.codec import Sample, decode_train_sample
+from rollout_stream.config import WorkerConfig
+from rollout_stream.producer import RolloutProducer, numbered_group
 from tests.stream.helpers import new_topics, read_topic, running_worker
 
 

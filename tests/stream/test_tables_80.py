@@ -19,14 +19,14 @@ from rich.console import Console
 from rich.table import Table
 from typer.testing import CliRunner
 
-from codec import DeadLetterReason as R
-from codec import Sample, TrainSample, encode_sample, group_key
-from core.assembly import GroupInfo
-from core.records import DeadLettered, InputRecord
-from stream.clients import Connection
-from stream.kafka.kafka_python import raw_producer
-from stream.layout import PIPE_WIDTH, Fit, Flow, output_console, titled
-from stream.worker.outputs import dead_letter_records
+from rollout_stream.clients import Connection
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import Sample, TrainSample, encode_sample, group_key
+from rollout_stream.core.assembly import GroupInfo
+from rollout_stream.core.records import DeadLettered, InputRecord
+from rollout_stream.kafka.kafka_python import raw_producer
+from rollout_stream.layout import PIPE_WIDTH, Fit, Flow, output_console, titled
+from rollout_stream.worker.outputs import dead_letter_records
 
 # any client: rendering
 pytestmark = pytest.mark.any_client
@@ -97,8 +97,8 @@ def test_the_output_console_is_the_terminal_width_or_whole_lines_in_a_pipe(monke
 
 
 def bench_report(quick: bool):
-    from stream.tools.bench.latency import LatencyResult
-    from stream.tools.bench.results import (
+    from bench.latency import LatencyResult
+    from bench.results import (
         BenchReport,
         BenchSettings,
         MemoryResult,
@@ -106,7 +106,7 @@ def bench_report(quick: bool):
         Throughput,
         WorkloadResult,
     )
-    from stream.tools.bench.workloads import Workload
+    from bench.workloads import Workload
 
     def tp(mode: str, rate: float) -> Throughput:
         return Throughput(
@@ -158,7 +158,7 @@ def bench_report(quick: bool):
 
 
 def bench_text(quick: bool, width: int) -> str:
-    from stream.tools.bench.report import render as render_bench
+    from bench.report import render as render_bench
 
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     render_bench(bench_report(quick), console)
@@ -239,7 +239,7 @@ def list_rows() -> list[dict]:
 
 
 def test_dlq_list_at_80_columns_is_a_block_per_record_with_every_key_reason_and_message():
-    from stream.tools.dlq.render import list_view
+    from rollout_stream.ops.dlq.render import list_view
 
     rows = list_rows()
     text = render(list_view(rows, 80))
@@ -250,7 +250,7 @@ def test_dlq_list_at_80_columns_is_a_block_per_record_with_every_key_reason_and_
 
 
 def test_dlq_list_in_a_pipe_is_one_line_per_record_with_whole_messages():
-    from stream.tools.dlq.render import list_view
+    from rollout_stream.ops.dlq.render import list_view
 
     rows = list_rows()
     text = render(list_view(rows, PIPE_WIDTH), PIPE_WIDTH)
@@ -315,7 +315,7 @@ def replay_doc(dry_run: bool) -> dict:
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_dlq_replay_at_80_columns_keeps_to_or_why_not_whole(dry_run):
-    from stream.tools.dlq.render import replay_view
+    from rollout_stream.ops.dlq.render import replay_view
 
     doc = replay_doc(dry_run)
     text = render(replay_view(doc, 50))
@@ -379,7 +379,7 @@ def show_doc() -> dict:
 
 
 def test_dlq_show_at_80_columns():
-    from stream.tools.dlq.render import show_view
+    from rollout_stream.ops.dlq.render import show_view
 
     text = render(show_view(show_doc()))
     assert_readable(
@@ -399,7 +399,7 @@ def test_dlq_show_at_80_columns():
 
 
 def test_dlq_stats_at_80_columns():
-    from stream.tools.dlq.render import stats_view
+    from rollout_stream.ops.dlq.render import stats_view
 
     doc = {
         "topic": "rollouts-dlq",
@@ -515,7 +515,7 @@ INFO = GroupInfo(KEY, 1, 123456, 123462, 0, 6, 4, 12, 0.4375, 0.4, False)
 
 @pytest.mark.parametrize("width", [80, 60])
 def test_tail_keeps_each_reward_on_its_rollouts_line(width):
-    from stream.commands.tail import group_block
+    from rollout_stream.commands.tail import group_block
 
     text = render(group_block(INFO, GROUP), width)
     assert_readable(
@@ -536,7 +536,7 @@ def test_tail_keeps_each_reward_on_its_rollouts_line(width):
 
 
 def test_tail_shows_versions_per_sample_when_they_differ_and_the_whole_table_when_it_fits():
-    from stream.commands.tail import group_block
+    from rollout_stream.commands.tail import group_block
 
     mixed = [*GROUP[:5], train_sample(1052003, 0, 1, 0.5, versions=("13",))]
     text = render(group_block(INFO, mixed))
@@ -547,7 +547,7 @@ def test_tail_shows_versions_per_sample_when_they_differ_and_the_whole_table_whe
 
 
 def test_a_group_key_too_long_for_the_border_goes_inside_the_block():
-    from stream.commands.tail import group_block
+    from rollout_stream.commands.tail import group_block
 
     key = "a-run-id-that-someone-made-" * 2 + "long-enough/1052"  # 70: "group KEY" leaves the border no room
     text = render(group_block(GroupInfo(key, 1, 1, 2, 0, 6, 4, 12, 0.4375, 0.4, False), GROUP))
@@ -555,8 +555,8 @@ def test_a_group_key_too_long_for_the_border_goes_inside_the_block():
 
 
 def test_demo_summary_title_and_last_line_in_a_pipe():
-    from stream.commands.demo import _FinalOnly, _table
-    from stream.tools.synth import Expected
+    from rollout_stream.commands.demo import _FinalOnly, _table
+    from rollout_stream.ops.synth import Expected
 
     exp = Expected(1431, 180, Counter({"conflicting_duplicate": 68, "shared_reward_violation": 34}), 8, 1605)
     worker = SimpleNamespace(
@@ -645,7 +645,7 @@ def filled_dlq(kafka_bootstrap):  # one per test and client: a replay moves the 
 
 
 def dlq(*args: str, columns: str | None):
-    from stream.cli import app
+    from rollout_stream.cli import app
 
     result = runner.invoke(app, ["dlq", *args], env={"COLUMNS": columns})
     assert result.exit_code == 0, (result.stdout, result.stderr)

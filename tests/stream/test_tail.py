@@ -8,8 +8,8 @@ import threading
 import pytest
 from typer.testing import CliRunner
 
-from stream.cli import app
-from stream.kafka.memory import MemoryCluster
+from rollout_stream.cli import app
+from rollout_stream.kafka.memory import MemoryCluster
 from tests.stream.memory_cli import BOOTSTRAP, on_memory
 
 runner = CliRunner()
@@ -19,7 +19,7 @@ runner = CliRunner()
 def cluster(monkeypatch) -> MemoryCluster:
     c = MemoryCluster()
     c.create_topic("train-data", 3)
-    on_memory(monkeypatch, c, "stream.topics", "stream.reader")
+    on_memory(monkeypatch, c, "rollout_stream.topics", "rollout_stream.reader")
     return c
 
 
@@ -46,7 +46,7 @@ def test_tail_of_an_empty_topic_says_what_it_follows_and_ctrl_c_exits_130(cluste
 
 
 def test_tail_says_where_it_starts_and_when_it_stops():
-    from stream.commands.tail import following
+    from rollout_stream.commands.tail import following
 
     assert following("t", 1, False, 5) == ("following t (1 partition) from its end (new groups only); stops "
                                            "after 5 group(s); waiting for groups…")

@@ -6,12 +6,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec import Sample, TrainSample, encode_sample, encode_train_sample
-from core.config import RewardConfig
-from core.records import InputRecord, Member, Published
-from core.rewards import GroupRewards
-from core.windows import HeldSample
-from stream.worker.outputs import STAGE_VERSION, OutputRecord, train_records
+from rollout_stream.codec import Sample, TrainSample, encode_sample, encode_train_sample
+from rollout_stream.core.config import RewardConfig
+from rollout_stream.core.records import InputRecord, Member, Published
+from rollout_stream.core.rewards import GroupRewards
+from rollout_stream.core.windows import HeldSample
+from rollout_stream.worker.outputs import STAGE_VERSION, OutputRecord, train_records
 
 _floats = st.one_of(st.floats(allow_nan=False), st.integers(-5, 5), st.sampled_from([0.0, -0.0, 0.5]))
 

@@ -7,8 +7,8 @@ import uuid
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from stream.clients import Connection
-from stream.kafka import KafkaFailure, ProducerFenced, client_for
+from rollout_stream.clients import Connection
+from rollout_stream.kafka import KafkaFailure, ProducerFenced, client_for
 from tests.stream.helpers import new_topics, read_topic
 
 

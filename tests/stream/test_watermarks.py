@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from stream.kafka import KafkaFailure, TopicPartition
-from stream.kafka.confluent.assigned_consumer import _AssignedConsumer
+from rollout_stream.kafka import KafkaFailure, TopicPartition
+from rollout_stream.kafka.confluent.assigned_consumer import _AssignedConsumer
 
 TP = TopicPartition("t", 0)
 

@@ -9,16 +9,16 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from codec import DeadLetterReason as R
-from codec import Sample, encode_sample, group_key
-from core import post_process_rewards
-from stream.clients import Connection
-from stream.config import WorkerConfig, ZeroVariancePolicy
-from stream.kafka.partitioner import murmur2
-from stream.producer import RolloutProducer
-from stream.tools.synth import Expected, FaultRates, SynthPlan, plan_groups
-from stream.topics import TopicSettings, ensure_topics
-from stream.worker.outputs import DLQ_HEADERS
+from rollout_stream.clients import Connection
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import Sample, encode_sample, group_key
+from rollout_stream.config import WorkerConfig, ZeroVariancePolicy
+from rollout_stream.core import post_process_rewards
+from rollout_stream.kafka.partitioner import murmur2
+from rollout_stream.ops.synth import Expected, FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.topics import TopicSettings, ensure_topics
+from rollout_stream.worker.outputs import DLQ_HEADERS
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples, wait_until
 
 pytestmark = pytest.mark.kafka

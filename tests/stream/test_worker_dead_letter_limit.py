@@ -11,12 +11,12 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from typer.testing import CliRunner
 
-from codec import Sample
-from stream.cli import app
-from stream.clients import Connection
-from stream.config import ConfigError, WorkerConfig
-from stream.producer import RolloutProducer
-from stream.worker import DeadLetterLimitExceeded, Worker
+from rollout_stream.cli import app
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample
+from rollout_stream.config import ConfigError, WorkerConfig
+from rollout_stream.producer import RolloutProducer
+from rollout_stream.worker import DeadLetterLimitExceeded, Worker
 from tests.stream.helpers import new_topics, read_topic, spawn_worker, train_samples, wait_until
 
 # any client: the dead-letter limit is the worker's rule

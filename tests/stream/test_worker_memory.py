@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from codec import Sample, decode_train_sample, encode_sample, group_key
-from stream.clients import Connection
-from stream.config import TopicNames, WorkerConfig
-from stream.kafka import (
+from rollout_stream.clients import Connection
+from rollout_stream.codec import Sample, decode_train_sample, encode_sample, group_key
+from rollout_stream.config import TopicNames, WorkerConfig
+from rollout_stream.kafka import (
     AuthorizationFailed,
     BrokerUnavailable,
     CommitFailed,
@@ -21,9 +21,9 @@ from stream.kafka import (
     ProducerFenced,
     RecordRefused,
 )
-from stream.kafka.memory import MemoryCluster
-from stream.worker import Worker
-from stream.worker.instance import InstanceClaim
+from rollout_stream.kafka.memory import MemoryCluster
+from rollout_stream.worker import Worker
+from rollout_stream.worker.instance import InstanceClaim
 
 TOPICS = TopicNames("in", "out", "dlq")
 
@@ -152,7 +152,7 @@ def test_restore_rebuilds_open_windows_from_the_changelog_with_outputs_suppresse
 def test_a_restore_that_meets_a_retriable_failure_is_tried_again(cluster, monkeypatch):
     # After a broker restart a new leader answers offset queries with OFFSET_NOT_AVAILABLE for a while: the
     # worker waits and restores again (in the 3-node chaos test it exited instead).
-    monkeypatch.setattr("stream.worker.restore.RESTORE_RETRY_S", 0.05)
+    monkeypatch.setattr("rollout_stream.worker.restore.RESTORE_RETRY_S", 0.05)
     produce(cluster, group(0) + group(1, size=4)[:2])
     w1 = worker(cluster, "w1")
     steps(w1)
@@ -287,7 +287,7 @@ def test_records_the_broker_refused_stop_the_worker_and_it_commits_nothing(clust
 
 def test_a_failure_that_is_not_retriable_restores_until_it_aborts_three_transactions_in_a_row(cluster,
                                                                                               caplog):
-    from stream.worker.delivery import RECURRING_ABORTS
+    from rollout_stream.worker.delivery import RECURRING_ABORTS
 
     produce(cluster, [s for gi in range(3) for s in group(gi)])
     w = worker(cluster)
@@ -492,9 +492,9 @@ def test_refill_keeps_a_zero_variance_group_off_train_data_and_tells_the_admissi
     """`--zero-variance refill`: the stage drops the group, as `drop` does, and says so in the admission
     log once its commit succeeded: the group's prompt settles as filtered and another prompt takes its
     place (docs/loop.md)."""
-    from codec.admission import Resolved, decode_admission
-    from stream.config import parse_zero_variance
-    from stream.pacing import ensure_admission_topic
+    from rollout_stream.codec.admission import Resolved, decode_admission
+    from rollout_stream.config import parse_zero_variance
+    from rollout_stream.pacing import ensure_admission_topic
 
     assert str(parse_zero_variance("refill")) == "refill"
     ensure_admission_topic(Connection("memory:9092"), "out.admission", cluster.client())

@@ -24,12 +24,12 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from codec import DeadLetterReason as R
-from codec import Sample, decode_sample, decode_train_sample
-from core import RewardConfig, post_process_rewards
-from stream.config import TopicNames
-from stream.producer import RolloutProducer
-from stream.tools.synth import FaultRates, SynthPlan, plan_groups
+from rollout_stream.codec import DeadLetterReason as R
+from rollout_stream.codec import Sample, decode_sample, decode_train_sample
+from rollout_stream.config import TopicNames
+from rollout_stream.core import RewardConfig, post_process_rewards
+from rollout_stream.ops.synth import FaultRates, SynthPlan, plan_groups
+from rollout_stream.producer import RolloutProducer
 from tests.stream.helpers import new_topics, read_topic, train_samples, wait_until
 
 EXE = str(Path(sys.executable).with_name("rollout-stream"))

@@ -27,14 +27,14 @@ from confluent_kafka import Consumer
 from confluent_kafka import Producer as _RdProducer
 from confluent_kafka.admin import AdminClient
 
-from stream.clients import Connection
-from stream.kafka.confluent.admin import _Admin
-from stream.kafka.confluent.assigned_consumer import _AssignedConsumer
-from stream.kafka.confluent.errors import _translated, translate
-from stream.kafka.confluent.group_consumer import _GroupConsumer
-from stream.kafka.confluent.producer import _Producer
-from stream.kafka.confluent.settings import _librdkafka_names, _SessionWatch, settings_for
-from stream.kafka.seam import heartbeat_interval_ms
+from rollout_stream.clients import Connection
+from rollout_stream.kafka.confluent.admin import _Admin
+from rollout_stream.kafka.confluent.assigned_consumer import _AssignedConsumer
+from rollout_stream.kafka.confluent.errors import _translated, translate
+from rollout_stream.kafka.confluent.group_consumer import _GroupConsumer
+from rollout_stream.kafka.confluent.producer import _Producer
+from rollout_stream.kafka.confluent.settings import _librdkafka_names, _SessionWatch, settings_for
+from rollout_stream.kafka.seam import heartbeat_interval_ms
 
 __all__ = ["ConfluentClient", "settings_for", "translate"]
 
@@ -42,7 +42,7 @@ FETCH_PARTITION_BYTES = 4 * 1024 * 1024
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 # Once its local queue holds queued.min.messages (100,000) or queued.max.messages.kbytes (64 MiB), librdkafka
 # fetches a partition again only after this pause, 1 s by default: a consumer a little slower than its
-# fetcher read a backlog in bursts with idle seconds between (rollout-stream bench, one broker: the stage's
+# fetcher read a backlog in bursts with idle seconds between (python -m bench, one broker: the stage's
 # 32K-token drains 1,200 -> 3,000 samples/s, its 256-token ones 37,000 -> 75,000, the passthrough's
 # 44,000 -> 238,000).
 FETCH_QUEUE_BACKOFF_MS = 20

@@ -20,11 +20,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from stream.kafka.confluent.convert import _rd
-from stream.kafka.confluent.errors import _translated, translate
-from stream.kafka.confluent.settings import TIMEOUT_S
-from stream.kafka.errors import AuthorizationFailed
-from stream.kafka.seam import AclSpec, TopicInfo, TopicPartition, TopicSpec
+from rollout_stream.kafka.confluent.convert import _rd
+from rollout_stream.kafka.confluent.errors import _translated, translate
+from rollout_stream.kafka.confluent.settings import TIMEOUT_S
+from rollout_stream.kafka.errors import AuthorizationFailed
+from rollout_stream.kafka.seam import AclSpec, TopicInfo, TopicPartition, TopicSpec
 
 _RESOURCE_TYPES = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
                    "transactional-id": ResourceType.TRANSACTIONAL_ID, "cluster": ResourceType.BROKER}

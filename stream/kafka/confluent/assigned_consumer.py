@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError
 
-from stream.kafka.confluent.consumer import _Consumer
-from stream.kafka.confluent.convert import _rd
-from stream.kafka.confluent.errors import _translated
-from stream.kafka.seam import TopicPartition
+from rollout_stream.kafka.confluent.consumer import _Consumer
+from rollout_stream.kafka.confluent.convert import _rd
+from rollout_stream.kafka.confluent.errors import _translated
+from rollout_stream.kafka.seam import TopicPartition
 
 
 class _AssignedConsumer(_Consumer):

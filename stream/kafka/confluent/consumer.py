@@ -9,10 +9,10 @@ from typing import Any, NamedTuple
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 
-from stream.kafka.confluent.convert import _rd, _rd_offsets
-from stream.kafka.confluent.errors import _COORDINATOR_MOVING, _LEADER_MOVING, _translated, translate
-from stream.kafka.confluent.settings import TIMEOUT_S
-from stream.kafka.seam import Committed, Header, Offsets, Polled, TopicPartition
+from rollout_stream.kafka.confluent.convert import _rd, _rd_offsets
+from rollout_stream.kafka.confluent.errors import _COORDINATOR_MOVING, _LEADER_MOVING, _translated, translate
+from rollout_stream.kafka.confluent.settings import TIMEOUT_S
+from rollout_stream.kafka.seam import Committed, Header, Offsets, Polled, TopicPartition
 
 
 class Rec(NamedTuple):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import TopicPartition as RdTP
 
-from stream.kafka.seam import Offsets, TopicPartition
+from rollout_stream.kafka.seam import Offsets, TopicPartition
 
 
 def _rd(tp: TopicPartition, offset: int | None = None, metadata: str | None = None) -> RdTP:

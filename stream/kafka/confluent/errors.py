@@ -1,4 +1,5 @@
-"""librdkafka's errors as the seam's (`stream.kafka.errors`): `translate`, `_translated`, and the error codes
+"""librdkafka's errors as the seam's (`rollout_stream.kafka.errors`): `translate`, `_translated`, and the
+error codes
 that mean a partition's leader or a group's coordinator is moving."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from typing import Literal, overload
 
 from confluent_kafka import KafkaError, KafkaException
 
-from stream.kafka.errors import (
+from rollout_stream.kafka.errors import (
     AuthorizationFailed,
     BrokerUnavailable,
     CommitFailed,

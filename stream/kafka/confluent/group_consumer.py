@@ -10,10 +10,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as RdTP
 
-from stream.kafka.confluent.consumer import _Consumer
-from stream.kafka.confluent.errors import _translated
-from stream.kafka.confluent.settings import _SessionWatch
-from stream.kafka.seam import RebalanceListener, TopicPartition
+from rollout_stream.kafka.confluent.consumer import _Consumer
+from rollout_stream.kafka.confluent.errors import _translated
+from rollout_stream.kafka.confluent.settings import _SessionWatch
+from rollout_stream.kafka.seam import RebalanceListener, TopicPartition
 
 log = logging.getLogger("rollout_stream.kafka")
 

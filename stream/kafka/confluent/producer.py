@@ -11,12 +11,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka import Producer as _RdProducer
 
-from stream.kafka.bounded import Hung, call_within
-from stream.kafka.confluent.convert import _rd_offsets
-from stream.kafka.confluent.errors import _FENCED, _translated, translate
-from stream.kafka.confluent.settings import TIMEOUT_S
-from stream.kafka.errors import BrokerUnavailable, KafkaFailure
-from stream.kafka.seam import Header, Offsets, Outgoing, Written
+from rollout_stream.kafka.bounded import Hung, call_within
+from rollout_stream.kafka.confluent.convert import _rd_offsets
+from rollout_stream.kafka.confluent.errors import _FENCED, _translated, translate
+from rollout_stream.kafka.confluent.settings import TIMEOUT_S
+from rollout_stream.kafka.errors import BrokerUnavailable, KafkaFailure
+from rollout_stream.kafka.seam import Header, Offsets, Outgoing, Written
 
 log = logging.getLogger("rollout_stream.kafka")
 

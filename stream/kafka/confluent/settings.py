@@ -1,4 +1,5 @@
-"""librdkafka's configuration: the properties for a `stream.clients.Connection`, kafka-python's tuning names
+"""librdkafka's configuration: the properties for a `rollout_stream.clients.Connection`, kafka-python's
+tuning names
 in librdkafka's, and its logger (repeated lines filtered; a group consumer's session timeouts noted)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import logging
 import time
 from typing import Any
 
-from stream.clients import Connection
+from rollout_stream.clients import Connection
 
 
 class _OncePerInterval(logging.Filter):

@@ -23,18 +23,18 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
-from stream.clients import MAX_RECORD_BYTES, Connection
-from stream.kafka.kafka_python.admin import _Admin, kafka_acl
-from stream.kafka.kafka_python.consumer import (
+from rollout_stream.clients import MAX_RECORD_BYTES, Connection
+from rollout_stream.kafka.kafka_python.admin import _Admin, kafka_acl
+from rollout_stream.kafka.kafka_python.consumer import (
     REJOIN_AFTER_S,
     RejoinWatchdog,
     _AssignedConsumer,
     _GroupConsumer,
 )
-from stream.kafka.kafka_python.errors import _translated, translate
-from stream.kafka.kafka_python.producer import _Producer
-from stream.kafka.kafka_python.settings import client_settings, security_settings
-from stream.kafka.seam import heartbeat_interval_ms
+from rollout_stream.kafka.kafka_python.errors import _translated, translate
+from rollout_stream.kafka.kafka_python.producer import _Producer
+from rollout_stream.kafka.kafka_python.settings import client_settings, security_settings
+from rollout_stream.kafka.seam import heartbeat_interval_ms
 
 __all__ = ["KafkaPythonClient", "RejoinWatchdog", "client_settings", "kafka_acl", "raw_admin", "raw_consumer",
            "raw_producer", "security_settings", "translate"]

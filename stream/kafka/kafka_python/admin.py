@@ -19,10 +19,10 @@ from kafka.admin import (
     ResourceType,
 )
 
-from stream.kafka.errors import AuthorizationFailed, KafkaFailure, UnknownTopic
-from stream.kafka.kafka_python.convert import _ktp
-from stream.kafka.kafka_python.errors import _translated, translate
-from stream.kafka.seam import AclSpec, TopicInfo, TopicPartition, TopicSpec
+from rollout_stream.kafka.errors import AuthorizationFailed, KafkaFailure, UnknownTopic
+from rollout_stream.kafka.kafka_python.convert import _ktp
+from rollout_stream.kafka.kafka_python.errors import _translated, translate
+from rollout_stream.kafka.seam import AclSpec, TopicInfo, TopicPartition, TopicSpec
 
 _RESOURCE_TYPES = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
                    "transactional-id": ResourceType.TRANSACTIONAL_ID, "cluster": ResourceType.CLUSTER}

@@ -13,11 +13,11 @@ from kafka import TopicPartition as KTP
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.structs import OffsetAndMetadata
 
-from stream.kafka.errors import BrokerUnavailable
-from stream.kafka.kafka_python.convert import _ktp, _offsets
-from stream.kafka.kafka_python.errors import _translated
-from stream.kafka.seam import Committed, Offsets, Polled, RebalanceListener, TopicPartition
-from stream.logs import log_event
+from rollout_stream.kafka.errors import BrokerUnavailable
+from rollout_stream.kafka.kafka_python.convert import _ktp, _offsets
+from rollout_stream.kafka.kafka_python.errors import _translated
+from rollout_stream.kafka.seam import Committed, Offsets, Polled, RebalanceListener, TopicPartition
+from rollout_stream.logs import log_event
 
 log = logging.getLogger("rollout_stream.kafka")
 

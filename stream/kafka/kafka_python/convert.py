@@ -5,7 +5,7 @@ from __future__ import annotations
 from kafka import TopicPartition as KTP
 from kafka.structs import OffsetAndMetadata
 
-from stream.kafka.seam import Offsets, TopicPartition
+from rollout_stream.kafka.seam import Offsets, TopicPartition
 
 
 def _ktp(tp: TopicPartition) -> KTP:

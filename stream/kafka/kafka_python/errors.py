@@ -1,4 +1,5 @@
-"""kafka-python's exceptions as the seam's (`stream.kafka.errors`): `translate`, and `_translated` around a
+"""kafka-python's exceptions as the seam's (`rollout_stream.kafka.errors`): `translate`, and `_translated`
+around a
 block that calls kafka-python."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from typing import Literal, overload
 
 import kafka.errors as ke
 
-from stream.kafka.errors import (
+from rollout_stream.kafka.errors import (
     AuthorizationFailed,
     BrokerUnavailable,
     CommitFailed,
@@ -33,7 +34,7 @@ def translate(exc: Exception) -> Exception: ...
 @overload
 def translate(exc: BaseException) -> BaseException: ...
 def translate(exc: BaseException) -> BaseException:
-    """kafka-python's exception as the seam's (stream.kafka.errors); anything else unchanged."""
+    """kafka-python's exception as the seam's (rollout_stream.kafka.errors); anything else unchanged."""
     if isinstance(exc, KafkaFailure) or not isinstance(exc, ke.KafkaError):
         return exc
     kind, text = type(exc).__name__, _text(exc)

@@ -24,10 +24,15 @@ from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
-from stream.clients import BrokerUnreachable, Connection, bootstrap_addresses, format_address
-from stream.kafka.errors import AuthenticationRefused, ConnectionCheckFailed, ListenerMismatch, TlsRefused
-from stream.kafka.kafka_python.settings import security_settings
-from stream.security import SecuritySettings
+from rollout_stream.clients import BrokerUnreachable, Connection, bootstrap_addresses, format_address
+from rollout_stream.kafka.errors import (
+    AuthenticationRefused,
+    ConnectionCheckFailed,
+    ListenerMismatch,
+    TlsRefused,
+)
+from rollout_stream.kafka.kafka_python.settings import security_settings
+from rollout_stream.security import SecuritySettings
 
 __all__ = [
     "AuthenticationRefused",

@@ -12,12 +12,12 @@ import kafka.errors as ke
 from kafka import KafkaProducer
 from kafka.partitioner.default import murmur2
 
-from stream.kafka.bounded import Hung, call_within
-from stream.kafka.errors import BrokerUnavailable, KafkaFailure
-from stream.kafka.kafka_python.convert import _offsets
-from stream.kafka.kafka_python.errors import _translated, translate
-from stream.kafka.seam import Header, Offsets, Outgoing, Written
-from stream.logs import log_event
+from rollout_stream.kafka.bounded import Hung, call_within
+from rollout_stream.kafka.errors import BrokerUnavailable, KafkaFailure
+from rollout_stream.kafka.kafka_python.convert import _offsets
+from rollout_stream.kafka.kafka_python.errors import _translated, translate
+from rollout_stream.kafka.seam import Header, Offsets, Outgoing, Written
+from rollout_stream.logs import log_event
 
 log = logging.getLogger("rollout_stream.kafka")
 

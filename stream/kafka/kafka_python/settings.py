@@ -9,8 +9,8 @@ from typing import Any
 
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
-from stream.clients import Connection
-from stream.security import SecuritySettings
+from rollout_stream.clients import Connection
+from rollout_stream.security import SecuritySettings
 
 
 class _MaskedStr(str):

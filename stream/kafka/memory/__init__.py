@@ -27,13 +27,13 @@ ACLs (everything is allowed). Nothing in `stream` imports this package (a test c
 run on it.
 """
 
-from stream.kafka.memory._admin import MemoryAdmin
-from stream.kafka.memory._cluster import MemoryClient, MemoryCluster
-from stream.kafka.memory._consumers import MemoryAssignedConsumer
-from stream.kafka.memory._group_consumer import MemoryGroupConsumer
-from stream.kafka.memory._groups import GroupMetadata, range_assignment
-from stream.kafka.memory._log import MemoryRecord
-from stream.kafka.memory._producer import MemoryProducer, murmur2
+from rollout_stream.kafka.memory._admin import MemoryAdmin
+from rollout_stream.kafka.memory._cluster import MemoryClient, MemoryCluster
+from rollout_stream.kafka.memory._consumers import MemoryAssignedConsumer
+from rollout_stream.kafka.memory._group_consumer import MemoryGroupConsumer
+from rollout_stream.kafka.memory._groups import GroupMetadata, range_assignment
+from rollout_stream.kafka.memory._log import MemoryRecord
+from rollout_stream.kafka.memory._producer import MemoryProducer, murmur2
 
 __all__ = [
     "GroupMetadata",

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from stream.kafka.errors import KafkaFailure, TopicExists
-from stream.kafka.memory._log import BROKER_DEFAULTS, Partition, Topic, unknown_topic
-from stream.kafka.seam import AclSpec, TopicInfo, TopicPartition, TopicSpec
+from rollout_stream.kafka.errors import KafkaFailure, TopicExists
+from rollout_stream.kafka.memory._log import BROKER_DEFAULTS, Partition, Topic, unknown_topic
+from rollout_stream.kafka.seam import AclSpec, TopicInfo, TopicPartition, TopicSpec
 
 if TYPE_CHECKING:
-    from stream.kafka.memory._cluster import MemoryCluster
+    from rollout_stream.kafka.memory._cluster import MemoryCluster
 
 __all__ = ["ALL_OPERATIONS", "MemoryAdmin"]
 

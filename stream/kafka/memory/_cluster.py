@@ -8,13 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stream.kafka.memory._admin import MemoryAdmin
-from stream.kafka.memory._consumers import MemoryAssignedConsumer
-from stream.kafka.memory._group_consumer import MemoryGroupConsumer
-from stream.kafka.memory._groups import Groups
-from stream.kafka.memory._log import Isolation, Log, MemoryRecord, Transaction
-from stream.kafka.memory._producer import MemoryProducer, SendFailure
-from stream.kafka.seam import Committed, TopicPartition, TopicSpec
+from rollout_stream.kafka.memory._admin import MemoryAdmin
+from rollout_stream.kafka.memory._consumers import MemoryAssignedConsumer
+from rollout_stream.kafka.memory._group_consumer import MemoryGroupConsumer
+from rollout_stream.kafka.memory._groups import Groups
+from rollout_stream.kafka.memory._log import Isolation, Log, MemoryRecord, Transaction
+from rollout_stream.kafka.memory._producer import MemoryProducer, SendFailure
+from rollout_stream.kafka.seam import Committed, TopicPartition, TopicSpec
 
 __all__ = ["MemoryClient", "MemoryCluster"]
 

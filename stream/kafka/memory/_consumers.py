@@ -7,13 +7,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from stream.kafka.errors import KafkaFailure
-from stream.kafka.memory._groups import GroupMetadata
-from stream.kafka.memory._log import Isolation, MemoryRecord, Partition
-from stream.kafka.seam import Committed, Offsets, Polled, TopicPartition
+from rollout_stream.kafka.errors import KafkaFailure
+from rollout_stream.kafka.memory._groups import GroupMetadata
+from rollout_stream.kafka.memory._log import Isolation, MemoryRecord, Partition
+from rollout_stream.kafka.seam import Committed, Offsets, Polled, TopicPartition
 
 if TYPE_CHECKING:
-    from stream.kafka.memory._cluster import MemoryCluster
+    from rollout_stream.kafka.memory._cluster import MemoryCluster
 
 __all__ = ["ConsumerBase", "FetchState", "MemoryAssignedConsumer", "committed_offsets", "illegal"]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stream.kafka.memory._consumers import ConsumerBase, FetchState, illegal
-from stream.kafka.memory._groups import Group, GroupMetadata, Member
-from stream.kafka.seam import Polled, RebalanceListener, TopicPartition
+from rollout_stream.kafka.memory._consumers import ConsumerBase, FetchState, illegal
+from rollout_stream.kafka.memory._groups import Group, GroupMetadata, Member
+from rollout_stream.kafka.seam import Polled, RebalanceListener, TopicPartition
 
 if TYPE_CHECKING:
-    from stream.kafka.memory._cluster import MemoryCluster
+    from rollout_stream.kafka.memory._cluster import MemoryCluster
 
 __all__ = ["MemoryGroupConsumer"]
 

@@ -6,9 +6,9 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from stream.kafka.errors import CommitFailed
-from stream.kafka.memory._log import Log
-from stream.kafka.seam import Committed, TopicPartition
+from rollout_stream.kafka.errors import CommitFailed
+from rollout_stream.kafka.memory._log import Log
+from rollout_stream.kafka.seam import Committed, TopicPartition
 
 __all__ = ["Group", "GroupMetadata", "Groups", "Member", "range_assignment"]
 

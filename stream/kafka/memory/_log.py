@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from stream.kafka.errors import UnknownTopic
-from stream.kafka.seam import Committed, Header, TopicPartition
+from rollout_stream.kafka.errors import UnknownTopic
+from rollout_stream.kafka.seam import Committed, Header, TopicPartition
 
 __all__ = ["BROKER_DEFAULTS", "Isolation", "Log", "MemoryRecord", "Partition", "Topic", "Transaction",
            "unknown_topic"]

@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from stream.kafka.errors import CommitFailed, KafkaFailure, ProducerFenced, RecordRefused
-from stream.kafka.memory._consumers import committed_offsets, illegal
-from stream.kafka.memory._groups import GroupMetadata
-from stream.kafka.memory._log import BROKER_DEFAULTS, MemoryRecord, Transaction, unknown_topic
-from stream.kafka.partitioner import murmur2
-from stream.kafka.seam import Header, Offsets, Outgoing, TopicPartition, Written
+from rollout_stream.kafka.errors import CommitFailed, KafkaFailure, ProducerFenced, RecordRefused
+from rollout_stream.kafka.memory._consumers import committed_offsets, illegal
+from rollout_stream.kafka.memory._groups import GroupMetadata
+from rollout_stream.kafka.memory._log import BROKER_DEFAULTS, MemoryRecord, Transaction, unknown_topic
+from rollout_stream.kafka.partitioner import murmur2
+from rollout_stream.kafka.seam import Header, Offsets, Outgoing, TopicPartition, Written
 
 if TYPE_CHECKING:
-    from stream.kafka.memory._cluster import MemoryCluster
+    from rollout_stream.kafka.memory._cluster import MemoryCluster
 
 __all__ = ["MemoryProducer", "SendFailure", "murmur2"]
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codec import Array, Sample, TrainSample
-from core import RewardConfig, post_process_rewards
+from rollout_stream.codec import Array, Sample, TrainSample
+from rollout_stream.core import RewardConfig, post_process_rewards
 
 
 @dataclass
@@ -69,7 +69,7 @@ def committed_batch(bootstrap: str, topic: str, group_id: str, partitions: int) 
     """The highest batch index rank 0 of `group_id` committed on `topic` (None: no commit yet)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from stream.reader import rank_group_id
+    from rollout_stream.reader import rank_group_id
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=rank_group_id(group_id, 0),
                              enable_auto_commit=False)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from stream.config import WorkerConfig
-from stream.integrations.miles import stage_data_buffer
+from rollout_stream.config import WorkerConfig
+from rollout_stream.integrations.miles import stage_data_buffer
 from tests.core.miles_reference import MilesSample as TranscribedSample
 from tests.core.reference_impl import post_process_rewards as reference_rewards
 from tests.stream.helpers import new_topics, running_worker, wait_until

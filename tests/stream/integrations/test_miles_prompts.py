@@ -11,23 +11,23 @@ from typing import Any
 
 import pytest
 
-from codec import decode_sample
-from codec.admission import Delivered, Release, Sent, decode_admission
-from core.prompt_records import PromptState
-from core.prompts import PromptLog, epoch_order
-from stream.clients import Connection
-from stream.config import WorkerConfig
-from stream.errors import ConfigurationError
-from stream.integrations.miles import stage_data_buffer
-from stream.integrations.miles_prompts import (
+from rollout_stream.clients import Connection
+from rollout_stream.codec import decode_sample
+from rollout_stream.codec.admission import Delivered, Release, Sent, decode_admission
+from rollout_stream.config import WorkerConfig
+from rollout_stream.core.prompt_records import PromptState
+from rollout_stream.core.prompts import PromptLog, epoch_order
+from rollout_stream.errors import ConfigurationError
+from rollout_stream.integrations.miles import stage_data_buffer
+from rollout_stream.integrations.miles_prompts import (
     ATTEMPT_KEY,
     GROUP_INDEX_KEY,
     StageDataSource,
     miles_prompt_sample,
     stage_data_source,
 )
-from stream.kafka.memory import MemoryClient, MemoryCluster
-from stream.prompts import SourceFinished
+from rollout_stream.kafka.memory import MemoryClient, MemoryCluster
+from rollout_stream.prompts import SourceFinished
 from tests.stream.helpers import new_topics, running_worker, wait_until
 from tests.stream.integrations.test_miles_buffer import (
     DataBufferConstructorInput,

@@ -21,10 +21,10 @@ from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
     RolloutQueueDataset,
 )
 
-from stream.config import WorkerConfig  # noqa: E402
-from stream.integrations.trl import StageRolloutWorker, completion_samples, rollout_sample  # noqa: E402
-from stream.producer import RolloutProducer  # noqa: E402
-from stream.reader import TrainDataReader  # noqa: E402
+from rollout_stream.config import WorkerConfig  # noqa: E402
+from rollout_stream.integrations.trl import StageRolloutWorker, completion_samples, rollout_sample  # noqa: E402
+from rollout_stream.producer import RolloutProducer  # noqa: E402
+from rollout_stream.reader import TrainDataReader  # noqa: E402
 from tests.stream.helpers import new_topics, running_worker, wait_until  # noqa: E402
 from tests.stream.integrations.groups import (  # noqa: E402
     committed_batch,

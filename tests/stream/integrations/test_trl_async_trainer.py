@@ -28,10 +28,10 @@ from trl.experimental.async_grpo import (  # noqa: E402
     packing,
 )
 
-from stream.config import WorkerConfig  # noqa: E402
-from stream.integrations.trl import StageRolloutWorker  # noqa: E402
-from stream.producer import RolloutProducer  # noqa: E402
-from stream.reader import TrainDataReader  # noqa: E402
+from rollout_stream.config import WorkerConfig  # noqa: E402
+from rollout_stream.integrations.trl import StageRolloutWorker  # noqa: E402
+from rollout_stream.producer import RolloutProducer  # noqa: E402
+from rollout_stream.reader import TrainDataReader  # noqa: E402
 from tests.stream.helpers import new_topics, running_worker, wait_until  # noqa: E402
 from tests.stream.integrations.groups import committed_batch, make_groups  # noqa: E402
 

@@ -1,5 +1,5 @@
 """verl 0.9.1 on the stage's data: its real `assemble_batch_from_rollout_samples` and `compute_advantage`
-on the rows `stream.integrations.verl` builds, in memory and through the real stage. With the stage's
+on the rows `rollout_stream.integrations.verl` builds, in memory and through the real stage. With the stage's
 estimator verl trains on the stage's rewards bit for bit; with verl's own GRPO (on raw rewards) the two
 agree on multi-row groups of one row per rollout and differ, as pinned here, on a group of one and on
 sibling rows."""
@@ -20,12 +20,12 @@ from verl.experimental.fully_async_policy.message_queue import MessageQueue  # n
 from verl.trainer.ppo.core_algos import AdvantageEstimator  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 
-from codec import Sample  # noqa: E402
-from core import RewardConfig, post_process_rewards  # noqa: E402
-from stream.config import WorkerConfig  # noqa: E402
-from stream.integrations.verl import STAGE_ESTIMATOR, StageMessageQueue, rollout_sample  # noqa: E402
-from stream.producer import RolloutProducer  # noqa: E402
-from stream.reader import TrainDataReader  # noqa: E402
+from rollout_stream.codec import Sample  # noqa: E402
+from rollout_stream.config import WorkerConfig  # noqa: E402
+from rollout_stream.core import RewardConfig, post_process_rewards  # noqa: E402
+from rollout_stream.integrations.verl import STAGE_ESTIMATOR, StageMessageQueue, rollout_sample  # noqa: E402
+from rollout_stream.producer import RolloutProducer  # noqa: E402
+from rollout_stream.reader import TrainDataReader  # noqa: E402
 from tests.stream.helpers import new_topics, running_worker  # noqa: E402
 from tests.stream.integrations.groups import Group, make_groups, tokens_key, train_samples  # noqa: E402
 
@@ -148,7 +148,7 @@ def test_verl_rows_go_through_the_stage_and_train_on_its_rewards(kafka_bootstrap
 
 
 def test_rows_are_padded_to_verls_fixed_widths_and_longer_samples_refused():
-    from stream.integrations.verl import data_proto
+    from rollout_stream.integrations.verl import data_proto
 
     # 3 prompt and 4 response tokens each
     trains = train_samples(make_groups(random.Random(7), 1, rollouts=(3, 3))[0])

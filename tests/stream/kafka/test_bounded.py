@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from stream.errors import RuntimeFailure
-from stream.kafka.bounded import Hung, call_within
+from rollout_stream.errors import RuntimeFailure
+from rollout_stream.kafka.bounded import Hung, call_within
 
 
 def test_a_call_that_returns_in_time_returns():

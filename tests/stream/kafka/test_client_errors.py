@@ -7,7 +7,7 @@ import kafka.errors as ke
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from stream.kafka import (
+from rollout_stream.kafka import (
     AuthorizationFailed,
     BrokerUnavailable,
     KafkaFailure,
@@ -15,8 +15,8 @@ from stream.kafka import (
     authorization_cause,
     refusal_cause,
 )
-from stream.kafka.confluent.errors import translate as from_librdkafka
-from stream.kafka.kafka_python.errors import translate as from_kafka_python
+from rollout_stream.kafka.confluent.errors import translate as from_librdkafka
+from rollout_stream.kafka.kafka_python.errors import translate as from_kafka_python
 
 
 @pytest.mark.parametrize("code", [KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
@@ -68,7 +68,7 @@ def test_a_refused_connection_out_of_kafka_pythons_poll_is_an_empty_poll_that_wa
     seam's poll is the same on both: nothing polled, after the timeout (a loop around it does not spin)."""
     import time
 
-    from stream.kafka.kafka_python.consumer import _Consumer
+    from rollout_stream.kafka.kafka_python.consumer import _Consumer
 
     raw = _RefusingKafkaConsumer()
     consumer = _Consumer(raw)  # type: ignore[arg-type]

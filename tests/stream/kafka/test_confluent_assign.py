@@ -9,8 +9,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING
 from confluent_kafka import TopicPartition as RdTopicPartition
 
-from stream.kafka.confluent.assigned_consumer import _AssignedConsumer
-from stream.kafka.seam import TopicPartition
+from rollout_stream.kafka.confluent.assigned_consumer import _AssignedConsumer
+from rollout_stream.kafka.seam import TopicPartition
 
 
 class _Librdkafka:
