@@ -8,8 +8,8 @@ import typer
 from bench.command import bench
 from rollout_stream.commands.options import CommandGroup
 
-app = typer.Typer(name="python -m bench", cls=CommandGroup, add_completion=False, pretty_exceptions_enable=False,
-                  no_args_is_help=True)
+app = typer.Typer(name="python -m bench", cls=CommandGroup, add_completion=False,
+                  pretty_exceptions_enable=False, no_args_is_help=True)
 
 
 @app.callback()
