@@ -10,12 +10,11 @@ O: the trainer's outstanding groups (admitted, not yet consumed, dead-lettered o
 certain never to train (the trainer's version is already more than `max_weight_staleness` past them, or
 undelivered groups of a session that stopped renewing); g: groups per batch; base_i: the highest version the
 trainer's next batch can be judged at (`rollout_stream.core.pacing.next_batch_version`). The worst place any
-group of
-O \\ H can take is behind all the others, `(|O \\ H| - 1) // g` batches after the next one; checking it for
-every group, not only the new one, is what makes the bound hold whatever order the groups are consumed in,
-however many producers ask and whenever their answers arrive. A batch moves base by at most vpb and
-consumes g groups, so it never makes the left side grow. With `k <= max_weight_staleness`, no admitted
-group is skipped as stale.
+group of O \\ H can take is behind all the others, `(|O \\ H| - 1) // g` batches after the next one; checking
+it for every group, not only the new one, is what makes the bound hold whatever order the groups are consumed
+in, however many producers ask and whenever their answers arrive. A batch moves base by at most vpb and
+consumes g groups, so it never makes the left side grow. With `k <= max_weight_staleness`, no admitted group
+is skipped as stale.
 
 Time is the log's own (`log_ms`, broker LogAppendTime): a session not renewed for `suspect_ms` has its
 undelivered groups counted in H (they can never complete), and after `lease_ms` they are forgotten.

@@ -223,8 +223,7 @@ def split_by_dp(data: dict[str, Any], dp_size: int, *, balance_data: bool = Fals
 
     Rank i gets rows `range(i, n, dp_size)`, or with `balance_data` the i-th equal-size Karmarkar–Karp
     partition of the total lengths (`rollout_stream.core.balance`). Each shard holds `partition`, its rows of
-    the
-    per-sample keys, and the whole-batch keys (`raw_reward`, `total_lengths`, `prompt_group_sizes`).
+    the per-sample keys, and the whole-batch keys (`raw_reward`, `total_lengths`, `prompt_group_sizes`).
     """
     if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
         raise ValueError(f"dp_size must be an integer >= 1; got {dp_size!r}")

@@ -2,10 +2,9 @@
 epoch stands (docs/loop.md).
 
 `PromptLog` is the admission fold (`rollout_stream.core.admission.AdmissionLog`) with prompts added: a
-`Request` that
-names a declared source (`Dataset`) is admitted only with a prompt, the next re-issued one first, else the
-next of its epoch's seeded order. Every party folds the same log, so every party hands out the same prompt
-for the same request, and the log is the checkpoint.
+`Request` that names a declared source (`Dataset`) is admitted only with a prompt, the next re-issued one
+first, else the next of its epoch's seeded order. Every party folds the same log, so every party hands out the
+same prompt for the same request, and the log is the checkpoint.
 
 A prompt is in exactly one `PromptState`. An attempt that ends without a result (its lease ended before
 delivery, its group timed out at the stage, a committed batch skipped it, nobody consumed it for the sent

@@ -7,9 +7,8 @@ Prompt groups of random completions and rewards are published to the stage; `Sta
 stage's train data and feeds TRL's own `RolloutQueueDataset` → `FixedCountBatcher` → `DataCollatorForRollout`
 (two data-parallel rows), the pipeline `AsyncGRPOTrainer` trains from. Each sample's packed advantages are
 printed beside the reference's processed reward of its group (`rollout_stream.core.post_process_rewards`):
-equal bit for
-bit. The trainer itself needs a GPU (FlashAttention-3 tree attention, `torch.cuda` FLOPs at start; its
-default rollout worker vLLM); the tests run it on the CPU with those two parts patched.
+equal bit for bit. The trainer itself needs a GPU (FlashAttention-3 tree attention, `torch.cuda` FLOPs at
+start; its default rollout worker vLLM); the tests run it on the CPU with those two parts patched.
 """
 
 from __future__ import annotations

@@ -126,8 +126,7 @@ def worker_permissions(
 def producer_permissions(*, input_topic: str, idempotent_write: bool = False,
                          paced_to_output_topic: str | None = None) -> list[Permission]:
     """What a rollout producer (rollout_stream.producer.RolloutProducer, `rollout-stream synth`) needs; paced
-    to a
-    trainer of `paced_to_output_topic` (docs/pacing.md), also its admission log and progress topic."""
+    to a trainer of `paced_to_output_topic` (docs/pacing.md), also its admission log and progress topic."""
     out = [Permission("topic", input_topic, "Write", "publish rollout samples")]
     if paced_to_output_topic is not None:
         admission, progress = admission_topic(paced_to_output_topic), progress_topic(paced_to_output_topic)

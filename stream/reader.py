@@ -24,8 +24,7 @@ logs.
   is consumed into a batch (or dropped), so a restart reads again every chunk of a value not yet consumed.
 * **Rank-local fetch** (`fetch="own"`). With a stage that writes group heads (`write_heads`), every rank
   folds the heads topic instead (same partitions, one small record per group: `rollout_stream.reader_heads`)
-  into
-  the same sequence, batches and shards as above, then fetches its own rows of each batch by offset.
+  into the same sequence, batches and shards as above, then fetches its own rows of each batch by offset.
   Commits and resume work on the heads topic's offsets with the same metadata.
 * **Resume.** Rank r commits to its own consumer group `<group_id>-rank<r>`: per partition the lowest
   offset not yet yielded, plus metadata (batch index, read end, the offsets above it still to yield).
@@ -156,9 +155,8 @@ class GroupAssembler:
     decides.
 
     Chunk records (an `x-chunk` header) are reassembled first (`rollout_stream.core.chunks.ChunkAssembler`,
-    per partition
-    and value digest, in any order, copies of a held chunk dropped): each chunk's offset is held while the
-    value is open, and the whole value is taken as one record that carries all of them, so they are
+    per partition and value digest, in any order, copies of a held chunk dropped): each chunk's offset is held
+    while the value is open, and the whole value is taken as one record that carries all of them, so they are
     released together, when its group is yielded or it is dropped. What cannot become a whole value:
 
     * chunks that disagree (count, size, different bytes at one index) or whose joined bytes do not match
@@ -526,8 +524,8 @@ class Batch:
     global_samples: int  # samples of the whole batch, over all ranks
     global_loss_tokens: int  # tokens with a non-zero loss mask in the whole batch (for DP loss normalization)
     # layout="miles": this rank's finished shard of the batch (rollout_stream.core.miles: train_data →
-    # split_by_dp →
-    # trainer_shard), what a miles trainer rank receives in-process; `samples` are then its rows.
+    # split_by_dp → trainer_shard), what a miles trainer rank receives in-process; `samples` are then its
+    # rows.
     rollout_data: dict[str, Any] | None = None
     skipped_superseded: int = 0  # groups of a prompt another attempt of which trains (the fence)
 

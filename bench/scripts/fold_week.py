@@ -13,8 +13,8 @@ process, with no Kafka (the pure fold: reading the topic adds the consumer's thr
 
 Before: a fresh fold over every record. After: the newest checkpoint (one is due every `--checkpoint-every`
 records, so at most that many records follow it) is decoded into a fold
-(`rollout_stream.core.checkpoint.load_fold`) and the
-records after it are folded. The script checks that both end in the same state.
+(`rollout_stream.core.checkpoint.load_fold`) and the records after it are folded. The script checks that both
+end in the same state.
 """
 
 from __future__ import annotations

@@ -18,10 +18,9 @@ Setup (one run):
 Measured (trainer): groups trained, groups skipped stale, per-step wait in next_batch (p50/p90/max, steps
 after the first), idle share = sum of waits after the first batch / wall time from the first batch to the
 end; plus instrumentation of the reader's merge (a GroupMerger subclass patched into rollout_stream.reader in
-the
-trainer process only, no repo edit): for every popped group, the time it sat in the merger (pop − push), the
-record-timestamp age at push (worker commit + fetch) and at pop, and whether another partition was empty at
-pop (the idle path).
+the trainer process only, no repo edit): for every popped group, the time it sat in the merger (pop − push),
+the record-timestamp age at push (worker commit + fetch) and at pop, and whether another partition was empty
+at pop (the idle path).
 
 Usage (from the checkout, with its virtualenv):
   .venv/bin/python bench/scripts/pacing_processes.py --runs \

@@ -13,8 +13,7 @@ hand-over through the prefetch queue. MB/s = record value bytes read / that time
 
 For context, two baselines on the same data: `kafka fetch` (a read_committed consumer polling the raw
 bytes, no decoding) and `decode + collate` (decode_train_sample + rollout_stream.core.collate on the records
-already in
-memory, no Kafka). `partition_idle_ms=0`: the data is complete before reading starts, so no empty
+already in memory, no Kafka). `partition_idle_ms=0`: the data is complete before reading starts, so no empty
 partition needs a grace period.
 """
 

@@ -7,10 +7,9 @@ Adopt them in a command with two lines:
         conn = connection_from_options(bootstrap_servers, security)
 
 `SecurityOptions` is an option group (rollout_stream.commands.options): `grouped_options` shows typer its
-flags
-and hands them to the function as one `SecurityOptions`. `connection_from_options` builds the settings (flag >
-env var > --kafka-config file), resolves the bootstrap address, and checks TCP, TLS and SASL once, so a
-wrong password or an untrusted certificate ends the command at once with one line, not a retry loop.
+flags and hands them to the function as one `SecurityOptions`. `connection_from_options` builds the settings
+(flag > env var > --kafka-config file), resolves the bootstrap address, and checks TCP, TLS and SASL once, so
+a wrong password or an untrusted certificate ends the command at once with one line, not a retry loop.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ Connection's `client` names when it is first asked for, so choosing confluent-ka
 (and the reverse). Two helpers use kafka-python on purpose, whatever the chosen client, and import it only
 when called: `check_connection` (one raw Kafka exchange that names what failed) and `ask_admin` (the admin
 requests librdkafka lacks). Connections and their security settings (rollout_stream.clients,
-rollout_stream.security)
-import nothing of this package, so the seam imports them at module level.
+rollout_stream.security) import nothing of this package, so the seam imports them at module level.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 `AdmissionWriter` appends records; `AdmissionFollower` reads the log from its start in a thread of its own
 and folds every record with `rollout_stream.core.admission.AdmissionLog`, so a producer learns the answer to
-its request
-when the fold reaches the record that decides it. The topic keeps records by time (never compacted: every
-record counts, not only the newest per key) and stamps them with the broker's clock (LogAppendTime), the
-only clock the rule uses.
+its request when the fold reaches the record that decides it. The topic keeps records by time (never
+compacted: every record counts, not only the newest per key) and stamps them with the broker's clock
+(LogAppendTime), the only clock the rule uses.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 A newcomer reads the log's tail backwards, `WINDOW` records at a time, for the newest `Checkpoint` it can
 load; it folds from there (`rollout_stream.core.checkpoint`). With none (a young log, or only checkpoints of
-another fold
-version) it folds from the log's start, which is right only while the log still holds its first record:
-the log keeps records 7 days, so a run longer than that needs its checkpoints (a prompt source writes one
-every `CHECKPOINT_EVERY` records).
+another fold version) it folds from the log's start, which is right only while the log still holds its first
+record: the log keeps records 7 days, so a run longer than that needs its checkpoints (a prompt source writes
+one every `CHECKPOINT_EVERY` records).
 """
 
 from __future__ import annotations

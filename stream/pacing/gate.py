@@ -2,12 +2,11 @@
 
 `AdmissionGate` is what `RolloutProducer(..., max_policy_lag=k, max_unconsumed_groups=n)` uses. `admit`
 appends a request to the admission log and waits until the fold (`rollout_stream.core.admission`) decides it;
-every paced
-producer folds the same log, so no two can take the same room, however many there are (docs/pacing.md).
-A group's records are sent only after a `Sent` record names its key, and only while this producer's lease
-holds (it renews it every second); once they are all acknowledged a `Delivered` record says the group is
-whole at the stage. So the log always knows which groups may still reach the trainer: a producer that goes
-away leaves groups that can never complete, and they take no place.
+every paced producer folds the same log, so no two can take the same room, however many there are
+(docs/pacing.md). A group's records are sent only after a `Sent` record names its key, and only while this
+producer's lease holds (it renews it every second); once they are all acknowledged a `Delivered` record says
+the group is whole at the stage. So the log always knows which groups may still reach the trainer: a producer
+that goes away leaves groups that can never complete, and they take no place.
 """
 
 from __future__ import annotations

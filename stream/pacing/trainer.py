@@ -126,8 +126,7 @@ class TrainerProgressPublisher:
 
     def doomed(self, through: dict[str, dict[int, int]], keys: Iterable[str] = ()) -> None:
         """Queued groups that will be skipped (`rollout_stream.core.pacing.doomed_through`; `keys`: every one
-        of them):
-        producers may stop counting them now, before the batch that skips them completes."""
+        of them): producers may stop counting them now, before the batch that skips them completes."""
         with self._lock:
             known = set(self._mark.doomed)
             fresh = [k for k in keys if k not in known]

@@ -7,10 +7,9 @@
 
 Taking a prompt is a paced admission (docs/pacing.md) whose request names the source: the fold every party
 runs (`rollout_stream.core.prompts.PromptLog`) hands it the next prompt, so no two processes get the same one
-and a
-restarted process simply goes on (docs/loop.md). The group goes out through a `RolloutProducer` keyed by
-the attempt (`<source>@<epoch>.<attempt>/<row>`), so the stage, the trainer and the log all know which
-attempt of which prompt it is.
+and a restarted process simply goes on (docs/loop.md). The group goes out through a `RolloutProducer` keyed by
+the attempt (`<source>@<epoch>.<attempt>/<row>`), so the stage, the trainer and the log all know which attempt
+of which prompt it is.
 """
 
 from __future__ import annotations
@@ -83,8 +82,8 @@ class PromptSource:
                  kafka_client: Client | None = None, checkpoint_every: int = CHECKPOINT_EVERY,
                  dead_letter_topic: str = "rollouts-dlq") -> None:
         """`dataset`: a path (`rollout_stream.prompts.dataset.load_rows`) or the rows themselves; `name` the
-        source's
-        name in the log (letters, digits, `_ . : -`); `seed` orders each epoch; `epochs` None: endless;
+        source's name in the log (letters, digits, `_ . : -`); `seed` orders each epoch; `epochs` None:
+        endless;
         `max_attempts` attempts end without a result before a prompt is exhausted. Pacing as
         `RolloutProducer` (`max_policy_lag`, `max_unconsumed_groups`; both None: every take is granted at
         once). `kafka_client`: the seam's client (tests: the in-memory cluster). `dead_letter_topic`: where

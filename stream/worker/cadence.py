@@ -73,6 +73,5 @@ class CommitCadence:
 def caught_up(consumer: Any, returned: int) -> bool:
     """The last poll returned less than it may and less than a poll's worth is left (`consumer.backlog()`,
     rollout_stream.kafka.seam). A poll's count alone is not enough: 32K-token records come a few per fetch
-    even
-    from a long backlog."""
+    even from a long backlog."""
     return returned < POLL_RECORDS and consumer.backlog() < POLL_RECORDS

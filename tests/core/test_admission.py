@@ -1,7 +1,6 @@
 """The admission log's rule (rollout_stream.core.admission): decisions from the log alone, and the bound it
-proves: with
-`max_policy_lag == max_weight_staleness`, no admitted group is ever skipped as stale, whatever the number
-of producers, the order the pipeline delivers groups in, or how late the trainer's marks come."""
+proves: with `max_policy_lag == max_weight_staleness`, no admitted group is ever skipped as stale, whatever
+the number of producers, the order the pipeline delivers groups in, or how late the trainer's marks come."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`rollout_stream.core._float32_statistics` (C) against `rollout_stream.core.rewards._fast_statistics`
-(Python), the steps it mirrors:
-the same tuple, bit for bit, wherever it answers; and it answers for the common groups, or it saves nothing.
-tests/core/test_rewards_fastpath.py holds both to the reference's torch ops.
+(Python), the steps it mirrors: the same tuple, bit for bit, wherever it answers; and it answers for the
+common groups, or it saves nothing. tests/core/test_rewards_fastpath.py holds both to the reference's torch
+ops.
 
 It exists where the package was installed with a C compiler (setup.py; tests/core/test_compiled.py checks
 that CI runs it).

@@ -44,6 +44,7 @@ def test_ci_runs_the_scan_in_c() -> None:
 
 needs_scan = pytest.mark.skipif(scan is None,
                                 reason="rollout_stream.core._plain_scan is not in use in this run")
+
 LIMITS = SampleLimits()
 
 

@@ -1,8 +1,7 @@
 """Replay payloads on their way to a miles trainer: the sampling mask (CSR ids/offsets over the response),
 routing and indexer replay in the producer's dtype, and rollout log-probs that must be finite where the loss
 uses them. What the stage refuses is `invalid_sample` (decided by `rollout_stream.core.validate`), on both
-record paths
-(`take` of the bytes, with the C scan where built, and `accept` of a decoded sample)."""
+record paths (`take` of the bytes, with the C scan where built, and `accept` of a decoded sample)."""
 
 from __future__ import annotations
 

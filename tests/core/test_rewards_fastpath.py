@@ -1,10 +1,9 @@
 """`normalize_group`'s torch-free statistics against the implementation they replaced, bit for bit.
 
 `_reference_normalize_group` is `rollout_stream.core.rewards.normalize_group` as it was before the fast path:
-the
-reference trainer's torch float32 sequence, call for call. It stays the definition of correct; every
-output field of the new function (raw, rewards, mean, std, zero_variance, rollout_count, or the
-violation) must carry the same types and IEEE-754 bits for every input.
+the reference trainer's torch float32 sequence, call for call. It stays the definition of correct; every
+output field of the new function (raw, rewards, mean, std, zero_variance, rollout_count, or the violation)
+must carry the same types and IEEE-754 bits for every input.
 `bench/scripts/normalize_bench.py` times it against the current function.
 """
 

@@ -15,7 +15,7 @@ BOOTSTRAP = ["--bootstrap-servers", "memory:9092"]
 def on_memory(monkeypatch: pytest.MonkeyPatch, cluster: MemoryCluster, *modules: str) -> None:
     """`client_for` of each module returns the cluster's client; connections are not dialled first."""
     client = MemoryClient(cluster)
-    monkeypatch.setattr("rollout_stream.commands.connection.check_connection", lambda conn, timeout_s=10.0:
-    None)
+    monkeypatch.setattr("rollout_stream.commands.connection.check_connection",
+                        lambda conn, timeout_s=10.0: None)
     for name in modules:
         monkeypatch.setattr(importlib.import_module(name), "client_for", lambda conn: client)

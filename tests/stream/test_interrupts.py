@@ -142,8 +142,7 @@ def test_the_expectation_of_every_planned_group_is_the_window_state_machines_ver
     fault, group_size, max_siblings
 ):
     """plan_group's hand-made expectation agrees with rollout_stream.core.windows fed the same records (which
-    is what
-    an interrupted synth uses for a group it cut short)."""
+    is what an interrupted synth uses for a group it cut short)."""
     import random
 
     faults = FaultRates(**{fault: 1.0}) if fault else FaultRates()

@@ -1,6 +1,5 @@
 """librdkafka's errors as the seam's (`rollout_stream.kafka.errors`): `translate`, `_translated`, and the
-error codes
-that mean a partition's leader or a group's coordinator is moving."""
+error codes that mean a partition's leader or a group's coordinator is moving."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""librdkafka's configuration: the properties for a `rollout_stream.clients.Connection`, kafka-python's
-tuning names
-in librdkafka's, and its logger (repeated lines filtered; a group consumer's session timeouts noted)."""
+"""librdkafka's configuration: the properties for a `rollout_stream.clients.Connection`, kafka-python's tuning
+names in librdkafka's, and its logger (repeated lines filtered; a group consumer's session timeouts noted)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """kafka-python's exceptions as the seam's (`rollout_stream.kafka.errors`): `translate`, and `_translated`
-around a
-block that calls kafka-python."""
+around a block that calls kafka-python."""
 
 from __future__ import annotations
 

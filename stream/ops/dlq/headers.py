@@ -1,6 +1,5 @@
 """Header names of dead-letter and replayed records (defined once, in `rollout_stream.codec.headers`) and how
-the dlq
-commands read header values.
+the dlq commands read header values.
 
 The dead-letter headers are written by stream/worker/outputs.py (docs/spec.md §4.4); the replay headers are
 written by `dlq replay` and read by the worker to window a replayed group apart from its original
