@@ -87,12 +87,6 @@ RANGES: dict[tuple[str, str], Range] = {
     ("tail", "--groups"): ints(1),
     ("tail", "--partition-idle-ms"): ints(0, MAX_SECONDS * 1000),
     ("lag", "--stale-after"): seconds(0.1, low_open=False),
-    ("bench", "--partitions"): ints(1, INT32_MAX),
-    ("bench", "--commit-interval"): seconds(),
-    ("bench", "--commit-max-records"): ints(1),
-    ("bench", "--latency-seconds"): seconds(),
-    ("bench", "--latency-rate"): floats(1 / MAX_SECONDS),
-    ("bench", "--repeats"): ints(1),
     ("broker start", "--port"): ints(1, 65535),
     ("broker start", "--timeout"): seconds(1, low_open=False),
     ("broker start", "--nodes"): ints(1, 9),
@@ -192,9 +186,6 @@ def test_a_number_outside_its_range_is_one_error_line_naming_its_flag(command, f
         (["run", "--commit-interval", "60"],
          "error: --commit-interval must be at most 30 seconds under exactly-once (half the 60 s transaction "
          "timeout, after which the broker aborts a transaction), got 60"),
-        (["bench", "--commit-interval", "45"],  # the exactly-once runs bench makes, as the worker's own
-         "error: --commit-interval must be at most 30 seconds under exactly-once (half the 60 s transaction "
-         "timeout, after which the broker aborts a transaction), got 45"),
         (["run", "--max-open-groups", "99999999999999999999"],
          "error: --max-open-groups must fit in 64 bits (-2**63 to 2**63-1), got 99999999999999999999"),
         (["topics", "create", "--max-message-mib", "4096"],
