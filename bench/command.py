@@ -15,6 +15,7 @@ from rollout_stream.commands.connection import (
     SecurityOptions,
     connection_from_options,
 )
+from rollout_stream.commands.local import running_local_broker
 from rollout_stream.commands.options import Bootstrap, fail, grouped_options
 from rollout_stream.config import INT32_MAX, WorkerConfig, check_count, check_rate, check_seconds
 from rollout_stream.errors import described
@@ -122,7 +123,8 @@ def bench(
     workloads = _chosen_workloads(workload or [], quick)
     if profile_dir:
         os.makedirs(profile_dir, exist_ok=True)
-    conn = connection_from_options(bootstrap_servers, security, client_id="rollout-stream-bench")
+    conn = connection_from_options(bootstrap_servers, security, client_id="rollout-stream-bench",
+                                   local=running_local_broker)
     settings = BenchSettings(
         bootstrap=conn.bootstrap_servers,
         deliveries=DELIVERIES[delivery],

@@ -76,12 +76,17 @@ class Renew(msgspec.Struct, kw_only=True, tag="renew", tag_field="type"):
 
 
 class Release(msgspec.Struct, kw_only=True, tag="release", tag_field="type"):
-    """Admitted groups that will never be sent (`requests`), or the whole session (None: closed)."""
+    """Admitted groups that will never be sent (`requests`), or the whole session (None: closed).
+
+    With `error` the producer failed while it held `requests` (`Type: message` of the exception): a prompt
+    source's attempt ends as failed and counts (docs/loop.md); without it a prompt's attempt is given back
+    free. A fold that predates the field reads a plain release."""
 
     producer: str
     session: str
     requests: list[int] | None = None
     schema_version: int = 1
+    error: str | None = None
 
 
 class Resolved(msgspec.Struct, kw_only=True, tag="resolved", tag_field="type"):

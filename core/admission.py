@@ -22,6 +22,8 @@ undelivered groups counted in H (they can never complete), and after `lease_ms` 
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -145,6 +147,36 @@ class AdmissionLog:
         # keys the trainer consumed (batch index, -1: doomed) or the stage resolved (None) before their
         # `Sent` was folded, with the log time: matched when it is, forgotten after a lease (unpaced groups)
         self.unmatched: dict[str, tuple[str, int | None, int]] = {}
+        self.reindex()
+
+    def reindex(self) -> None:
+        """Rebuild the indexes from the state (after loading it). They are derived, never state: they let a
+        record touch only the groups, sessions and keys it changes or whose time has come, so the cost of a
+        record does not grow with the backlog. Groups are acted on in `groups` order, as a scan would."""
+        self._seq: dict[int, int] = {}  # request -> its place in `groups` (insertion order)
+        self._next_seq = 0
+        self._undelivered: dict[tuple[str, str], dict[int, None]] = {}  # (producer, session) -> requests
+        self._unrevoked: dict[tuple[str, str], dict[int, None]] = {}  # the same, not revoked yet
+        self._due: list[tuple[int, int]] = []  # heap of (log ms, request): a sent expiry or a forget time
+        self._count: dict[str, int] = {}  # trainer -> its groups
+        self._weights: dict[str, dict[int, int]] = {}  # trainer -> weight version -> groups not revoked
+        self._bounds: dict[str, dict[tuple[int, int, int], int]] = {}  # ... (w, vpb, max_policy_lag) -> groups
+        self._renewals: deque[tuple[int, str, str]] = deque()  # (renewed ms, producer, session), oldest first
+        self._suspected: dict[str, None] = {}  # producers whose session has not renewed for `suspect_ms`
+        self._unmatched_at: deque[tuple[int, str]] = deque()  # (log ms, key), oldest first
+        for request, group in self.groups.items():
+            self._seq[request] = self._next_seq
+            self._next_seq += 1
+            self._index(request, group)
+            if group.sent:
+                self._due.append((group.sent_ms + self.sent_expiry_ms, request))
+            if group.revoked_ms is not None:
+                self._due.append((group.forget_at_ms, request))
+        heapq.heapify(self._due)
+        for producer, s in sorted(self.sessions.items(), key=lambda item: item[1].renewed_ms):
+            self._renewals.append((s.renewed_ms, producer, s.session))
+        for key, (_, _, ms) in sorted(self.unmatched.items(), key=lambda item: item[1][2]):
+            self._unmatched_at.append((ms, key))
 
     # ---- the fold ------------------------------------------------------------------------------
     def apply(self, offset: int, log_ms: int, record: AdmissionRecord) -> list[Decision]:
@@ -182,6 +214,7 @@ class AdmissionLog:
             if current is not None and current.session != record.session:
                 self._end_session(record.producer, offset, out, forget_unsent=False)
             self.sessions[record.producer] = _Session(record.session, self.clock_ms)
+            self._renewed(record.producer, record.session)
         elif isinstance(record, Request):
             if not self._renew(record.producer, record.session, implicit=True):
                 out.append(Decision(offset, Outcome.REVOKED, offset))
@@ -195,6 +228,7 @@ class AdmissionLog:
             group = self.groups.get(record.request)
             if group is not None and group.session == record.session and not group.sent:
                 group.sent, group.key, group.sent_ms = True, record.key, self.clock_ms
+                heapq.heappush(self._due, (group.sent_ms + self.sent_expiry_ms, record.request))
                 self.by_key[record.key] = record.request
                 early = self.unmatched.pop(record.key, None)
                 if early is not None:
@@ -203,7 +237,10 @@ class AdmissionLog:
             self._renew(record.producer, record.session)
             group = self.groups.get(record.request)
             if group is not None and group.session == record.session:
-                group.delivered = True
+                if not group.delivered:
+                    self._unindex(record.request, group)
+                    group.delivered = True
+                    self._index(record.request, group)
                 self.late_delivered += group.revoked_ms is not None
         elif isinstance(record, Renew):
             self._renew(record.producer, record.session)
@@ -216,7 +253,7 @@ class AdmissionLog:
                 for request in record.requests:
                     group = self.groups.get(request)
                     if group is not None and group.session == record.session and not group.sent:
-                        del self.groups[request]
+                        self._remove(request)
                         self._dropped(request, group)
         elif isinstance(record, Resolved):
             for key in record.keys:
@@ -228,28 +265,36 @@ class AdmissionLog:
         current = self.sessions.get(producer)
         if current is None and implicit:
             self.sessions[producer] = current = _Session(session, self.clock_ms)
+            self._renewed(producer, session)
         if current is None or current.session != session:
             return False
-        current.renewed_ms = self.clock_ms
+        if current.renewed_ms != self.clock_ms:
+            current.renewed_ms = self.clock_ms
+            self._renewed(producer, session)
+        self._suspected.pop(producer, None)
         return True
+
+    def _renewed(self, producer: str, session: str) -> None:
+        self._renewals.append((self.clock_ms, producer, session))
+        self._suspected.pop(producer, None)
 
     def _end_session(self, producer: str, offset: int, out: list[Decision], *, forget_unsent: bool) -> None:
         """Its pending requests are revoked. Its undelivered groups are forgotten when it closed (`Release`:
         it sent nothing more) or revoked when it went away (in H: they can never complete). Delivered groups
         may still train: they stay."""
         ended = self.sessions.pop(producer)
+        self._suspected.pop(producer, None)
         for request, p in list(self.pending.items()):
             if p.request.producer == producer and p.request.session == ended.session:
                 del self.pending[request]
                 out.append(Decision(request, Outcome.REVOKED, offset))
-        for request, group in list(self.groups.items()):
-            if group.producer == producer and group.session == ended.session and not group.delivered:
-                if forget_unsent:
-                    del self.groups[request]
-                    self._dropped(request, group)
-                elif group.revoked_ms is None:
-                    group.revoked_ms, group.forget_at_ms = self.clock_ms, ended.renewed_ms + self.lease_ms
-                    self._revoked(request, group)
+        for request in self._in_order(self._undelivered.get((producer, ended.session), {})):
+            group = self.groups[request]
+            if forget_unsent:
+                self._remove(request)
+                self._dropped(request, group)
+            elif group.revoked_ms is None:
+                self._revoke(request, group, ended.renewed_ms + self.lease_ms)
 
     def _mark(self, mark: TrainerMark) -> None:
         t = self.trainers.get(mark.trainer)
@@ -262,7 +307,8 @@ class AdmissionLog:
                 resumed = mark.resumed_from if mark.resumed_from is not None else -1
                 for batch, groups in old.uncommitted.items():
                     if batch >= resumed or batch == -1:
-                        self.groups.update(groups)
+                        for request, group in groups.items():
+                            self._insert(request, group)
         t.weight_version, t.batch_version = mark.weight_version, mark.batch_version
         t.batches, t.groups_per_batch = mark.batches, max(1, mark.groups_per_batch)
         t.max_weight_staleness, t.updated_ms = mark.max_weight_staleness, self.clock_ms
@@ -282,12 +328,13 @@ class AdmissionLog:
         stage). It stops counting; one the trainer has not committed is kept in case it restarts."""
         request = self.by_key.get(key)
         t = self.trainers.get(trainer) if trainer is not None else None
-        group = self.groups.pop(request, None) if request is not None else None
+        group = self._remove(request) if request is not None else None
         if group is None and t is not None and request is not None and batch != -1:
             group = t.uncommitted.get(-1, {}).pop(request, None)  # doomed first, now in its batch
         if group is None:
             if request is None:
                 self.unmatched[key] = (trainer or "", batch, self.clock_ms)
+                self._unmatched_at.append((self.clock_ms, key))
             return
         assert request is not None
         if batch is None or t is None:
@@ -296,25 +343,112 @@ class AdmissionLog:
         t.uncommitted.setdefault(batch, {})[request] = group
 
     def _expire(self, offset: int, out: list[Decision]) -> None:
-        for key in [k for k, (_, _, ms) in self.unmatched.items() if self.clock_ms - ms >= self.lease_ms]:
-            del self.unmatched[key]
-        suspected = {(p, s.session): s.renewed_ms for p, s in self.sessions.items()
-                     if self.clock_ms - s.renewed_ms >= self.suspect_ms}
-        for request, group in list(self.groups.items()):
-            renewed = suspected.get((group.producer, group.session))
-            if group.revoked_ms is None and not group.delivered and renewed is not None:
-                group.revoked_ms, group.forget_at_ms = self.clock_ms, renewed + self.lease_ms
-                self._revoked(request, group)
-            lapsed = group.sent and self.clock_ms - group.sent_ms >= self.sent_expiry_ms
-            if lapsed or (group.revoked_ms is not None and self.clock_ms >= group.forget_at_ms):
-                del self.groups[request]
+        """What the log's clock ends: unmatched keys after a lease, the undelivered groups of a session
+        silent for `suspect_ms` (revoked), sent groups past the expiry and revoked ones past their lease
+        (forgotten), sessions silent for a lease (ended). Only what the indexes say is due is looked at."""
+        clock = self.clock_ms
+        while self._unmatched_at and clock - self._unmatched_at[0][0] >= self.lease_ms:
+            ms, key = self._unmatched_at.popleft()
+            entry = self.unmatched.get(key)
+            if entry is not None and entry[2] == ms:  # else matched since, or consumed again later
+                del self.unmatched[key]
+        while self._renewals and clock - self._renewals[0][0] >= self.suspect_ms:
+            ms, producer, session = self._renewals.popleft()
+            s = self.sessions.get(producer)
+            if s is not None and s.session == session and s.renewed_ms == ms:  # else renewed or ended since
+                self._suspected[producer] = None
+        due: set[int] = set()
+        for producer in self._suspected:
+            due.update(self._unrevoked.get((producer, self.sessions[producer].session), ()))
+        while self._due and self._due[0][0] <= clock:
+            request = heapq.heappop(self._due)[1]
+            if request in self.groups:
+                due.add(request)
+        for request in self._in_order(due):
+            group = self.groups[request]
+            s = self.sessions.get(group.producer)
+            if (group.revoked_ms is None and not group.delivered and s is not None
+                    and s.session == group.session and group.producer in self._suspected):
+                self._revoke(request, group, s.renewed_ms + self.lease_ms)
+            lapsed = group.sent and clock - group.sent_ms >= self.sent_expiry_ms
+            if lapsed or (group.revoked_ms is not None and clock >= group.forget_at_ms):
+                self._remove(request)
                 self.expired += lapsed
                 if group.key is not None:
                     self.by_key.pop(group.key, None)
                 self._dropped(request, group)
-        for producer, s in list(self.sessions.items()):
-            if self.clock_ms - s.renewed_ms >= self.lease_ms:
-                self._end_session(producer, offset, out, forget_unsent=False)
+        ended = [p for p in self._suspected if clock - self.sessions[p].renewed_ms >= self.lease_ms]
+        if len(ended) > 1:
+            place = {p: i for i, p in enumerate(self.sessions)}
+            ended.sort(key=place.__getitem__)
+        for producer in ended:
+            self._end_session(producer, offset, out, forget_unsent=False)
+
+    # ---- the groups and their indexes ----------------------------------------------------------
+    def _insert(self, request: int, group: _Group) -> None:
+        """`groups[request] = group`, indexed (a request already there keeps its place)."""
+        old = self.groups.get(request)
+        if old is None:
+            self._seq[request] = self._next_seq
+            self._next_seq += 1
+        else:
+            self._unindex(request, old)
+        self.groups[request] = group
+        self._index(request, group)
+        if group.sent:  # due again if it was due while out of `groups` (consumed in an uncommitted batch)
+            heapq.heappush(self._due, (group.sent_ms + self.sent_expiry_ms, request))
+        if group.revoked_ms is not None:
+            heapq.heappush(self._due, (group.forget_at_ms, request))
+
+    def _remove(self, request: int) -> _Group | None:
+        group = self.groups.pop(request, None)
+        if group is not None:
+            self._unindex(request, group)
+            del self._seq[request]
+        return group
+
+    def _revoke(self, request: int, group: _Group, forget_at_ms: int) -> None:
+        self._unindex(request, group)
+        group.revoked_ms, group.forget_at_ms = self.clock_ms, forget_at_ms
+        self._index(request, group)
+        heapq.heappush(self._due, (forget_at_ms, request))
+        self._revoked(request, group)
+
+    def _in_order(self, requests: set[int] | dict[int, None]) -> list[int]:
+        return sorted(requests, key=self._seq.__getitem__)
+
+    def _index(self, request: int, group: _Group) -> None:
+        """Count `group` where its fields put it (`_unindex` before a field changes, `_index` after)."""
+        self._count[group.trainer] = self._count.get(group.trainer, 0) + 1
+        where = (group.producer, group.session)
+        if not group.delivered:
+            self._undelivered.setdefault(where, {})[request] = None
+        if group.revoked_ms is None:
+            if not group.delivered:
+                self._unrevoked.setdefault(where, {})[request] = None
+            self._weigh(group, 1)
+
+    def _unindex(self, request: int, group: _Group) -> None:
+        _drop_count(self._count, group.trainer, 1)
+        where = (group.producer, group.session)
+        if not group.delivered:
+            _drop_key(self._undelivered, where, request)
+        if group.revoked_ms is None:
+            if not group.delivered:
+                _drop_key(self._unrevoked, where, request)
+            self._weigh(group, -1)
+
+    def _weigh(self, group: _Group, n: int) -> None:
+        weights = self._weights.setdefault(group.trainer, {})
+        weights[group.weight_version] = weights.get(group.weight_version, 0) + n
+        if not weights[group.weight_version]:
+            del weights[group.weight_version]
+        if group.max_policy_lag is not None:
+            bounds = self._bounds.setdefault(group.trainer, {})
+            key = (group.weight_version, group.versions_per_batch, group.max_policy_lag)
+            bounds[key] = bounds.get(key, 0) + n
+            if not bounds[key]:
+                del bounds[key]
 
     def _scan(self, offset: int, out: list[Decision]) -> None:
         for request, p in list(self.pending.items()):
@@ -324,8 +458,8 @@ class AdmissionLog:
                 out.append(Decision(request, Outcome.TOO_OLD, offset))
             elif self.admissible(r) and self._granted(request, r):
                 del self.pending[request]
-                self.groups[request] = _Group(r.trainer, r.producer, r.session, r.weight_version,
-                                              r.max_policy_lag, r.versions_per_batch)
+                self._insert(request, _Group(r.trainer, r.producer, r.session, r.weight_version,
+                                             r.max_policy_lag, r.versions_per_batch))
                 out.append(Decision(request, Outcome.ADMITTED, offset))
 
     # ---- what a fold built on this one hears (rollout_stream.core.prompts)
@@ -341,13 +475,6 @@ class AdmissionLog:
         """`group` stops counting without being consumed or resolved: released, forgotten or expired."""
 
     # ---- the rule ------------------------------------------------------------------------------
-    def _never_trains(self, group: _Group, t: _Trainer) -> bool:
-        """In H: certain never to train, so it takes no place in a batch."""
-        if group.revoked_ms is not None:
-            return True
-        s, v = t.max_weight_staleness, t.weight_version
-        return s is not None and v is not None and v - group.weight_version > s
-
     def _base(self, t: _Trainer, vpb: int, start: int) -> int:
         base = next_batch_version(t.weight_version, t.batch_version, vpb, any_batch=t.batches > 0,
                                   start=start)
@@ -361,39 +488,60 @@ class AdmissionLog:
         return self._base(t, r.versions_per_batch, r.weight_version) - r.weight_version > r.max_policy_lag
 
     def admissible(self, r: Request) -> bool:
+        """The rule for `r`, from the trainer's outstanding groups counted by weight version and bound (the
+        cost grows with the distinct versions outstanding, not with the groups). H: the revoked groups (not
+        counted) and those more than `max_weight_staleness` behind the trainer (below `floor`)."""
         t = self.trainers.get(r.trainer)
-        mine = [g for g in self.groups.values() if g.trainer == r.trainer]
-        if r.max_unconsumed_groups is not None and len(mine) >= r.max_unconsumed_groups:
+        if r.max_unconsumed_groups is not None and self._count.get(r.trainer, 0) >= r.max_unconsumed_groups:
             return False
         if t is None:
             return r.max_policy_lag is None
-        new = _Group(r.trainer, r.producer, r.session, r.weight_version, r.max_policy_lag,
-                     r.versions_per_batch, sent=True)
-        live = [g for g in mine if not self._never_trains(g, t)] + [new]
-        behind = (len(live) - 1) // t.groups_per_batch  # batches after the next one, for the last in line
-        start = max(g.weight_version for g in live)  # a trainer without a version yet: assumed at the newest
-        for g in live:
-            if g.max_policy_lag is None:
-                continue
-            vpb = g.versions_per_batch
-            if self._base(t, vpb, start) + behind * vpb - g.weight_version > g.max_policy_lag:
+        bounds = self._bounds.get(r.trainer, {})
+        if r.max_policy_lag is None and not bounds:
+            return True  # no group in line has a bound to break
+        s, v = t.max_weight_staleness, t.weight_version
+        floor = v - s if s is not None and v is not None else None  # below it a group never trains (H)
+        live, start = 1, r.weight_version  # the new group, then every one that can still train
+        for w, n in self._weights.get(r.trainer, {}).items():
+            if True:
+                live, start = live + n, max(start, w)
+        behind = (live - 1) // t.groups_per_batch  # batches after the next one, for the last in line
+        checks = [key for key in bounds if floor is None or key[0] >= floor]
+        if r.max_policy_lag is not None:
+            checks.append((r.weight_version, r.versions_per_batch, r.max_policy_lag))
+        bases: dict[int, int] = {}
+        for w, vpb, lag in checks:
+            base = bases.get(vpb)
+            if base is None:
+                base = bases[vpb] = self._base(t, vpb, start)
+            if base + behind * vpb - w > lag:
                 return False
         return True
 
     # ---- what is shown -------------------------------------------------------------------------
     def snapshot(self) -> AdmissionSnapshot:
-        outstanding: dict[str, int] = {}
-        for g in self.groups.values():
-            outstanding[g.trainer] = outstanding.get(g.trainer, 0) + 1
         oldest = min((p.log_ms for p in self.pending.values()), default=None)
         return AdmissionSnapshot(
             folded_through=self.next_offset - 1,
             clock_ms=self.clock_ms,
             pending=len(self.pending),
             oldest_pending_ms=None if oldest is None else self.clock_ms - oldest,
-            outstanding=outstanding,
-            unsent=sum(not g.delivered for g in self.groups.values()),
+            outstanding=dict(self._count),
+            unsent=sum(len(requests) for requests in self._undelivered.values()),
             sessions={p: "suspected" if self.clock_ms - s.renewed_ms >= self.suspect_ms else "ok"
                       for p, s in self.sessions.items()},
             trainer_mark_age_ms={name: self.clock_ms - t.updated_ms for name, t in self.trainers.items()},
         )
+
+
+def _drop_count(counts: dict[str, int], key: str, n: int) -> None:
+    counts[key] -= n
+    if not counts[key]:
+        del counts[key]
+
+
+def _drop_key(index: dict[tuple[str, str], dict[int, None]], where: tuple[str, str], request: int) -> None:
+    requests = index[where]
+    del requests[request]
+    if not requests:
+        del index[where]

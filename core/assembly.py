@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rollout_stream.codec import TrainSample
+from rollout_stream.codec import Sample, TrainSample
 from rollout_stream.core.collate import (
     collation_problem,
     is_stale_version,
@@ -311,13 +311,15 @@ def batch_length(verdicts: Sequence[Verdict | None], groups_per_batch: int) -> i
     return None
 
 
-def loss_tokens(s: TrainSample) -> int:
-    """Response tokens that count in the loss (as `collate` masks them)."""
-    if s.sample.remove_sample:
+def loss_tokens(s: TrainSample | Sample) -> int:
+    """Response tokens that count in the loss (as `collate` masks them), of a train sample or the rollout
+    sample it carries."""
+    sample = s if isinstance(s, Sample) else s.sample
+    if sample.remove_sample:
         return 0
-    if s.sample.loss_mask is None:
-        return s.sample.response_length
-    return int((s.sample.loss_mask.numpy() != 0).sum())
+    if sample.loss_mask is None:
+        return sample.response_length
+    return int((sample.loss_mask.numpy() != 0).sum())
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from rollout_stream.core.prompts import PromptLog, SourceState
 
 __all__ = ["FOLD_VERSION", "CheckpointMismatch", "dump_fold", "load_fold"]
 
-FOLD_VERSION = 3
+FOLD_VERSION = 4  # 4: a failed attempt (`Release.error`) counts; empty declarations are ignored
 
 
 class CheckpointMismatch(ValueError):
@@ -82,4 +82,5 @@ def load_fold(state: bytes, fold_version: int) -> PromptLog:
     fold.trainer_sessions, fold.settled_through = s.trainer_sessions, s.settled_through
     fold.duplicates, fold.late_trained = s.duplicates, s.late_trained
     fold.checkpointed_through = s.checkpointed_through
+    fold.reindex()
     return fold

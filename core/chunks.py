@@ -5,13 +5,14 @@ Pure: the window store owns one assembler and remembers what it decided (core/wi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rollout_stream.codec import DeadLetterReason
 from rollout_stream.codec.chunks import ChunkHeader, value_digest, without_chunk_header
 from rollout_stream.core.structs import InputRecord
 
-__all__ = ["ChunkAssembler", "ChunkKey", "ChunkSet", "Whole", "Copy", "Refused", "Added"]
+__all__ = ["ChunkAssembler", "ChunkKey", "ChunkSet", "Whole", "Copy", "Refused", "Added", "join_chunks"]
 
 R = DeadLetterReason
 
@@ -135,15 +136,22 @@ class ChunkAssembler:
 
     def _join(self, ckey: ChunkKey, chunks: ChunkSet) -> Whole | Refused:
         parts = chunks.records()
-        value = b"".join(p.value or b"" for p in parts)
+        value, mismatch = join_chunks(chunks.header, (p.value for p in parts))
         self._close(ckey)
-        h = chunks.header
-        if len(value) != h.total_bytes or value_digest(value) != h.digest:
-            return Refused(R.CHUNK_DIGEST_MISMATCH,
-                           f"value {h.digest.hex()} reassembled from {h.count} chunks has {len(value)} bytes "
-                           f"and digest {value_digest(value).hex()}", parts)
+        if mismatch is not None:
+            return Refused(R.CHUNK_DIGEST_MISMATCH, mismatch, parts)
         last = max(parts, key=lambda p: p.offset)
         first = min(parts, key=lambda p: p.offset)
         record = InputRecord(first.topic, first.partition, first.offset, last.timestamp_ms, first.key, value,
                              without_chunk_header(first.headers), tuple(p.offset for p in parts))
         return Whole(record, parts)
+
+
+def join_chunks(header: ChunkHeader, slices: Iterable[bytes | None]) -> tuple[bytes, str | None]:
+    """Every chunk's slice of one value, in index order, joined; and why the bytes are not the value `header`
+    names (its size or digest differ), or None when they are."""
+    value = b"".join(s or b"" for s in slices)
+    if len(value) == header.total_bytes and value_digest(value) == header.digest:
+        return value, None
+    return value, (f"value {header.digest.hex()} reassembled from {header.count} chunks has {len(value)} "
+                   f"bytes and digest {value_digest(value).hex()}")

@@ -18,7 +18,7 @@ import numpy as np
 if TYPE_CHECKING:  # imported where tensors are built: tools that only assemble groups start without torch
     import torch
 
-from rollout_stream.codec import TrainSample
+from rollout_stream.codec import Sample, TrainSample
 from rollout_stream.core.rewards import declared_rollout_key
 
 __all__ = [
@@ -63,9 +63,10 @@ def _tokens(s: TrainSample) -> np.ndarray:
     return s.sample.tokens.numpy() if s.sample.tokens is not None else np.zeros(0, dtype=np.int64)
 
 
-def collation_problem(s: TrainSample) -> str | None:
-    """Why a train sample cannot be collated (inconsistent lengths or dtypes), or None."""
-    sample = s.sample
+def collation_problem(s: TrainSample | Sample) -> str | None:
+    """Why a train sample (or the rollout sample it carries) cannot be collated (inconsistent lengths or
+    dtypes), or None."""
+    sample = s if isinstance(s, Sample) else s.sample
     total = len(sample.tokens) if sample.tokens is not None else 0
     resp = sample.response_length
     if sample.tokens is not None and sample.tokens.dtype.kind not in "iu":

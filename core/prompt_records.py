@@ -32,13 +32,15 @@ class AttemptEnd(Enum):
     SKIPPED = "skipped"  # a committed trainer batch skipped it (stale, invalid)
     UNCONSUMED = "unconsumed"  # sent, and neither consumed nor resolved for the sent expiry
     RELEASED = "released"  # admitted and given back before anything was sent: not counted
+    FAILED = "failed"  # the rollout process raised while it held the attempt (`Attempt.error` says what)
     TRAINED = "trained"
     DEAD_LETTERED = "dead_lettered"
     FILTERED = "filtered"
     SUPERSEDED = "superseded"  # another attempt of its prompt settled it
 
 
-COUNTED = frozenset({AttemptEnd.LEASE, AttemptEnd.INCOMPLETE, AttemptEnd.SKIPPED, AttemptEnd.UNCONSUMED})
+COUNTED = frozenset({AttemptEnd.LEASE, AttemptEnd.INCOMPLETE, AttemptEnd.SKIPPED, AttemptEnd.UNCONSUMED,
+                     AttemptEnd.FAILED})
 
 
 @dataclass(slots=True)
@@ -54,6 +56,7 @@ class Attempt:
     ended_ms: int | None = None
     trainer: str | None = None  # the trainer and batch that trained it
     batch: int | None = None
+    error: str | None = None  # `Type: message` of what the rollout process raised while it held it
 
 
 def attempt_history(attempts: list[Attempt]) -> list[dict[str, object]]:
@@ -61,7 +64,7 @@ def attempt_history(attempts: list[Attempt]) -> list[dict[str, object]]:
     return [{"attempt": a.number, "producer": a.producer, "session": a.session, "request": a.request,
              "taken_ms": a.taken_ms, "sent": a.sent, "delivered": a.delivered,
              "ended": None if a.ended is None else a.ended.value, "ended_ms": a.ended_ms,
-             "trainer": a.trainer, "batch": a.batch} for a in attempts]
+             "trainer": a.trainer, "batch": a.batch, "error": a.error} for a in attempts]
 
 
 @dataclass(slots=True)

@@ -7,11 +7,12 @@ first, else the next of its epoch's seeded order. Every party folds the same log
 same prompt for the same request, and the log is the checkpoint.
 
 A prompt is in exactly one `PromptState`. An attempt that ends without a result (its lease ended before
-delivery, its group timed out at the stage, a committed batch skipped it, nobody consumed it for the sent
-expiry) puts its prompt back to waiting, until `max_attempts` such ends make it exhausted. A final state
-is never replaced, with one exception that is counted: an exhausted prompt whose lapsed attempt still
-trains becomes trained (`late_trained`). A second training of a trained prompt is counted (`duplicates`):
-the reader's fence (`rollout_stream.core.prompt_keys.PromptFence`) is what keeps it at zero.
+delivery, its process failed while holding it, its group timed out at the stage, a committed batch skipped
+it, nobody consumed it for the sent expiry) puts its prompt back to waiting, until `max_attempts` such ends
+make it exhausted. A final state is never replaced, with one exception that is counted: an exhausted prompt
+whose lapsed attempt still trains becomes trained (`late_trained`). A second training of a trained prompt
+is counted (`duplicates`): the reader's fence (`rollout_stream.core.prompt_keys.PromptFence`) is what keeps
+it at zero.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rollout_stream.codec.admission import (
     Checkpoint,
     Dataset,
     Delivered,
+    Release,
     Request,
     Resolved,
     Sent,
@@ -65,6 +67,7 @@ class PromptLog(AdmissionLog):
         self.late_trained = 0  # exhausted prompts that trained after all
         self.checkpointed_through = -1  # the newest checkpoint record folded holds the state through here
         self._orders: dict[tuple[str, int], list[int]] = {}  # derived, not state
+        self._failing: dict[int, str] = {}  # while a failure's Release is folded: request -> error
 
     # ---- the fold --------------------------------------------------------------------------------
     def apply(self, offset: int, log_ms: int, record: AdmissionRecord) -> list[Decision]:
@@ -72,6 +75,15 @@ class PromptLog(AdmissionLog):
             return []
         if isinstance(record, Dataset):  # before the scan, so waiting takes can be granted at once
             self._declare(record)
+        if isinstance(record, Release) and record.error is not None and record.requests:
+            # the admission fold drops the unsent groups as for any release; `_dropped` ends them as failed
+            self._failing = dict.fromkeys(record.requests, record.error)
+            try:
+                decisions = super().apply(offset, log_ms, record)
+            finally:
+                self._failing = {}
+            self._failed_sent(record)
+            return decisions
         decisions = super().apply(offset, log_ms, record)
         if isinstance(record, Sent | Delivered):
             attempt = self._live_attempt(record.request)
@@ -89,7 +101,9 @@ class PromptLog(AdmissionLog):
     def _declare(self, d: Dataset) -> None:
         current = self.sources.get(d.source)
         if current is None:
-            if valid_source(d.source) and d.prompts >= 0 and d.max_attempts >= 1:
+            # a declaration nothing can be taken from is not one: a corrected process's declaration stands
+            if (valid_source(d.source) and d.prompts >= 1 and d.max_attempts >= 1
+                    and (d.epochs is None or d.epochs >= 1)):
                 self.sources[d.source] = SourceState(d)
         elif current.dataset != d:
             current.refused += 1
@@ -148,9 +162,20 @@ class PromptLog(AdmissionLog):
         if attempt is None:
             return
         if not attempt.sent:
-            self._end(request, AttemptEnd.RELEASED)
+            error = self._failing.get(request)
+            if error is not None:
+                attempt.error = error
+            self._end(request, AttemptEnd.RELEASED if error is None else AttemptEnd.FAILED)
         else:
             self._end(request, AttemptEnd.UNCONSUMED if attempt.delivered else AttemptEnd.LEASE)
+
+    def _failed_sent(self, record: Release) -> None:
+        """A failure of an attempt whose group is sent already: the group may still complete, so the attempt
+        goes on (its group's fate ends it); the error is kept for whoever looks."""
+        for request in record.requests or ():
+            attempt = self._live_attempt(request)
+            if attempt is not None and attempt.session == record.session and attempt.error is None:
+                attempt.error = record.error
 
     def _resolved(self, record: Resolved) -> None:
         if record.reason == EXHAUSTED_REASON:  # a prompt source's marker: the dead-letter records are written

@@ -1,24 +1,25 @@
-"""A tiny asynchronous GRPO trainer fed by rollout-stream: synth → worker → train-data → reader → optimizer.
+"""A tiny asynchronous GRPO trainer fed by rollout-stream: generator → stage → reader → optimizer.
 
-    .venv/bin/python examples/async_trainer.py                  # local broker (started if needed), 20 steps
+    .venv/bin/rollout-stream broker start                       # a local broker on 127.0.0.1:9092, once
+    .venv/bin/python examples/async_trainer.py                  # 20 steps
     .venv/bin/python examples/async_trainer.py --steps 5 --bootstrap-servers localhost:9092
 
 The policy is a bigram model (embedding + linear head over a 64-token vocabulary). A rollout-generator
-thread takes the shape of each prompt group from `rollout_stream.ops.synth.plan_groups` (group, rollouts,
-sibling
-samples, prompt tokens), samples every response from a snapshot of the policy at the weight version it
+thread makes prompt groups of --group-size rollouts, each of 1 to --max-siblings samples (an agentic
+rollout's turns), samples every response from a snapshot of the policy at the weight version it
 "generates" with (the current one, or up to 3 versions old, as long generations are), records the
-snapshot's log-probs, and rewards a rollout with the share of even tokens in its responses (siblings share
-it). The stream worker normalizes rewards per group (GRPO); the trainer reads whole groups with
-TrainDataReader, skips groups older than --max-staleness versions, and takes one clipped policy-gradient
-step per batch: the raw reward should rise above its initial ~0.5. Topics are created for the run and
-deleted at the end.
+snapshot's log-probs, rewards a rollout with the share of even tokens in its responses (siblings share it)
+and publishes the group with `RolloutProducer.send_many`. The stage (`rollout-stream run`, started for the
+run) normalizes rewards per group (GRPO); the trainer reads whole groups with TrainDataReader, skips groups
+older than --max-staleness versions, and takes one clipped policy-gradient step per batch: the raw reward
+should rise above its initial ~0.5. The run's topics are new, named after a random tag.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import logging
 import random
 import sys
 import threading
@@ -26,19 +27,14 @@ import time
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
 import torch
 from local_stage import LocalStage
 from torch import nn
 
-from rollout_stream import TrainDataReader
-from rollout_stream.codec import Sample, decode_sample
-from rollout_stream.logs import configure_logging
-from rollout_stream.ops.synth import SynthPlan, plan_groups
-from rollout_stream.pacing import PacingTimeout, WeightsTooOld
-from rollout_stream.producer import RolloutProducer
+from rollout_stream import PacingTimeout, RolloutProducer, TrainDataReader, WeightsTooOld
 
 VOCAB = 64
+PROMPT_TOKENS, RESPONSE_TOKENS = 8, 24
 
 
 class TinyPolicy(nn.Module):
@@ -86,12 +82,13 @@ def grpo_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, advantages: torch.Tens
 class RolloutGenerator(threading.Thread):
     """Generates groups with snapshots of the policy, a few batches ahead of the trainer (an async fleet)."""
 
-    def __init__(self, bootstrap: str, topic: str, plan: SynthPlan, policy: TinyPolicy, ahead_groups: int,
-                 seed: int, pacing: dict[str, Any] | None = None) -> None:
+    def __init__(self, bootstrap: str, topic: str, policy: TinyPolicy, *, group_size: int, max_siblings: int,
+                 ahead_groups: int, seed: int, run_id: str, pacing: dict[str, Any] | None = None) -> None:
         """`pacing`: RolloutProducer's pacing arguments (docs/pacing.md); without them the generator keeps
         itself `ahead_groups` ahead of what the trainer consumed."""
         super().__init__(name="rollout-generator", daemon=True)
-        self.bootstrap, self.topic, self.plan, self.ahead = bootstrap, topic, plan, ahead_groups
+        self.bootstrap, self.topic, self.ahead, self.run_id = bootstrap, topic, ahead_groups, run_id
+        self.group_size, self.max_siblings = group_size, max_siblings
         self.pacing = pacing
         self.rng = random.Random(seed)
         self.torch_rng = torch.Generator().manual_seed(seed)
@@ -113,23 +110,25 @@ class RolloutGenerator(threading.Thread):
         with self.lock:  # generated with current weights, or weights up to 3 versions old
             return max(0, self.version - self.rng.choice([0, 0, 1, 2, 3]))
 
-    def _generate(self, samples: list[Sample], version: int) -> list[Sample]:
+    def _generate(self, group_index: int, version: int) -> list[dict[str, Any]]:
+        """One prompt group as a rollout process hands it over: a dict per sample, miles' field names."""
         with self.lock:
             policy = self.snapshots.get(version) or self.snapshots[self.version]
-        length = samples[0].response_length
-        prompts = torch.stack([s.tokens.tensor()[:-length].long() % VOCAB for s in samples])
-        responses, log_probs = policy.sample(prompts, length, self.torch_rng)
-        even: dict[object, list[float]] = defaultdict(list)
-        for s, resp in zip(samples, responses, strict=True):
-            even[s.rollout_id].append(float((resp % 2 == 0).float().mean()))
-        for s, prompt, resp, lp in zip(samples, prompts, responses, log_probs, strict=True):
-            s.tokens = torch.cat([prompt, resp]).numpy().astype("<i4")
-            s.rollout_log_probs = lp.numpy().astype("<f4")
-            s.loss_mask = np.ones(length, dtype="u1")
-            s.reward = float(np.mean(even[s.rollout_id]))  # one trajectory reward shared by the siblings
-            s.weight_versions = [str(version)]
-            s.__post_init__()  # wrap the arrays
-        return samples
+        siblings = [self.rng.randint(1, self.max_siblings) for _ in range(self.group_size)]
+        rollout_of_row = [r for r, n in enumerate(siblings) for _ in range(n)]
+        prompt = torch.randint(VOCAB, (PROMPT_TOKENS,), generator=self.torch_rng)
+        responses, log_probs = policy.sample(prompt.repeat(len(rollout_of_row), 1), RESPONSE_TOKENS,
+                                             self.torch_rng)
+        even: dict[int, list[float]] = defaultdict(list)
+        for r, response in zip(rollout_of_row, responses, strict=True):
+            even[r].append(float((response % 2 == 0).float().mean()))
+        rows = zip(rollout_of_row, responses, log_probs, strict=True)
+        return [{"group_index": group_index, "index": i, "rollout_id": r, "status": "completed",
+                 "tokens": torch.cat([prompt, response]).tolist(), "response_length": RESPONSE_TOKENS,
+                 "loss_mask": [1] * RESPONSE_TOKENS, "rollout_log_probs": lp.tolist(),
+                 "reward": sum(even[r]) / len(even[r]),  # one trajectory reward shared by the siblings
+                 "weight_versions": [str(version)]}
+                for i, (r, response, lp) in enumerate(rows)]
 
     def _admitted_version(self, producer: RolloutProducer) -> int | None:
         """Paced: wait for room at the version chosen (weights too old to be admitted: the current ones)."""
@@ -147,7 +146,7 @@ class RolloutGenerator(threading.Thread):
 
     def run(self) -> None:
         with RolloutProducer(self.bootstrap, topic=self.topic, **(self.pacing or {})) as producer:
-            for records, _ in plan_groups(self.plan, 10**9):
+            while not self.stop.is_set():
                 if self.pacing:
                     version = self._admitted_version(producer)
                 else:
@@ -156,8 +155,8 @@ class RolloutGenerator(threading.Thread):
                     version = self._choose_version()
                 if self.stop.is_set() or version is None:
                     return
-                for sample in self._generate([decode_sample(rec.value) for rec in records], version):
-                    producer.send(sample)  # keyed by group; a paced producer counts it until it is consumed
+                # keyed by group, siblings numbered; a paced producer counts the group until it is consumed
+                producer.send_many(self._generate(self.sent_groups, version), run_id=self.run_id)
                 producer.flush()
                 self.sent_groups += 1
 
@@ -165,7 +164,7 @@ class RolloutGenerator(threading.Thread):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", default=None,
-                        help="Kafka address (default: the local development broker, started if needed)")
+                        help="Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--groups-per-batch", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per prompt group")
@@ -178,19 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    configure_logging("text", "warning")
+    logging.basicConfig(level=logging.WARNING)
 
     local = LocalStage.start(args.bootstrap_servers, "example", commit_interval_s=0.5)
-    bootstrap, topics, worker, tag = local.bootstrap, local.topics, local.worker, local.tag
+    bootstrap, topics, tag = local.bootstrap, local.topics, local.tag
     policy = TinyPolicy()
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
-    plan = SynthPlan(group_size=args.group_size, max_siblings=args.max_siblings, tokens=32, seed=args.seed,
-                     run_id=f"example-{tag}")
     trainer_group = f"example-{tag}-trainer"
     pacing = {"trainer_group_id": trainer_group, "train_data_topic": topics.output,
               "max_policy_lag": args.max_staleness, "max_unconsumed_groups": 3 * args.groups_per_batch}
-    generator = RolloutGenerator(bootstrap, topics.input, plan, policy,
-                                 ahead_groups=3 * args.groups_per_batch, seed=args.seed,
+    generator = RolloutGenerator(bootstrap, topics.input, policy, group_size=args.group_size,
+                                 max_siblings=args.max_siblings, ahead_groups=3 * args.groups_per_batch,
+                                 seed=args.seed, run_id=f"example-{tag}",
                                  pacing=pacing if args.pace else None)
     generator.start()
     reader = TrainDataReader(bootstrap, topics.output, trainer_group,
@@ -220,12 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         generator.stop.set()
         reader.close()
-        worker.request_stop()
         generator.join(timeout=30)
         local.stop()
     stats = reader.stats
     print(f"done: {stats.batches} batches, {stats.groups} groups read, {stats.skipped_stale_groups} stale "
-          f"groups skipped; worker published {worker.stats.groups_published} groups", flush=True)
+          f"groups skipped; {generator.sent_groups} groups sent", flush=True)
     return status
 
 

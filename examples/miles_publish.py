@@ -1,7 +1,6 @@
 """A miles/slime rollout function's side: publish each finished prompt group to rollout-stream in one call.
 
-    # local broker (started if needed)
-    .venv/bin/python examples/miles_publish.py --topic rollouts --groups 8
+    .venv/bin/python examples/miles_publish.py --topic rollouts --groups 8 --bootstrap-servers localhost:9092
 
 In a miles rollout function, replace the hand-off to the trainer with `publish_groups(producer, groups)`:
 each group is the list of miles `Sample`s of one prompt (any object with miles' attribute names, or
@@ -13,6 +12,7 @@ partition. The stage then refuses rollouts whose siblings disagree on their rewa
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from collections.abc import Iterable, Sequence
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from rollout_stream.producer import RolloutProducer
+from rollout_stream import RolloutProducer
 
 
 class Status(Enum):  # miles.utils.types.Sample.Status
@@ -79,21 +79,21 @@ def publish_groups(producer: RolloutProducer, groups: Iterable[Sequence[Any]]) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", default=None, help="default: the local development broker")
+    parser.add_argument("--bootstrap-servers",
+                        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or "127.0.0.1:9092",
+                        help="Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)")
     parser.add_argument("--topic", default="rollouts")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--rollouts", type=int, default=4, help="rollouts per prompt (n_samples_per_prompt)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from rollout_stream.commands.options import resolve_bootstrap
-
     rng = random.Random(args.seed)
     groups = []
     index = 0
     for g in range(args.groups):
         groups.append(synthetic_group(g, args.rollouts, rng, first_index=index))
         index += len(groups[-1])
-    with RolloutProducer(resolve_bootstrap(args.bootstrap_servers), topic=args.topic) as producer:
+    with RolloutProducer(args.bootstrap_servers, topic=args.topic) as producer:
         sent = publish_groups(producer, groups)
     print(f"published {args.groups} prompt groups ({sent} samples) to {args.topic}")
     return 0

@@ -1,6 +1,6 @@
 """A miles/slime trainer's side: two data-parallel ranks, each handed the `rollout_data` shard miles builds.
 
-    .venv/bin/python examples/miles_trainer.py                    # local broker (started if needed)
+    .venv/bin/python examples/miles_trainer.py                    # $KAFKA_BOOTSTRAP_SERVERS or 127.0.0.1:9092
     .venv/bin/python examples/miles_trainer.py --bootstrap-servers localhost:9092 --batches 3
 
 One command runs the whole path on fresh topics: miles-like samples published with `send_many`
@@ -14,6 +14,7 @@ batch hold every sample of the batch once.
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import sys
 import threading
@@ -21,9 +22,7 @@ import threading
 from local_stage import LocalStage
 from miles_publish import publish_groups, synthetic_group
 
-from rollout_stream import TrainDataReader
-from rollout_stream.logs import configure_logging
-from rollout_stream.producer import RolloutProducer
+from rollout_stream import RolloutProducer, TrainDataReader
 
 
 def rank_loop(reader: TrainDataReader, batches: int, out: list, step: threading.Barrier) -> None:
@@ -45,13 +44,14 @@ def rank_loop(reader: TrainDataReader, batches: int, out: list, step: threading.
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", default=None, help="default: the local development broker")
+    parser.add_argument("--bootstrap-servers", default=None,
+                        help="Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)")
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--groups-per-batch", type=int, default=4)
     parser.add_argument("--balance-data", action="store_true", help="miles' --balance-data (Karmarkar–Karp)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    configure_logging("text", "warning")
+    logging.basicConfig(level=logging.WARNING)
     local = LocalStage.start(args.bootstrap_servers, "miles", commit_interval_s=0.2, announce=False)
     bootstrap, topics, tag = local.bootstrap, local.topics, local.tag
     status = 0

@@ -1,19 +1,20 @@
 """TRL's async GRPO data path fed by the stage, on the CPU (needs the [trl] extra).
 
-    .venv/bin/python examples/trl_async_data_path.py                  # local broker (started if needed)
+    .venv/bin/python examples/trl_async_data_path.py                  # $KAFKA_BOOTSTRAP_SERVERS or :9092
     .venv/bin/python examples/trl_async_data_path.py --groups 6 --bootstrap-servers localhost:9092
 
 Prompt groups of random completions and rewards are published to the stage; `StageRolloutWorker` reads the
 stage's train data and feeds TRL's own `RolloutQueueDataset` → `FixedCountBatcher` → `DataCollatorForRollout`
 (two data-parallel rows), the pipeline `AsyncGRPOTrainer` trains from. Each sample's packed advantages are
-printed beside the reference's processed reward of its group (`rollout_stream.core.post_process_rewards`):
-equal bit for bit. The trainer itself needs a GPU (FlashAttention-3 tree attention, `torch.cuda` FLOPs at
-start; its default rollout worker vLLM); the tests run it on the CPU with those two parts patched.
+printed beside the reference trainer's GRPO reward of its group (`grpo_rewards` below): equal bit for bit.
+The trainer itself needs a GPU (FlashAttention-3 tree attention, `torch.cuda` FLOPs at start; its default
+rollout worker vLLM); the tests run it on the CPU with those two parts patched.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import sys
@@ -30,22 +31,29 @@ from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
     RolloutQueueDataset,
 )
 
-from rollout_stream import TrainDataReader  # noqa: E402
-from rollout_stream.core import RewardConfig, post_process_rewards  # noqa: E402
+from rollout_stream import RolloutProducer, TrainDataReader  # noqa: E402
 from rollout_stream.integrations.trl import StageRolloutWorker, completion_samples  # noqa: E402
-from rollout_stream.logs import configure_logging  # noqa: E402
-from rollout_stream.producer import RolloutProducer  # noqa: E402
+
+
+def grpo_rewards(rewards: list[float]) -> list[float]:
+    """The reference trainer's GRPO reward of each rollout of one prompt group (one sample each): the float32
+    operations of docs/spec.md §2, in its order."""
+    r = torch.tensor(rewards, dtype=torch.float)
+    a = r - r.mean()
+    if len(rewards) > 1 and (s := r.std()) > 0:
+        a = a / (s + 1e-6)
+    return [float(x) for x in a]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", default=None,
-                        help="Kafka address (default: the local development broker, started if needed)")
+                        help="Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)")
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--completions", type=int, default=4, help="completions per prompt")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    configure_logging("text", "warning")
+    logging.basicConfig(level=logging.WARNING)
     PartialState(cpu=True)  # TRL's dataset logs through accelerate
     rng = random.Random(args.seed)
     local = LocalStage.start(args.bootstrap_servers, "trl-async", commit_interval_s=0.1)
@@ -63,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 samples = completion_samples(prompt, completions, rewards, group_index=g, run_id=f"trl-{tag}",
                                              log_probs=[[-0.5] * len(c) for c in completions])
                 producer.send_group(samples)
-                _, processed = post_process_rewards(samples, RewardConfig(advantage_estimator="grpo"),
-                                                    [len(samples)])
+                processed = grpo_rewards(rewards)
                 reference.update({tuple(prompt + c): r for c, r in zip(completions, processed, strict=True)})
             producer.flush(30)
         reader = TrainDataReader(conn, topics.output, f"trl-async-{tag}-trainer", groups_per_batch=1,

@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer trained on the CPU from rollouts that went through the stage (needs the [trl] extra).
 
-    .venv/bin/python examples/trl_grpo.py                  # local broker (started if needed), 3 steps
+    .venv/bin/python examples/trl_grpo.py                  # $KAFKA_BOOTSTRAP_SERVERS or :9092, 3 steps
     .venv/bin/python examples/trl_grpo.py --steps 5 --bootstrap-servers localhost:9092
 
 A tiny Llama (built from a config, no hub) and a WordLevel tokenizer. TRL calls `rollout_func` with each
@@ -17,6 +17,7 @@ as its advantage unchanged (`StageRolloutWorker`, docs/integrations.md).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tempfile
@@ -33,10 +34,8 @@ from tokenizers.pre_tokenizers import WhitespaceSplit  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from rollout_stream import TrainDataReader  # noqa: E402
+from rollout_stream import RolloutProducer, TrainDataReader  # noqa: E402
 from rollout_stream.integrations.trl import completion_samples  # noqa: E402
-from rollout_stream.logs import configure_logging  # noqa: E402
-from rollout_stream.producer import RolloutProducer  # noqa: E402
 
 WORDS = 30  # w0..w29; ids 0..2 are the special tokens
 
@@ -132,7 +131,7 @@ class RecordingGRPOTrainer(GRPOTrainer):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", default=None,
-                        help="Kafka address (default: the local development broker, started if needed)")
+                        help="Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--prompts-per-step", type=int, default=2)
@@ -141,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    configure_logging("text", "warning")
+    logging.basicConfig(level=logging.WARNING)
 
     local = LocalStage.start(args.bootstrap_servers, "trl", commit_interval_s=0.1)
-    conn, topics, worker, tag = local.conn, local.topics, local.worker, local.tag
+    conn, topics, tag = local.conn, local.topics, local.tag
 
     tokenizer = tiny_tokenizer()
     model = tiny_llama(len(tokenizer))
@@ -175,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             print("  stage reward   " + " ".join(f"{r:+.4f}" for r in stage))
             print("  TRL advantage  " + " ".join(f"{a:+.4f}" for a in trl_adv))
         print(f"done: {trainer.state.global_step} optimizer steps, {changed} parameter tensors changed, "
-              f"{worker.stats.groups_published} groups through the stage", flush=True)
+              f"{reader.stats.groups} groups through the stage", flush=True)
         if trainer.state.global_step != args.steps or not changed:
             status = 1
     finally:

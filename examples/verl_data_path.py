@@ -1,6 +1,6 @@
 """verl's fully-async data path through the stage, on the CPU (needs verl: the [verl] extra).
 
-    .venv/bin/python examples/verl_data_path.py                  # local broker (started if needed)
+    .venv/bin/python examples/verl_data_path.py                  # $KAFKA_BOOTSTRAP_SERVERS or :9092
     .venv/bin/python examples/verl_data_path.py --bootstrap-servers localhost:9092
 
 The rollouter side puts verl `RolloutSample`s (one prompt's n generated rows, raw rewards in `rm_scores`,
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from typing import Any
 
@@ -32,11 +33,8 @@ from verl.experimental.fully_async_policy.detach_utils import (
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from rollout_stream import TrainDataReader
-from rollout_stream.clients import Connection
+from rollout_stream import Connection, RolloutProducer, TrainDataReader
 from rollout_stream.integrations.verl import STAGE_ESTIMATOR, StageMessageQueue
-from rollout_stream.logs import configure_logging
-from rollout_stream.producer import RolloutProducer
 
 PROMPT, RESPONSE = 4, 6
 
@@ -103,11 +101,11 @@ def keyed(batch: Any, values: list[Any] | None) -> dict[tuple[int, ...], Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bootstrap-servers", default=None,
-                        help="Kafka address (default: the local development broker, started if needed)")
+                        help="Kafka address (default: $KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    configure_logging("text", "warning")
+    logging.basicConfig(level=logging.WARNING)
     local = LocalStage.start(args.bootstrap_servers, "verl", commit_interval_s=0.1)
     conn, topics, tag = local.conn, local.topics, local.tag
     status = 0

@@ -159,9 +159,10 @@ class RolloutProducer:
         """Publish one finished prompt group in one call: `samples` are this package's `Sample`s or miles-like
         samples (objects or dicts, `Sample.from_miles`), all of one `group_index`.
 
-        The streaming fields are filled for the group: `group_size` (default: the number of rollouts, by
-        `rollout_id`, else `index`), and each rollout's `sibling_count` and `sibling_index` in the order
-        given.
+        The streaming fields are filled for the group: each sample's `group_size` where it carries none
+        (`group_size`, else the number of rollouts given, by `rollout_id`, else `index`), so a call may
+        publish a part of a group whose samples say its whole size; and each rollout's `sibling_count` and
+        `sibling_index` in the order given.
         """
         return self.send_group(numbered_group(samples, group_size=group_size, run_id=run_id))
 
@@ -224,8 +225,9 @@ def numbered_group(samples: Iterable[Any], *, group_size: int | None = None,
     out: list[Sample] = [group[0]] * len(group)
     for rows in siblings.values():
         for position, row in enumerate(rows):
+            s = group[row]
             out[row] = msgspec.structs.replace(
-                group[row], group_size=size, sibling_count=len(rows), sibling_index=position,
-                run_id=run_id if run_id is not None else group[row].run_id)
+                s, group_size=s.group_size if s.group_size is not None else size, sibling_count=len(rows),
+                sibling_index=position, run_id=run_id if run_id is not None else s.run_id)
     return out
 

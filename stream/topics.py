@@ -111,10 +111,11 @@ class MissingTopic(ConfigurationError, LookupError):
         super().__init__(f"topic{plural} {names} {verb} not exist on {bootstrap}: {hint}")
 
 
-def missing_topics(conn: Connection, topics: list[str]) -> list[str]:
+def missing_topics(conn: Connection, topics: list[str], client: Client | None = None) -> list[str]:
     """Topics the broker says do not exist. A topic this client may not even describe is not listed either;
-    it is not reported here (its authorization error, with the ACL to grant, comes from where it is used)."""
-    admin = _admin(conn)
+    it is not reported here (its authorization error, with the ACL to grant, comes from where it is used).
+    `client`: the seam's client to ask through (default: the one `conn` names)."""
+    admin = _admin(conn) if client is None else client.admin(client_id=conn.client_id)
     try:
         existing = admin.list_topics()
         unlisted = [t for t in dict.fromkeys(topics) if t not in existing]

@@ -36,8 +36,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     f"{P}.worker": (f"{P}.worker", f"{P}.pacing", f"{P}.kafka", *BASE),
     # what other processes import
     f"{P}.producer": (f"{P}.producer", f"{P}.pacing", f"{P}.kafka", *BASE),
-    f"{P}.reader": (f"{P}.reader", f"{P}.reader_heads", f"{P}.pacing", f"{P}.kafka", *BASE),
-    f"{P}.reader_heads": (f"{P}.kafka", *BASE),
+    f"{P}.reader": (f"{P}.reader", f"{P}.pacing", f"{P}.kafka", *BASE),
     f"{P}.prompts": (f"{P}.prompts", f"{P}.producer", f"{P}.pacing", f"{P}.kafka", *BASE),
     # the worker's check of its ACLs at start, and the ACL lists `acls` applies
     f"{P}.access": (f"{P}.acls", f"{P}.kafka", *BASE),
@@ -201,6 +200,33 @@ def test_no_cycles_between_the_layouts_packages_even_through_lazy_imports():
         for nxt in sorted(graph[unit])
         if unit in reachable(nxt)
     )
+
+
+def import_closure(start: str, known: dict[str, Path]) -> set[str]:
+    """The project modules importing `start` may import, at module level or in a function (run or not), with
+    the packages each import runs the `__init__` of."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parents = [module.rsplit(".", depth)[0] for depth in range(1, module.count(".") + 1)]
+        targets = [project(t, known) for t in imports(known[module], top_level_only=False)]
+        todo += [m for m in [*parents, *targets] if m is not None and m in known and m not in seen]
+    return seen
+
+
+def test_run_cannot_reach_the_development_broker_or_the_workshop():
+    """`run` with its address missing must refuse to start, never start a Kafka of its own: nothing it
+    imports, even lazily, is the development broker (the local-broker lookup is commands/local.py, which
+    only the other commands import), and nothing is the workshop, which the wheel does not hold."""
+    closure = import_closure(f"{P}.commands.run", modules())
+    assert f"{P}.commands.connection" in closure and f"{P}.worker" in closure  # the walk sees through
+    reached = sorted(m for m in closure if m.startswith((f"{P}.broker", f"{P}.commands.local"))
+                     or m.split(".")[0] == "bench")
+    assert not reached, reached
 
 
 def test_kafka_python_is_imported_only_when_chosen():

@@ -17,10 +17,10 @@ Setup (one run):
 
 Measured (trainer): groups trained, groups skipped stale, per-step wait in next_batch (p50/p90/max, steps
 after the first), idle share = sum of waits after the first batch / wall time from the first batch to the
-end; plus instrumentation of the reader's merge (a GroupMerger subclass patched into rollout_stream.reader in
-the trainer process only, no repo edit): for every popped group, the time it sat in the merger (pop − push),
-the record-timestamp age at push (worker commit + fetch) and at pop, and whether another partition was empty
-at pop (the idle path).
+end; plus instrumentation of the reader's merge (a GroupMerger subclass patched into
+rollout_stream.reader.fetch in the trainer process only, no repo edit): for every popped group, the time it
+sat in the merger (pop − push), the record-timestamp age at push (worker commit + fetch) and at pop, and
+whether another partition was empty at pop (the idle path).
 
 Usage (from the checkout, with its virtualenv):
   .venv/bin/python bench/scripts/pacing_processes.py --runs \
@@ -173,6 +173,7 @@ def producer_main(a: argparse.Namespace) -> int:
 def trainer_main(a: argparse.Namespace) -> int:
     arm_deadline(a.hard_deadline)
     import rollout_stream.reader as R
+    import rollout_stream.reader.fetch as fetch_thread
     from rollout_stream.core.assembly import GroupMerger
 
     merge: dict[str, Any] = {"pops": 0, "idle_path_pops": 0, "hold_ms": [], "hold_ms_idle_path": [],
@@ -202,7 +203,7 @@ def trainer_main(a: argparse.Namespace) -> int:
             return group
 
     group_pushed: dict[int, float] = {}
-    R.GroupMerger = MeasuredMerger  # type: ignore[misc]  # the prefetch thread looks it up at run time
+    fetch_thread.GroupMerger = MeasuredMerger  # type: ignore[misc]  # the fetch thread looks it up at run time
 
     rundir = Path(a.rundir)
     vfile = rundir / "version"
@@ -269,7 +270,7 @@ def trainer_main(a: argparse.Namespace) -> int:
     out = {
         "partition_idle_ms": idle, "batches": batches, "trained_groups": trained,
         "skipped_stale_in_batches": sum(skipped), "reader_skipped_stale": stats.skipped_stale_groups,
-        "reader_groups_merged": stats.groups, "buffered_at_end": len(reader._buffer),
+        "reader_groups_merged": stats.groups, "buffered_at_end": len(reader._held.items),
         "first_batch_s": round(first_at - t0, 3) if first_at else None,
         "first_wait_s": round(waits[0], 3) if waits else None,
         "steady_wall_s": round(steady_wall, 3) if steady_wall else None,

@@ -34,7 +34,8 @@ from kafka.admin import NewTopic
 
 from rollout_stream.clients import MAX_RECORD_BYTES, Connection
 from rollout_stream.codec import Sample, TrainSample, decode_train_sample, encode_train_sample
-from rollout_stream.commands.options import resolve_bootstrap
+from rollout_stream.commands.connection import connection_from_options
+from rollout_stream.commands.local import running_local_broker
 from rollout_stream.core.collate import collate
 from rollout_stream.kafka.kafka_python import raw_admin, raw_consumer, raw_producer
 from rollout_stream.reader import TrainDataReader
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    conn = Connection(resolve_bootstrap(args.bootstrap_servers))
+    conn = connection_from_options(args.bootstrap_servers, local=running_local_broker)
     topic = f"bench-reader-{uuid.uuid4().hex[:8]}"
     admin = raw_admin(conn)
     limits = {"max.message.bytes": str(MAX_RECORD_BYTES)}

@@ -16,6 +16,7 @@ from rollout_stream.acls import (
     worker_permissions,
 )
 from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.local import running_local_broker
 from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -189,7 +190,7 @@ def apply(
 ) -> None:
     """Create the same ACLs as a principal allowed to (ALTER on the cluster)."""
     permissions = _permissions(request)
-    conn = connection_from_options(bootstrap_servers, security)
+    conn = connection_from_options(bootstrap_servers, security, local=running_local_broker)
     from rollout_stream.access import apply_permissions
 
     as_who = conn.security.principal or "this client"

@@ -10,10 +10,15 @@ Adopt them in a command with two lines:
 flags and hands them to the function as one `SecurityOptions`. `connection_from_options` builds the settings
 (flag > env var > --kafka-config file), resolves the bootstrap address, and checks TCP, TLS and SASL once, so
 a wrong password or an untrusted certificate ends the command at once with one line, not a retry loop.
+
+Given no address, a command fails with `NO_ADDRESS` unless it hands in where else to look (`local=`,
+rollout_stream.commands.local): this module never reaches the local development broker itself, so `run`,
+which imports it, cannot start one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,19 +27,29 @@ import typer
 
 from rollout_stream.client_properties import load_properties
 from rollout_stream.clients import CLIENT_ENV, BadBootstrap, Connection, default_client
-from rollout_stream.commands.options import fail, option_group, resolve_bootstrap
+from rollout_stream.commands.options import fail, option_group
 from rollout_stream.errors import described
 from rollout_stream.kafka import check_connection
 from rollout_stream.security import ENV_VARS, SASL_MECHANISMS, SECURITY_PROTOCOLS, SecretStr, SecuritySettings
 
 __all__ = [
+    "NO_ADDRESS",
     "NO_SECURITY_OPTIONS",
+    "LocalAddress",
     "SecurityOptions",
     "connection_from_options",
     "security_from_options",
 ]
 
 _PANEL = "Connection security (TLS / SASL)"
+
+NO_ADDRESS = (
+    "no Kafka address: pass --bootstrap-servers HOST:PORT (or set KAFKA_BOOTSTRAP_SERVERS); "
+    "for a local broker run `rollout-stream demo` or `rollout-stream broker start`"
+)
+
+# Where a command given no address looks for one: an address, or None (then NO_ADDRESS).
+LocalAddress = Callable[[SecuritySettings], str | None]
 
 
 def _opt(flag: str, field: str, help: str, **kw: Any) -> Any:
@@ -174,24 +189,25 @@ def connection_from_options(
     *,
     client_id: str = "rollout-stream",
     check: bool = True,
+    local: LocalAddress | None = None,
 ) -> Connection:
     """A Connection that has been seen to work (TCP, TLS, SASL login).
 
     Raises a ConfigurationError (exit 2) when the settings are wrong or the broker refuses them (a retry will
     not help: SecurityConfigError, BadBootstrap, ConnectionCheckFailed), BrokerUnreachable (exit 1) when no
-    broker answers. Omitting the bootstrap address (here and in --kafka-config) uses the local development
-    broker.
+    broker answers. Without a bootstrap address (here and in --kafka-config): the address `local` finds
+    (rollout_stream.commands.local), else a ConfigurationError saying how to give one (`NO_ADDRESS`).
     """
     security, file_bootstrap = security_from_options(options)
     if security.uses_tls:
         security.ssl_context()  # loads CA and key files now: a bad path is a one-line error here
-    bootstrap = bootstrap_servers or file_bootstrap
+    bootstrap = bootstrap_servers or file_bootstrap or (local(security) if local is not None else None)
     if not bootstrap:
-        bootstrap = resolve_bootstrap(None)
-        _refuse_plaintext_to_secure_local_broker(security)
+        fail(NO_ADDRESS)
     given = (
         "--bootstrap-servers (or KAFKA_BOOTSTRAP_SERVERS)" if bootstrap_servers
-        else f"bootstrap.servers in {options.kafka_config}"
+        else f"bootstrap.servers in {options.kafka_config}" if file_bootstrap
+        else "the local broker's address"
     )
     with described(BadBootstrap, given, advice="give host:port[,host:port...] (a missing port is 9092)"):
         conn = Connection(bootstrap, client_id=client_id, security=security,
@@ -199,16 +215,3 @@ def connection_from_options(
     if check:
         check_connection(conn)  # BrokerUnreachable says "is the broker running?" itself
     return conn
-
-
-def _refuse_plaintext_to_secure_local_broker(security: SecuritySettings) -> None:
-    from rollout_stream.broker.local import LocalBroker
-
-    status = LocalBroker().status()
-    if status.running and getattr(status, "secure", False) and security.protocol == "PLAINTEXT":
-        client = LocalBroker().data_dir / "secure" / "worker.properties"
-        fail(
-            f"the local broker in {status.data_dir} is secured (SASL_SSL): pass --kafka-config {client} "
-            "(or admin.properties next to it)",
-            2,
-        )

@@ -19,7 +19,8 @@ from rollout_stream.commands.connection import (
     SecurityOptions,
     connection_from_options,
 )
-from rollout_stream.commands.options import Bootstrap, fail, grouped_options
+from rollout_stream.commands.local import started_local_broker
+from rollout_stream.commands.options import DemoBootstrap, fail, grouped_options
 from rollout_stream.config import TopicNames, WorkerConfig, check_count, check_rate, check_seconds
 from rollout_stream.core.validate import MAX_GROUP_SIZE, MAX_SIBLING_COUNT
 from rollout_stream.layout import Flow, output_console, titled
@@ -74,7 +75,7 @@ def _accounted(expected: Expected, worker: Worker) -> bool:
 
 @grouped_options
 def demo(
-    bootstrap_servers: Bootstrap = None,
+    bootstrap_servers: DemoBootstrap = None,
     groups: Annotated[int, typer.Option(help="Prompt groups to send.")] = 300,
     group_size: Annotated[int, typer.Option(help="Rollouts per prompt group.")] = 4,
     max_siblings: Annotated[int, typer.Option(help="Samples per rollout drawn from 1..N.")] = 3,
@@ -94,7 +95,7 @@ def demo(
     check_rate("--rate", rate)
     check_seconds("--group-timeout", group_timeout)
     console = output_console(stderr=True)
-    conn = connection_from_options(bootstrap_servers, security)
+    conn = connection_from_options(bootstrap_servers, security, local=started_local_broker)
     tag = uuid.uuid4().hex[:6]
     topics = TopicNames(f"demo-{tag}-rollouts", f"demo-{tag}-train-data", f"demo-{tag}-rollouts-dlq")
     ensure_topics(conn, data_topics=[topics.input, topics.output], dead_letter_topics=[topics.dead_letter],

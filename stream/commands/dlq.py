@@ -15,6 +15,7 @@ from rich.console import RenderableType
 from rollout_stream.clients import MAX_RECORD_BYTES, Connection
 from rollout_stream.codec import DeadLetterReason
 from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.local import running_local_broker
 from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -124,7 +125,8 @@ def _selection(filters: DeadLetterFilters, limit: int | None = None) -> Selectio
 
 
 def _connect(bootstrap_servers: str | None, security: SecurityOptions) -> Connection:
-    return connection_from_options(bootstrap_servers, security, client_id="rollout-stream-dlq")
+    return connection_from_options(bootstrap_servers, security, client_id="rollout-stream-dlq",
+                                   local=running_local_broker)
 
 
 def _print(doc: dict[str, Any], json_out: bool, view: Callable[[dict[str, Any]], RenderableType]) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.local import running_local_broker
 from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -38,7 +39,7 @@ def lag(
     """Where each party is: producers' newest weight version and outstanding groups, the stage's input lag and
     open groups, each trainer group's batch, weight version, policy lag and the groups waiting for it."""
     check_seconds("--stale-after", stale_after)
-    conn = connection_from_options(bootstrap_servers, security)
+    conn = connection_from_options(bootstrap_servers, security, local=running_local_broker)
     report = lag_report(conn, output_topic=output_topic, input_topic=input_topic, stage_group_id=group_id,
                         stale_after_s=stale_after)
     if as_json:

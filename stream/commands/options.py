@@ -28,7 +28,7 @@ import typer
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from rollout_stream.config import INT64_MAX, TopicNames
-from rollout_stream.errors import ConfigurationError, RolloutStreamError, RuntimeFailure, described
+from rollout_stream.errors import ConfigurationError, RolloutStreamError, RuntimeFailure
 
 if TYPE_CHECKING:
     # typer's (vendored click) Context: not exported, and only CommandGroup's signatures need it.
@@ -39,14 +39,15 @@ __all__ = [
     "Bootstrap",
     "CommandGroup",
     "DeadLetterTopic",
+    "DemoBootstrap",
     "GroupSize",
     "InputTopic",
     "OutputTopic",
+    "WorkerBootstrap",
     "error_line",
     "fail",
     "grouped_options",
     "option_group",
-    "resolve_bootstrap",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,12 +56,30 @@ G = TypeVar("G")
 # The topic defaults of the worker's configuration, so a flag's default cannot drift from what `run` uses.
 DEFAULT_TOPICS = TopicNames()
 
+# One flag and env var, three meanings of leaving it out (commands/local.py): the operator commands use the
+# local broker only if it runs, `demo` starts it, `run` refuses to start.
+_BOOTSTRAP = "Kafka bootstrap address(es), comma-separated."
 Bootstrap = Annotated[
     str | None,
     typer.Option(
         "--bootstrap-servers", envvar="KAFKA_BOOTSTRAP_SERVERS",
-        help="Kafka bootstrap address(es), comma-separated. Omitted: the local broker "
-        "(started in ./.kafka-data if it is not running).",
+        help=f"{_BOOTSTRAP} Omitted: the local broker of ./.kafka-data if it is running (none is started).",
+        show_default=False,
+    ),
+]
+DemoBootstrap = Annotated[
+    str | None,
+    typer.Option(
+        "--bootstrap-servers", envvar="KAFKA_BOOTSTRAP_SERVERS",
+        help=f"{_BOOTSTRAP} Omitted: the local broker of ./.kafka-data, started if it is not running.",
+        show_default=False,
+    ),
+]
+WorkerBootstrap = Annotated[
+    str | None,
+    typer.Option(
+        "--bootstrap-servers", envvar="KAFKA_BOOTSTRAP_SERVERS",
+        help=f"{_BOOTSTRAP} Required: without one the worker refuses to start.",
         show_default=False,
     ),
 ]
@@ -247,37 +266,3 @@ class CommandGroup(TyperGroup):
 
         with _errors_in_one_line(path):
             return super().invoke(ctx)
-
-
-def resolve_bootstrap(bootstrap: str | None) -> str:
-    """The given address, or the local development broker of ./.kafka-data (started when needed).
-
-    A BrokerConfigError when it cannot start until something changes (its port is taken, no Java; exit 2), a
-    BrokerError otherwise (exit 1). A taken port is explained for a command that has no --port: the address
-    to pass instead, and whose port it is.
-    """
-    if bootstrap:
-        return bootstrap
-    from rollout_stream.broker import BrokerConfigError, BrokerError, LocalBroker, PortInUse
-
-    broker = LocalBroker(progress=lambda line: print(line, file=sys.stderr))
-    from rollout_stream.broker.cluster import LocalCluster, is_cluster
-
-    if is_cluster(broker.data_dir):  # `broker start --nodes N` made it a cluster: start what is down
-        with described(BrokerError, "no --bootstrap-servers given and the local cluster could not start"):
-            return LocalCluster(data_dir=broker.data_dir, progress=broker.progress).start()
-    # the innermost description wins: a BrokerConfigError "cannot start", any other BrokerError "could not"
-    with described(BrokerError, "no --bootstrap-servers given and the local broker could not start"), \
-            described(BrokerConfigError, "no --bootstrap-servers given and the local broker cannot start"):
-        try:
-            return broker.ensure_running()
-        except PortInUse as exc:
-            here = f"no --bootstrap-servers given and no local broker runs from {broker.data_dir}"
-            holder = exc.holder
-            if holder is None:
-                fail(f"{here}; it cannot start there: port {exc.port} on 127.0.0.1 is in use by another "
-                     f"process (if that is Kafka, pass --bootstrap-servers 127.0.0.1:{exc.port})")
-            use = (f"--kafka-config {holder.data_dir / 'secure' / 'worker.properties'}" if holder.secure
-                   else f"--bootstrap-servers 127.0.0.1:{exc.port}")
-            fail(f"{here}; port {exc.port} is taken by the local broker from {holder.data_dir} "
-                 f"(pid {holder.pid}): to use that one, pass {use}")

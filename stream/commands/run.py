@@ -20,11 +20,11 @@ from rollout_stream.commands.connection import (
 )
 from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
-    Bootstrap,
     DeadLetterTopic,
     GroupSize,
     InputTopic,
     OutputTopic,
+    WorkerBootstrap,
     fail,
     grouped_options,
 )
@@ -54,7 +54,7 @@ _DEFAULTS = WorkerConfig()
 
 @grouped_options
 def run(
-    bootstrap_servers: Bootstrap = None,
+    bootstrap_servers: WorkerBootstrap = None,
     input_topic: InputTopic = DEFAULT_TOPICS.input,
     output_topic: OutputTopic = DEFAULT_TOPICS.output,
     dead_letter_topic: DeadLetterTopic = DEFAULT_TOPICS.dead_letter,

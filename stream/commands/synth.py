@@ -10,6 +10,7 @@ import typer
 
 from rollout_stream.access import write_denials_explained
 from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.local import running_local_broker
 from rollout_stream.commands.options import DEFAULT_TOPICS, Bootstrap, InputTopic, fail, grouped_options
 from rollout_stream.config import INT64_MAX, check_count, check_rate
 from rollout_stream.core.validate import MAX_SIBLING_COUNT, SampleLimits
@@ -89,7 +90,7 @@ def synth(
         fail(_too_many_faults(faults, fault_rate))
     plan = SynthPlan(group_size=group_size, max_siblings=max_siblings, tokens=tokens, faults=faults,
                      seed=seed, run_id=run_id or default_run_id(), write_group_size=not omit_group_size)
-    conn = connection_from_options(bootstrap_servers, security)
+    conn = connection_from_options(bootstrap_servers, security, local=running_local_broker)
     progress = SendProgress(plan)
     try:  # MissingTopic: exit 2
         with write_denials_explained(conn, input_topic), \

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from rollout_stream.codec import TrainSample
 from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.local import running_local_broker
 from rollout_stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, grouped_options
 from rollout_stream.config import check_seconds
 from rollout_stream.core.rewards import declared_rollout_key
@@ -166,7 +167,7 @@ def tail(
 
     check_seconds("--partition-idle-ms", partition_idle_ms, zero=True, unit="ms", unit_s=0.001)
     console = output_console()
-    conn = connection_from_options(bootstrap_servers, security)
+    conn = connection_from_options(bootstrap_servers, security, local=running_local_broker)
     require_topics(conn, {output_topic: "--output-topic"})  # MissingTopic: exit 2
     # at once: an empty topic shows nothing until its first group, which looks like a hang
     print(following(output_topic, partition_count(conn, output_topic), from_beginning, groups),

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOptions, connection_from_options
+from rollout_stream.commands.local import running_local_broker
 from rollout_stream.commands.options import (
     DEFAULT_TOPICS,
     Bootstrap,
@@ -66,7 +67,7 @@ def create(
     check_count("--max-message-mib", max_message_mib, 1, INT32_MAX >> 20, unit="MiB (max.message.bytes is an "
                 "int32)")
     check_seconds("--dead-letter-retention-days", dead_letter_retention_days, unit="days", unit_s=24 * 3600)
-    conn = connection_from_options(bootstrap_servers, security)
+    conn = connection_from_options(bootstrap_servers, security, local=running_local_broker)
     settings = TopicSettings(partitions, replication_factor, max_message_mib * 1024 * 1024,
                              int(dead_letter_retention_days * 24 * 3600 * 1000), min_insync_replicas)
     heads = heads_topic(output_topic)  # group heads for rank-local fetch (docs/reader.md), as many partitions

@@ -7,7 +7,9 @@
 
 * `get_samples(1)` for each group it starts: one `PromptSource.take`, the attempt this process now holds,
   as a miles prompt group of `args.n_samples_per_prompt` samples (prompt, label and metadata read from the
-  row as miles' `Dataset` reads them; see `miles_prompt_sample`);
+  row as miles' `Dataset` reads them; see `miles_prompt_sample`). A row it cannot make a prompt of (a key
+  missing, a value of the wrong kind: `RowError`) is a failed attempt, with the error in the log, and the
+  next prompt is taken: after `max_attempts` such failures the row is exhausted and dead-lettered;
 * `add_samples([prompt_group])` for a group it will not train (`_recycle`, `--async-unused-samples-handler
   retry`): the attempt was never sent, so its lease is given back and the log hands the prompt out again
   first (no attempt counted). Nothing is kept here: every prompt comes back through the log, so no prompt
@@ -35,9 +37,10 @@ from rollout_stream.errors import ConfigurationError
 from rollout_stream.kafka import Client
 from rollout_stream.logs import log_event
 from rollout_stream.prompts import PromptLease, PromptSource
-from rollout_stream.prompts.dataset import Row
+from rollout_stream.prompts.dataset import DatasetError, Row, load_rows
 
-__all__ = ["ATTEMPT_KEY", "GROUP_INDEX_KEY", "StageDataSource", "miles_prompt_sample", "stage_data_source"]
+__all__ = ["ATTEMPT_KEY", "GROUP_INDEX_KEY", "RowError", "StageDataSource", "miles_prompt_sample",
+           "stage_data_source"]
 
 log = logging.getLogger("rollout_stream.integrations.miles")
 
@@ -45,27 +48,48 @@ ATTEMPT_KEY = "rollout_stream_attempt"  # metadata: the attempt a prompt group b
 GROUP_INDEX_KEY = "rollout_stream_group_index"  # metadata: miles' group index (the wire's is the row)
 
 
+class RowError(DatasetError):
+    """A dataset row the data source cannot make a miles prompt of: a key it reads is missing, or its value
+    is of the wrong kind (the message names the row, the key and the argument that names the key)."""
+
+
 def miles_prompt_sample(row: Row, args: Any, sample_type: Any,
-                        template: Callable[[Any, Any], str] | None = None) -> Any:
+                        template: Callable[[Any, Any], str] | None = None, *, where: str = "row") -> Any:
     """The prompt sample miles' `Dataset` (miles/utils/data.py) makes of a row: `prompt` the row's
     `args.input_key` (as one user message when `args.apply_chat_template`, rendered by `template(messages,
     tools)`), `label` the row's `args.label_key` (None without one), `metadata` a copy of the row's
-    `args.metadata_key` plus its `args.tool_key` list as `tools`."""
+    `args.metadata_key` plus its `args.tool_key` list as `tools`. RowError (naming `where`) for a row
+    without the input or the label, or with a value of the wrong kind."""
     if getattr(args, "multimodal_keys", None):
         raise ConfigurationError("the stage's data source carries no multimodal inputs (--multimodal-keys)")
     row = copy.deepcopy(row)  # miles deep-copies each sample of a group from the dataset's
-    prompt = row.get(getattr(args, "input_key", "input"))
+    input_key = getattr(args, "input_key", "input")
+    prompt = row.get(input_key)
+    if prompt is None:  # miles would hand its rollout `prompt=None`
+        raise RowError(f"{where}: no {input_key!r} (--input-key)" if input_key not in row
+                       else f"{where}: {input_key!r} (--input-key) is null")
+    if not isinstance(prompt, str | list):
+        raise RowError(f"{where}: {input_key!r} (--input-key) is a {type(prompt).__name__}, not a string or "
+                       f"a list of messages")
     chat = bool(getattr(args, "apply_chat_template", False))
     if isinstance(prompt, str) and chat:
         prompt = [{"role": "user", "content": prompt}]
-    metadata = dict(row.get(getattr(args, "metadata_key", "metadata")) or {})
+    metadata_key = getattr(args, "metadata_key", "metadata")
+    metadata = row.get(metadata_key) or {}
+    if not isinstance(metadata, dict):
+        raise RowError(f"{where}: {metadata_key!r} (--metadata-key) is a {type(metadata).__name__}, not an "
+                       f"object")
+    metadata = dict(metadata)
     tools = None
     if (tool_key := getattr(args, "tool_key", None)) is not None and tool_key in row:
         tools = row[tool_key]
         if isinstance(tools, str):
-            tools = msgspec.json.decode(tools)
+            try:
+                tools = msgspec.json.decode(tools)
+            except msgspec.DecodeError as exc:
+                raise RowError(f"{where}: {tool_key!r} (--tool-key) is a string but not JSON: {exc}") from exc
         if not isinstance(tools, list):
-            raise ConfigurationError(f"tools must be a list, got {type(tools).__name__}")
+            raise RowError(f"{where}: {tool_key!r} (--tool-key) must be a list, got {type(tools).__name__}")
         metadata["tools"] = tools
     if chat:
         if template is None:
@@ -73,6 +97,8 @@ def miles_prompt_sample(row: Row, args: Any, sample_type: Any,
                                      "tokenizer): see stage_data_source(template=...)")
         prompt = template(prompt, tools)
     label_key = getattr(args, "label_key", None)
+    if label_key is not None and label_key not in row:
+        raise RowError(f"{where}: no {label_key!r} (--label-key; without the flag no label is read)")
     return sample_type(prompt=prompt, label=row[label_key] if label_key is not None else None,
                        metadata=metadata)
 
@@ -120,8 +146,11 @@ class StageDataSource:
         self._template = self.template[0] if self.template is not None else None
         if self._template is None and getattr(args, "apply_chat_template", False):
             self._template = _miles_template(args)
-        self.source = PromptSource(self.connection, self.dataset, kafka_client=self.kafka_client,
-                                   **self.source_options)
+        rows = load_rows(self.dataset) if isinstance(self.dataset, str | Path) else list(self.dataset)
+        if rows:  # (none: the source refuses it, naming the dataset)
+            _check_keys(rows, args)  # before the source declares anything in the log
+        self.source = PromptSource(self.connection, rows if rows else self.dataset,
+                                   kafka_client=self.kafka_client, **self.source_options)
         self.weight_version = 0  # the rollout's, as the buffer last saw it: what a take is paced at
         self._lock = threading.Lock()
         self._held: dict[str, PromptLease] = {}  # taken, neither published nor given back
@@ -133,22 +162,33 @@ class StageDataSource:
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
         """`num_samples` prompt groups, each one attempt taken from the source (waits as `PromptSource.take`
-        does; raises `SourceFinished` once every prompt of every epoch is settled)."""
-        groups = []
-        for _ in range(num_samples):
+        does; raises `SourceFinished` once every prompt of every epoch is settled). A row that cannot be made
+        a prompt group fails its attempt (`PromptSource.fail`, the error in the log) and another is taken;
+        a `RowError` is the row's, anything else is raised after its attempt is failed."""
+        groups: list[list[Any]] = []
+        while len(groups) < num_samples:
             lease = self.source.take(weight_version=self.weight_version)
+            try:
+                group = self._group(lease)
+            except RowError as exc:
+                self.source.fail(lease, exc)
+                continue
+            except Exception as exc:
+                self.source.fail(lease, exc)
+                raise
             with self._lock:
                 self._held[str(lease.key)] = lease
-            groups.append(self._group(lease))
+            groups.append(group)
         return groups
 
     def _group(self, lease: PromptLease) -> list[Any]:
         # miles numbers groups and samples with counters it saves with its checkpoint; the admission's
         # offset in the log is unique in the whole run, across processes and restarts, with no checkpoint
         n = self.n_samples_per_prompt
+        where = f"row {lease.key.prompt} of prompt source {lease.key.source!r}"
         group = []
         for i in range(n):
-            sample = miles_prompt_sample(lease.row, self.args, self._type, self._template)
+            sample = miles_prompt_sample(lease.row, self.args, self._type, self._template, where=where)
             sample.group_index = lease.request
             sample.index = lease.request * n + i
             sample.metadata[ATTEMPT_KEY] = str(lease.key)
@@ -213,6 +253,16 @@ class StageDataSource:
         self.source.close()
         if type(self).live is self:
             type(self).live = None
+
+
+def _check_keys(rows: Sequence[Row], args: Any) -> None:
+    """A key no row has is a wrong argument, not bad rows: refused before a take spends the dataset's
+    attempts on it."""
+    for flag, key in (("--input-key", getattr(args, "input_key", "input")),
+                      ("--label-key", getattr(args, "label_key", None))):
+        if key is not None and not any(key in row for row in rows):
+            raise ConfigurationError(f"{flag} {key!r}: no row of the dataset has it (the first row's keys: "
+                                     f"{', '.join(sorted(rows[0])[:10])})")
 
 
 def _attempt_of(group: Sequence[Any]) -> str:

@@ -6,6 +6,7 @@ what is shown is what they decide on.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from rollout_stream.core.prompts import EpochStatus, PromptLog, PromptRecord, Pr
 from rollout_stream.layout import Flow
 from rollout_stream.prompts.fence import fold_admission_log
 
-__all__ = ["PromptsReport", "SourceReport", "fold_admission_log", "parse_prompt_id", "prompt_json",
+__all__ = ["PromptsReport", "SourceReport", "fold_admission_log", "iso_utc", "parse_prompt_id", "prompt_json",
            "prompts_report", "render_prompt", "render_prompts"]
 
 RATE_WINDOW_MS = 300_000  # trained prompts over the last 5 minutes of log time make the rate
@@ -75,8 +76,8 @@ def prompts_report(topic: str, fold: PromptLog) -> PromptsReport:
 
 
 # how an attempt ended without a result (rollout_stream.core.prompt_records.AttemptEnd), as the report says it
-REISSUE_WHY = {"lease": "lease ended", "incomplete": "group timed out", "skipped": "skipped by the trainer",
-               "unconsumed": "never consumed"}
+REISSUE_WHY = {"lease": "lease ended", "failed": "failed in its process", "incomplete": "group timed out",
+               "skipped": "skipped by the trainer", "unconsumed": "never consumed"}
 
 
 def _bar(done: int, total: int, width: int = 10) -> str:
@@ -136,9 +137,20 @@ def parse_prompt_id(text: str) -> tuple[str, int, int] | None:
     return source, int(epoch), int(row)
 
 
+def iso_utc(ms: int | None) -> str | None:
+    """Log time (epoch ms) as ISO-8601 UTC to the millisecond: `2026-12-06T10:15:02.117Z`."""
+    if ms is None:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
 def prompt_json(source: str, epoch: int, row: int, rec: PromptRecord) -> dict[str, Any]:
+    """One prompt's state and attempts (`prompts show --json`): log times as epoch ms and ISO-8601 UTC."""
+    attempts = [{**plain, "taken_at": iso_utc(a.taken_ms), "ended_at": iso_utc(a.ended_ms)}
+                for a, plain in zip(rec.attempts, attempt_history(rec.attempts), strict=True)]
     return {"source": source, "epoch": epoch, "prompt": row, "state": rec.state.value, "reason": rec.reason,
-            "attempts": attempt_history(rec.attempts)}
+            "attempts": attempts}
 
 
 def render_prompt(detail: dict[str, Any]) -> RenderableType:
@@ -147,11 +159,15 @@ def render_prompt(detail: dict[str, Any]) -> RenderableType:
     if not detail["attempts"]:
         return Flow(head + "; its epoch is settled, so its attempts are no longer kept")
     table = Table(box=None, pad_edge=False)
-    for column in ("attempt", "producer", "taken (log ms)", "sent", "delivered", "ended", "trained in"):
-        table.add_column(column)
+    for column in ("attempt", "producer", "taken (UTC)", "ended (UTC)", "sent", "delivered", "ended",
+                   "trained in"):
+        table.add_column(column, no_wrap=True)
+    errors = []
     for a in detail["attempts"]:
         trained = "" if a["batch"] is None else f"{escape(a['trainer'])} batch {a['batch']}"
-        table.add_row(str(a["attempt"]), escape(a["producer"]), str(a["taken_ms"]),
-                      "yes" if a["sent"] else "no", "yes" if a["delivered"] else "no",
-                      a["ended"] or "in flight", trained)
-    return Group(Flow(head), table)
+        table.add_row(str(a["attempt"]), escape(a["producer"]), a["taken_at"], a["ended_at"] or "",
+                      "yes" if a["sent"] else "no",
+                      "yes" if a["delivered"] else "no", a["ended"] or "in flight", trained)
+        if a.get("error"):
+            errors.append(Flow(f"attempt {a['attempt']} error: {escape(a['error'])}"))
+    return Group(Flow(head), table, *errors)

@@ -15,7 +15,8 @@ import time
 from collections.abc import Mapping
 
 from rollout_stream.clients import Connection
-from rollout_stream.kafka import AssignedConsumer, KafkaFailure, TopicPartition, client_for
+from rollout_stream.kafka import AssignedConsumer, TopicPartition, client_for
+from rollout_stream.retry import retrying
 
 __all__ = ["BUDGET_S", "TAIL_OFFSETS", "records_behind"]
 
@@ -37,15 +38,8 @@ def records_behind(conn: Connection, topic: str, groups: Mapping[str, str]) -> d
         if not tps:
             return dict.fromkeys(groups)
         ends = consumer.end_offsets(tps)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                found = admin.group_offsets(list(groups.values()), tps)
-                break
-            except KafkaFailure as exc:  # e.g. the offsets topic of a fresh cluster is still being made
-                if not exc.retriable or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        # retried: the offsets topic of a fresh cluster may still be being made
+        found = retrying(lambda: admin.group_offsets(list(groups.values()), tps), within_s=10)
         committed = {name: {tp: om[0] for tp, om in found.get(group, {}).items()} for name, group in
                      groups.items()}
         # Per partition, where the tail read starts: the earliest tail a group that has committed needs.

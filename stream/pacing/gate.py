@@ -82,7 +82,9 @@ class _Group:
 
     def add(self, sample: Sample, future: SendFuture) -> None:
         self.futures.append(future)
-        rollout = sample.rollout_id if sample.rollout_id is not None else sample.index
+        # as `numbered_group` counts rollouts: a sample with neither id is a rollout of its own
+        rollout = (sample.rollout_id if sample.rollout_id is not None
+                   else sample.index if sample.index is not None else ("sample", len(self.futures)))
         count, seen = self.rollouts.get(rollout, (sample.sibling_count, 0))
         self.rollouts[rollout] = (count, seen + 1)
         self.group_size = sample.group_size
@@ -227,6 +229,7 @@ class AdmissionGate:
         name = key.decode()
         with self._lock:
             if name in self._keys:
+                self._bound.pop(name, None)  # a later part of a group already named
                 return
             bound = self._bound.pop(name, None)
             if bound is not None:  # a prompt's group takes its own admission, never another's
@@ -268,12 +271,12 @@ class AdmissionGate:
                 group.add(sample, future)
 
     def group_sent(self, keys: list[bytes]) -> None:
-        """`send_group` handed these groups' records to the client: each is whole once they are acknowledged
-        (a group given without its size and siblings is whole only here, or at `flushed`)."""
+        """`send_group` handed these groups' records to the client: a group given without its size is whole
+        once they are acknowledged (one with its size when its rollouts add up: a call may send a part)."""
         with self._lock:
             for key in keys:
                 group = self._sending.get(key.decode())
-                if group is not None:
+                if group is not None and group.group_size is None:
                     group.whole = True
 
     def flushed(self) -> None:
@@ -290,16 +293,19 @@ class AdmissionGate:
         with self._lock:
             self._bound[key] = request
 
-    def give_back(self, request: int) -> None:
-        """An admission this producer will not use: its place (and a prompt it carries) goes back now."""
+    def give_back(self, request: int, error: str | None = None) -> bool:
+        """An admission this producer will not use: its place (and a prompt it carries) goes back now.
+        `error`: this producer failed while holding it (`Type: message`), which a prompt's attempt counts.
+        False: not held (sent, given back or lapsed already)."""
         with self._lock:
             if request in self._lapsed:
                 self._lapsed.remove(request)
             if request not in self._tickets:
-                return
+                return False
             self._tickets.remove(request)
             self._bound = {k: r for k, r in self._bound.items() if r != request}
-        self._writer.send(Release(**self._me, requests=[request]))
+        self._writer.send(Release(**self._me, requests=[request], error=error))
+        return True
 
     def append(self, record: AdmissionRecord, timeout: float = 10.0) -> int:
         """Append a record of this producer's to the log and wait until the fold has it; its offset."""

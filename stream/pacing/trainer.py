@@ -22,7 +22,7 @@ from rollout_stream.clients import Connection
 from rollout_stream.codec.admission import TrainerMark
 from rollout_stream.codec.progress import TrainerProgress
 from rollout_stream.core.assembly import AssembledGroup
-from rollout_stream.kafka import KafkaFailure
+from rollout_stream.kafka import Client, KafkaFailure
 from rollout_stream.logs import log_event
 from rollout_stream.pacing.admission_log import AdmissionWriter, ensure_admission_topic
 from rollout_stream.pacing.progress import ProgressWriter, now_ms
@@ -38,8 +38,10 @@ MARK_BATCHES = 64  # uncommitted batches a mark lists at most (earlier marks lis
 class TrainerProgressPublisher:
     def __init__(self, conn: Connection, topic: str, group_id: str, *, groups_per_batch: int,
                  max_weight_staleness: int | None, heartbeat_s: float = 5.0,
-                 admission_topic: str | None = None) -> None:
-        self.conn, self.topic, self.heartbeat_s = conn, topic, heartbeat_s
+                 admission_topic: str | None = None, client: Client | None = None) -> None:
+        """Rank 0's reports for paced producers and `lag`: progress records on `topic` and marks on
+        `admission_topic`, written by a thread; `client`: the seam's client (default: the connection's)."""
+        self.conn, self.topic, self.heartbeat_s, self.client = conn, topic, heartbeat_s, client
         self.admission_topic = admission_topic
         self._mark = TrainerMark(trainer=group_id, session=uuid.uuid4().hex[:12], weight_version=None,
                                  batch_version=None, batches=0, groups_per_batch=groups_per_batch,
@@ -163,7 +165,7 @@ class TrainerProgressPublisher:
     def _run(self) -> None:
         writer: ProgressWriter | None = None
         try:
-            writer = ProgressWriter(self.conn, self.topic, heartbeat_s=self.heartbeat_s)
+            writer = ProgressWriter(self.conn, self.topic, heartbeat_s=self.heartbeat_s, client=self.client)
         except KafkaFailure as exc:
             log_event(log, "progress.unavailable", logging.WARNING, topic=self.topic,
                       error=f"{type(exc).__name__}: {exc}", effect="`lag` and the metrics cannot show it")
@@ -210,8 +212,8 @@ class TrainerProgressPublisher:
         if self.admission_topic is None:
             return None
         try:
-            ensure_admission_topic(self.conn, self.admission_topic)
-            return AdmissionWriter(self.conn, self.admission_topic)
+            ensure_admission_topic(self.conn, self.admission_topic, self.client)
+            return AdmissionWriter(self.conn, self.admission_topic, self.client)
         except KafkaFailure as exc:
             log_event(log, "admission.unavailable", logging.WARNING, topic=self.admission_topic,
                       error=f"{type(exc).__name__}: {exc}",

@@ -61,9 +61,10 @@ def exhausted_record(source: str, x: Exhausted, admission_topic: str,
     the prompt (`SOURCE@EPOCH/ROW`), its attempts as JSON in the value, the dead-letter headers with the
     admission log as where it was decided."""
     last = AttemptKey(source, x.epoch, x.attempts[-1].number if x.attempts else 1, x.prompt)
-    ends = ", ".join(a.ended.value if a.ended is not None else "?" for a in x.attempts)
-    message = (f"prompt {source}@{x.epoch}/{x.prompt}: {max_attempts} attempt(s) ended without a result "
-               f"({ends}); `rollout-stream prompts show {source}@{x.epoch}/{x.prompt}`")
+    ends = ", ".join((a.ended.value if a.ended is not None else "?") + (f" ({a.error})" if a.error else "")
+                     for a in x.attempts)
+    message = (f"prompt {source}@{x.epoch}/{x.prompt}: {max_attempts} attempt(s) ended without a result: "
+               f"{ends}; `rollout-stream prompts show {source}@{x.epoch}/{x.prompt}`")
     value = msgspec.json.encode({"source": source, "epoch": x.epoch, "prompt": x.prompt, "state": "exhausted",
                                  "reason": REASON.value, "attempts": attempt_history(x.attempts)})
     failed_at = dt.datetime.fromtimestamp(x.decided_ms / 1000, dt.UTC).isoformat(timespec="milliseconds")

@@ -9,23 +9,26 @@ Either writes the head of each published group it is given (stream/worker/heads.
 said where the group's train records went: in the transaction before its offsets, or acknowledged before
 the input offsets below it are committed.
 
-The processor never asks which one it has. It owns the offset ledger and the window store: it lends the
-ledger to each commit (a delivery resolves what it sent and delivered, and marks what it committed) and
-hands over the closed-group memory changed since the last commit.
+`open_delivery` picks one by the configured name, the only place that does; the worker asks the one it has
+what follows from it (`restores`, `lost`). The processor owns the offset ledger and the window store: it
+lends the ledger to each commit (a delivery resolves what it sent and delivered, and marks what it
+committed) and hands over the closed-group memory changed since the last commit.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 from rollout_stream.codec import changelog_key, encode_changelog
 from rollout_stream.codec.changelog import POSITION_KEY, ClosedGroupEntry, PartitionPosition
+from rollout_stream.config import WorkerConfig
 from rollout_stream.core.offsets import OffsetLedger
 from rollout_stream.core.windows import ClosedGroup, WindowKey
 from rollout_stream.errors import RuntimeFailure
 from rollout_stream.kafka import (
+    Client,
     CommitFailed,
     GroupConsumer,
     KafkaFailure,
@@ -37,11 +40,13 @@ from rollout_stream.kafka import (
     refusal_cause,
 )
 from rollout_stream.logs import log_event
+from rollout_stream.names import transactional_id
+from rollout_stream.topics import ensure_changelog
 from rollout_stream.worker.heads import PendingHead
 from rollout_stream.worker.outputs import OutputRecord
 
 __all__ = ["AtLeastOnce", "ChangelogWrite", "CommitAborted", "Delivery", "ExactlyOnce", "ProduceFailed",
-           "closed_entry"]
+           "closed_entry", "open_delivery"]
 
 log = logging.getLogger("rollout_stream.delivery")
 
@@ -67,6 +72,16 @@ class Delivery(Protocol):
     def open(self) -> bool:
         """Outputs sent and not yet committed."""
         ...
+    @property
+    def restores(self) -> bool:
+        """Whether a failed commit undoes what was sent since the last one: the windows of a newly assigned
+        partition, and of every partition after an abort, are then restored from the changelog, and what
+        was routed since the last commit is routed (and counted) again."""
+        ...
+    @property
+    def changelog_topic(self) -> str | None:
+        """Where the windows are journaled; None when they are not."""
+        ...
 
     def send(self, outs: list[OutputRecord], head: PendingHead | None = None) -> None:
         """Queue one group's outputs (or its dead letters), in order, and the group's `head` to write once
@@ -88,6 +103,10 @@ class Delivery(Protocol):
     def abort(self, cause: BaseException | None = None) -> None: ...
     def forget(self, partition: int) -> None:
         """The partition is gone: nothing of it may be committed by this worker any more."""
+        ...
+    def lost(self, partitions: set[int]) -> bool:
+        """The partitions were lost, not revoked (each already forgotten): True when what was sent since the
+        last commit is thrown away with them, and the worker restores every partition from the last commit."""
         ...
     def close(self, timeout: float | None = None) -> None: ...
 
@@ -135,6 +154,9 @@ def _committable(ledger: OffsetLedger, active: set[int]) -> dict[int, int]:
 
 class AtLeastOnce:
     """Outputs are flushed and acknowledged before the input offsets below them are committed."""
+
+    restores = False  # what was sent stays sent; a partition resumes at its committed offset
+    changelog_topic = None
 
     def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str) -> None:
         self.producer, self.consumer, self.topic = producer, consumer, input_topic
@@ -215,12 +237,18 @@ class AtLeastOnce:
         self.in_flight = [(f, o) for f, o in self.in_flight if o.source.partition != partition]
         self.heads = [h for h in self.heads if h[2] != partition]
 
+    def lost(self, partitions: set[int]) -> bool:
+        """Nothing to throw away: what was sent stays sent, and the lost partitions' part was forgotten."""
+        return False
+
     def close(self, timeout: float | None = None) -> None:
         self.producer.close(timeout=timeout)
 
 
 class ExactlyOnce:
     """Outputs, dead-letters, changelog records and input offsets commit in one Kafka transaction."""
+
+    restores = True  # an aborted transaction leaves nothing: the windows come back from the changelog
 
     def __init__(self, producer: Producer, consumer: GroupConsumer, input_topic: str, changelog_topic: str
                  ) -> None:
@@ -404,5 +432,31 @@ class ExactlyOnce:
         position is forgotten (the partition's next owner writes its own)."""
         self.positions.pop(partition, None)
 
+    def lost(self, partitions: set[int]) -> bool:
+        if not self._open:
+            return False
+        # Lost while this worker was stalled or cut off: the new owner produces these outputs again, so the
+        # open transaction must never commit (after a rejoin its offsets would pass the generation check).
+        self.abort(CommitAborted(f"partitions {','.join(map(str, sorted(partitions)))} were lost"))
+        return True
+
     def close(self, timeout: float | None = None) -> None:
         self.producer.close(timeout=timeout)
+
+
+def open_delivery(config: WorkerConfig, client: Client, consumer: GroupConsumer, *, client_id: str,
+                  instance_id: str | None, changelog_topic: str, partitions: int) -> Delivery:
+    """The delivery `config.delivery` names, with its producer; exactly-once first makes sure its changelog
+    topic exists (`partitions`: the input topic's)."""
+    # With heads, every record its own record batch: a rank fetching its records by offset receives whole
+    # batches, so records of other ranks sharing one would be fetched too (docs/reader.md).
+    tuning: dict[str, Any] = {"batch_size": 1} if config.write_heads else {}
+    if config.delivery == "exactly-once":
+        ensure_changelog(client, changelog_topic, partitions)
+        producer = client.producer(
+            client_id=client_id, max_record_bytes=config.max_record_bytes,
+            transactional_id=transactional_id(config.group_id, instance_id or ""),
+            transaction_timeout_s=config.transaction_timeout_s, **tuning)
+        return ExactlyOnce(producer, consumer, config.topics.input, changelog_topic)
+    producer = client.producer(client_id=client_id, max_record_bytes=config.max_record_bytes, **tuning)
+    return AtLeastOnce(producer, consumer, config.topics.input)

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import msgspec
 
-from rollout_stream.codec import TrainSample
+from rollout_stream.codec import Sample, decode_sample
 from rollout_stream.codec.chunks import CHUNK_HEADER, decode_chunk_header
 from rollout_stream.codec.group_heads import GroupHead, HeadSample, encode_group_head
+from rollout_stream.core.assembly import loss_tokens
 from rollout_stream.core.collate import collation_problem
-from rollout_stream.core.records import Published
+from rollout_stream.core.records import Member, Published
 from rollout_stream.kafka import OutgoingRecord, Written
 from rollout_stream.names import heads_topic
 from rollout_stream.worker.outputs import OutputRecord
@@ -52,21 +53,13 @@ class PendingHead:
 _replace = msgspec.structs.replace
 
 
-def _loss_tokens(s: TrainSample) -> int:
-    sample = s.sample
-    if sample.remove_sample:
-        return 0
-    if sample.loss_mask is None:
-        return sample.response_length
-    return int((sample.loss_mask.numpy() != 0).sum())
+def plan_head(group: Published, outs: Sequence[OutputRecord]) -> PendingHead | None:
+    """The pending head of a group whose train records are `outs` (chunked or not), in publication order;
+    None when the outputs are not one whole group's train records (nothing to point at).
 
-
-def plan_head(group: Published, outs: Sequence[OutputRecord], samples: Sequence[TrainSample]
-              ) -> PendingHead | None:
-    """The pending head of a group whose train records are `outs` (chunked or not) and whose decoded train
-    samples are `samples`, in publication order; None when the outputs are not one whole group's train
-    records (nothing to point at)."""
-    if not outs or len(samples) != len(group.members):
+    It reads what the train records were made from: each member's rollout sample (its input bytes, which a
+    train record embeds verbatim), its lineage, and the group's rewards."""
+    if not outs:
         return None
     sample_of: list[int] = []
     row = -1
@@ -76,26 +69,36 @@ def plan_head(group: Published, outs: Sequence[OutputRecord], samples: Sequence[
         if chunk is None or _chunk_index(chunk) == 0:
             row += 1
         sample_of.append(row)
-    if row != len(samples) - 1:
+    members = group.members
+    if row != len(members) - 1:
         return None
+    samples = [_rollout_sample(m) for m in members]
     problem = next((p for p in map(collation_problem, samples) if p is not None), None)
     stats = group.rewards
-    heads = [HeadSample(offsets=[], nbytes=0, source_topic=s.source_topic,
-                        source_partition=s.source_partition, source_offset=s.source_offset,
-                        rollout_id=s.sample.rollout_id, index=s.sample.index,
-                        tokens=len(s.sample.tokens) if s.sample.tokens is not None else 0,
-                        response_length=s.sample.response_length, loss_tokens=_loss_tokens(s),
-                        weight_versions=list(s.sample.weight_versions), raw_reward=s.raw_reward,
-                        reward=s.reward, metadata_raw_reward=s.sample.metadata.get("raw_reward"),
-                        has_metadata_raw_reward="raw_reward" in s.sample.metadata) for s in samples]
     nbytes = [0] * len(samples)
     for sample, out in zip(sample_of, outs, strict=True):
         nbytes[sample] += len(out.value or b"")
-    heads = [_replace(h, nbytes=n) for h, n in zip(heads, nbytes, strict=True)]
+    # Rewards as their train record carries them: floats, also where the group's rewards hold an int.
+    heads = [HeadSample(offsets=[], nbytes=n, source_topic=m.record.topic,
+                        source_partition=m.record.partition, source_offset=m.record.offset,
+                        rollout_id=s.rollout_id, index=s.index,
+                        tokens=len(s.tokens) if s.tokens is not None else 0,
+                        response_length=s.response_length, loss_tokens=loss_tokens(s),
+                        weight_versions=list(s.weight_versions), raw_reward=float(raw), reward=float(reward),
+                        metadata_raw_reward=s.metadata.get("raw_reward"),
+                        has_metadata_raw_reward="raw_reward" in s.metadata)
+             for m, s, raw, reward, n in zip(members, samples, stats.raw, stats.rewards, nbytes, strict=True)]
     return PendingHead(GroupHead(topic=outs[0].topic, partition=-1, group_key=group.group_key,
                                  rollout_count=stats.rollout_count, mean=stats.mean, std=stats.std,
                                  zero_variance=stats.zero_variance, samples=heads, problem=problem),
                        tuple(sample_of))
+
+
+def _rollout_sample(member: Member) -> Sample:
+    """The member's rollout sample: a window holds only a few of its fields (core.structs.HeldSample), its
+    record the whole of it."""
+    value = member.record.value
+    return member.sample if value is None else decode_sample(value)
 
 
 def _chunk_index(raw: bytes) -> int:

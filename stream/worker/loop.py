@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from rollout_stream.clients import Connection
 from rollout_stream.codec import compiled
@@ -25,14 +24,14 @@ from rollout_stream.core.offsets import OffsetLedger
 from rollout_stream.core.rewards import torch_free_normalization
 from rollout_stream.core.windows import WindowStore
 from rollout_stream.kafka import Client, GroupConsumer, client_for
+from rollout_stream.kafka.topic_wait import wait_for_partitions
 from rollout_stream.logs import log_event
-from rollout_stream.names import admission_topic, changelog_topic_name, transactional_id
-from rollout_stream.topics import ensure_changelog
+from rollout_stream.names import admission_topic, changelog_topic_name
 from rollout_stream.worker.admission import AdmissionResolver
 from rollout_stream.worker.backpressure import BackPressure
 from rollout_stream.worker.broker_watch import BrokerWatch
 from rollout_stream.worker.cadence import POLL_RECORDS
-from rollout_stream.worker.delivery import AtLeastOnce, Delivery, ExactlyOnce
+from rollout_stream.worker.delivery import open_delivery
 from rollout_stream.worker.instance import InstanceClaim, claim_instance
 from rollout_stream.worker.leave import leave_group
 from rollout_stream.worker.observer import Observer
@@ -137,22 +136,9 @@ class Worker:
         if not partitions:
             consumer.close()
             return False
-        delivery: Delivery
-        # With heads, every record its own record batch: a rank fetching its records by offset receives
-        # whole batches, so records of other ranks sharing one would be fetched too (docs/reader.md).
-        tuning: dict[str, Any] = {"batch_size": 1} if cfg.write_heads else {}
-        if self.processor.exactly_once:
-            ensure_changelog(self.client, self.changelog_topic, partitions)
-            producer = self.client.producer(
-                client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes,
-                transactional_id=transactional_id(cfg.group_id, self.instance_id or ""),
-                transaction_timeout_s=cfg.transaction_timeout_s, **tuning)
-            delivery = ExactlyOnce(producer, consumer, cfg.topics.input, self.changelog_topic)
-        else:
-            producer = self.client.producer(
-                client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes, **tuning
-            )
-            delivery = AtLeastOnce(producer, consumer, cfg.topics.input)
+        delivery = open_delivery(cfg, self.client, consumer, client_id=self.conn.client_id,
+                                 instance_id=self.instance_id, changelog_topic=self.changelog_topic,
+                                 partitions=partitions)
         restorer = Restorer(self.client, consumer, input_topic=cfg.topics.input,
                             changelog_topic=self.changelog_topic, max_record_bytes=cfg.max_record_bytes,
                             clock=self.clock)
@@ -165,7 +151,7 @@ class Worker:
                   client=self.client.name, input_topic=cfg.topics.input, output_topic=cfg.topics.output,
                   dead_letter_topic=cfg.topics.dead_letter,
                   security=str(self.conn.security),  # masked: no password or key material
-                  changelog_topic=self.changelog_topic if self.processor.exactly_once else "-",
+                  changelog_topic=delivery.changelog_topic or "-",
                   torch_free_normalization=self.torch_free_normalization,
                   hot_path=compiled.status().describe())
         now = time.monotonic()
@@ -180,17 +166,8 @@ class Worker:
 
     def _await_topic(self, consumer: GroupConsumer, topic: str) -> int:
         """Subscribe only once the topic's partitions are known, or the first assignment can come up empty."""
-        waited = 0.0
-        while not self._stop.is_set():
-            parts = consumer.partitions_for_topic(topic)
-            if parts:
-                return len(parts)
-            if waited % 10 == 0:
-                log_event(log, "topic.waiting", logging.WARNING, topic=topic,
-                          hint="create it with `rollout-stream topics create`")
-            time.sleep(0.5)
-            waited += 0.5
-        return 0
+        return len(wait_for_partitions(consumer.partitions_for_topic, topic, self._stop, log,
+                                       hint="create it with `rollout-stream topics create`"))
 
     # ---- one tick ------------------------------------------------------------------------------
     def step(self) -> None:

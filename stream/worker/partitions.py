@@ -15,7 +15,7 @@ class Partitions:
     back in one rebalance keeps its windows; anything else assigned is new (and, exactly-once, restored).
     """
 
-    restores: bool  # exactly-once: a newly assigned partition's state is rebuilt from its changelog
+    restores: bool  # as the delivery (`Delivery.restores`): a new partition's state comes from its changelog
     assigned: set[int] = field(default_factory=set)
     to_restore: set[int] = field(default_factory=set)
     _revoked: set[int] = field(default_factory=set)

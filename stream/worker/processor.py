@@ -44,8 +44,7 @@ class Processor:
         self.config, self.stats, self.clock = config, stats, clock
         self.store = WindowStore(config.windows)
         self.ledger = OffsetLedger()
-        self.exactly_once = config.delivery == "exactly-once"
-        self.partitions = Partitions(restores=self.exactly_once)
+        self.partitions = Partitions(restores=False)  # as the delivery says, once `start` gives it
         self.cadence = CommitCadence(config.commit_interval_s, config.commit_max_records)
         self.outcomes = OutcomeCounts()  # routed since the last commit; in self.stats once committed
         self.router = Router(config, config.windows.reward, self.outcomes)
@@ -59,6 +58,7 @@ class Processor:
     def start(self, consumer: GroupConsumer, delivery: Delivery, restorer: Restorer, now: float,
               resolver: AdmissionResolver = SILENT) -> None:
         self.consumer, self.delivery, self.restorer, self.resolver = consumer, delivery, restorer, resolver
+        self.partitions.restores = delivery.restores
         self.cadence.committed(now)
 
     # ---- a poll's records ----------------------------------------------------------------------
@@ -169,7 +169,7 @@ class Processor:
             committed = False
         if committed:
             self.stats.count(self.outcomes)
-        elif self.exactly_once:
+        elif self.delivery.restores:  # routed again after the restore, and counted then
             self.outcomes.clear()
         self.partitions.revoked(partitions, committed=committed)
         log_event(log, "partitions.revoked", partitions=_listed(partitions))
@@ -186,11 +186,7 @@ class Processor:
             self._drop(p)
         self.partitions.lose(partitions)
         log_event(log, "partitions.lost", logging.WARNING, partitions=_listed(partitions))
-        if self.exactly_once and self.delivery is not None and self.delivery.open:
-            # Lost while this worker was stalled or cut off: the new owner produces these outputs again, so
-            # the open transaction must never commit (after a rejoin its offsets would pass the generation
-            # check).
-            self.delivery.abort(CommitAborted(f"partitions {_listed(partitions)} were lost"))
+        if self.delivery is not None and self.delivery.lost(partitions):
             self.stats.aborts += 1
             self.outcomes.clear()
             self._restore_all_later()

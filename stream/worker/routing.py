@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from rollout_stream.codec import decode_train_sample
 from rollout_stream.config import WorkerConfig
 from rollout_stream.core.config import RewardConfig
 from rollout_stream.core.dead_letter_limit import DeadLetterWindow, LimitExceeded
@@ -92,12 +91,9 @@ class Router:
                 assert policy.topic is not None
                 topic = policy.topic
         partition = partition_for(topic, group.group_key.encode())
-        train = train_records(group, self.reward, topic, partition)
-        outs = chunked(train, self.config.chunk_bytes)
+        outs = chunked(train_records(group, self.reward, topic, partition), self.config.chunk_bytes)
         if self.config.write_heads:
-            # The head reads the train samples as a reader would decode them: the stage holds only a few
-            # fields of each member (rollout_stream.core.structs.HeldSample).
-            self.head = plan_head(group, outs, [decode_train_sample(o.value or b"") for o in train])
+            self.head = plan_head(group, outs)
         return outs
 
     def _dead_letter(self, failure: DeadLettered) -> list[OutputRecord]:

@@ -17,6 +17,7 @@ from rollout_stream.codec.admission import (
     Dataset,
     Delivered,
     Hello,
+    Release,
     Renew,
     Request,
     Resolved,
@@ -115,6 +116,15 @@ class World:
         self.stage.append((str(attempt), whole))
         if whole:
             self.log(Delivered(producer=p.name, session=p.sid, request=request))
+
+    def fail(self, i: int, error: str = "KeyError: 'answer'") -> None:
+        """The producer raised while holding its oldest attempt, nothing of it sent: it fails it in the log
+        (`PromptSource.fail`, or an exception leaving its `with` block)."""
+        p = self.producers[i]
+        if p.frozen or not p.holding or p.holding[0][2]:
+            return
+        request, _, _ = p.holding.pop(0)
+        self.log(Release(producer=p.name, session=p.sid, requests=[request], error=error))
 
     def freeze_mid_send(self, i: int) -> None:
         """Named and half sent, then frozen: the rest of its records arrive when it resumes."""

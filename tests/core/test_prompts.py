@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_stream.codec.admission import Resolved
+from rollout_stream.codec.admission import Dataset, Release, Resolved
 from rollout_stream.core.checkpoint import FOLD_VERSION, CheckpointMismatch, dump_fold, load_fold
 from rollout_stream.core.prompt_keys import AttemptKey, PromptFence, parse_attempt_key
 from rollout_stream.core.prompts import AttemptEnd, PromptLog, PromptState, epoch_order
@@ -197,7 +198,7 @@ def test_an_uncommitted_batch_is_not_trained_until_it_is() -> None:
 VERDICTS = {"stage": "publish", "dead": "invalid_sample", "filter": "zero_variance"}
 STEPS = st.lists(st.tuples(
     st.sampled_from(["take", "send", "half", "freeze", "resume", "kill", "stage", "dead", "filter",
-                     "train", "stale", "commit", "restart", "tick"]),
+                     "train", "stale", "commit", "restart", "tick", "fail"]),
     st.integers(0, 2)), max_size=80)
 
 
@@ -217,6 +218,8 @@ def play(steps: list[tuple[str, int]], prompts: int, epochs: int) -> World:
                 w.resume(i)
             case "kill":
                 w.kill(i)
+            case "fail":
+                w.fail(i)
             case "stage" | "dead" | "filter":
                 w.stage_step(VERDICTS[action])
             case "train" | "stale":
@@ -329,3 +332,95 @@ def test_an_exhausted_prompt_that_trains_after_all_needs_no_dead_letter_record()
     w.train_batch([])
     w.commit()
     assert w.fold.late_trained == 1 and w.fold.unrecorded(SOURCE) == []
+
+
+def test_a_poison_row_fails_its_attempts_and_is_exhausted_with_its_errors_while_the_run_goes_on() -> None:
+    """A row every process raises on: each failure ends its attempt as failed (counted, its error kept),
+    the prompt comes back after other re-issues, and after `max_attempts` it is exhausted and listed for its
+    dead-letter record with every attempt's error; the other prompts train."""
+    w = World(prompts=3, max_attempts=3, groups_per_batch=1)
+    poison = epoch_order(3, 7, 0)[0]
+    for n in range(3):
+        w.take(0)
+        held = w.producers[0].holding[0][1]
+        assert (held.prompt, held.attempt) == (poison, n + 1)  # a crash-looping process takes it first
+        w.fail(0, f"KeyError: 'answer' (run {n})")
+        w.kill(0)  # and restarts
+    rec = w.fold.prompt(SOURCE, 0, poison)
+    assert rec is not None and rec.state is PromptState.EXHAUSTED
+    assert [(a.ended, a.error) for a in rec.attempts] == [
+        (AttemptEnd.FAILED, f"KeyError: 'answer' (run {n})") for n in range(3)]
+    [x] = w.fold.unrecorded(SOURCE)
+    assert [a.error for a in x.attempts] == [f"KeyError: 'answer' (run {n})" for n in range(3)]
+    assert w.fold.status(SOURCE)[0].reissued_by == {"failed": 2}
+    w.take(0)
+    assert w.producers[0].holding[0][1].prompt != poison  # the next take hands out another prompt
+    w.drain()
+    check_settled(w)
+    assert w.fold.status(SOURCE)[0].trained == 2 and w.fold.status(SOURCE)[0].exhausted == 1
+
+
+def test_a_failed_prompt_comes_back_after_the_prompts_re_issued_before_it() -> None:
+    w = World(prompts=3, groups_per_batch=1)
+    w.take(0)
+    w.take(1)
+    first, second = w.producers[0].holding[0][1], w.producers[1].holding[0][1]
+    w.kill(1)  # its lease ends first: re-issued first
+    w.fail(0)
+    w.take(2)
+    w.take(2)
+    assert [a.prompt for _, a, _ in w.producers[2].holding] == [second.prompt, first.prompt]
+
+
+def test_a_give_back_stays_free_and_a_failure_after_sending_leaves_the_attempt_to_its_group() -> None:
+    w = World(prompts=2, max_attempts=1, groups_per_batch=1)
+    w.take(0)
+    request, key, _ = w.producers[0].holding.pop(0)
+    w.log(Release(producer="p0", session=w.producers[0].sid, requests=[request]))  # give_back
+    rec = w.fold.prompt(SOURCE, 0, key.prompt)
+    assert rec is not None and rec.state is PromptState.WAITING
+    assert rec.attempts[0].ended is AttemptEnd.RELEASED
+    w.take(0)
+    request, key, _ = w.producers[0].holding[0]
+    w.send(0)
+    # raised after its group went out: the group may still train, so the attempt goes on, the error kept
+    w.log(Release(producer="p0", session=w.producers[0].sid, requests=[request], error="OSError: disk full"))
+    rec = w.fold.prompt(SOURCE, 0, key.prompt)
+    assert rec is not None and rec.state is PromptState.IN_FLIGHT
+    assert (rec.attempts[-1].ended, rec.attempts[-1].error) == (None, "OSError: disk full")
+    w.stage_step()
+    w.train_batch([])
+    w.commit()
+    assert rec.state is PromptState.TRAINED
+
+
+def test_a_failure_written_by_another_session_is_not_this_attempt_s() -> None:
+    w = World(prompts=1)
+    w.take(0)
+    request, key, _ = w.producers[0].holding[0]
+    w.log(Release(producer="p0", session="someone-else", requests=[request], error="KeyError: 'x'"))
+    rec = w.fold.prompt(SOURCE, 0, key.prompt)
+    assert rec is not None and rec.state is PromptState.IN_FLIGHT and rec.attempts[0].error is None
+
+
+def test_a_failed_attempt_s_error_travels_in_a_checkpoint() -> None:
+    w = World(prompts=2)
+    w.take(0)
+    w.fail(0, "ValueError: bad row")
+    tail = load_fold(dump_fold(w.fold), FOLD_VERSION)
+    rec = tail.prompt(SOURCE, 0, epoch_order(2, 7, 0)[0])
+    assert rec is not None and rec.attempts[0].error == "ValueError: bad row"
+    assert rec.attempts[0].ended is AttemptEnd.FAILED
+
+
+@pytest.mark.parametrize("bad", [{"epochs": 0}, {"epochs": -1}, {"prompts": 0}, {"max_attempts": 0}])
+def test_a_declaration_nothing_can_be_taken_from_is_ignored_so_the_corrected_one_stands(
+        bad: dict[str, int]) -> None:
+    """A process of an older version wrote it (today's refuses such settings before writing): a process
+    with the corrected settings is not refused over it."""
+    fold = PromptLog()
+    good = Dataset(source=SOURCE, prompts=4, fingerprint="f", epochs=1)
+    fold.apply(0, 0, msgspec.structs.replace(good, **bad))
+    assert SOURCE not in fold.sources
+    fold.apply(1, 0, good)
+    assert fold.sources[SOURCE].dataset == good and fold.sources[SOURCE].refused == 0

@@ -360,6 +360,67 @@ def test_a_prompt_whose_attempts_are_exhausted_is_dead_lettered_once_with_its_hi
     assert (toy["epochs"][0]["trained"], toy["epochs"][0]["exhausted"]) == (3, 1)
 
 
+CRASHING_ON_A_ROW = """
+import json, sys
+from rollout_stream.codec import Sample
+from rollout_stream.prompts import PromptSource
+bootstrap, topic, output, trainer, dead, rows = sys.argv[1:7]
+with PromptSource(bootstrap, json.loads(rows), name="toy", trainer_group_id=trainer, topic=topic,
+                  train_data_topic=output, epochs=1, max_attempts=2, dead_letter_topic=dead) as source:
+    while True:
+        lease = source.take(timeout=30)
+        prompt = lease.row["prompt"]  # the poison row has none: KeyError, out of the with block
+        source.publish(lease, [Sample(group_index=0, index=i, rollout_id=i, reward=float(i))
+                               for i in range(2)])
+"""
+
+
+@pytest.mark.kafka(timeout=150)
+def test_a_row_that_crashes_every_process_is_exhausted_and_the_run_trains_the_rest(
+        kafka_bootstrap: str) -> None:
+    """The first row of the epoch's order makes every rollout process raise: each crash ends its attempt as
+    failed with the KeyError in the log, the second exhausts it and it is dead-lettered with both errors; the
+    next process takes the other prompts, which train. No crash loop."""
+    from rollout_stream.core.prompts import epoch_order
+
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="poison")
+    trainer = f"trainer-{topics.input}"
+    poison = epoch_order(len(ROWS), 0, 0)[0]
+    rows = [{"oops": "no prompt"} if i == poison else row for i, row in enumerate(ROWS)]
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"g-{topics.input}",
+                          commit_interval_s=0.2)
+    with running_worker(config):
+        for _ in range(2):
+            crashed = subprocess.run([sys.executable, "-c", CRASHING_ON_A_ROW, kafka_bootstrap, topics.input,
+                                      topics.output, trainer, topics.dead_letter, json.dumps(rows)],
+                                     capture_output=True, text=True, timeout=60)
+            assert crashed.returncode == 1 and "KeyError: 'prompt'" in crashed.stderr, crashed.stderr
+        reader = TrainDataReader(kafka_bootstrap, topics.output, trainer, groups_per_batch=3,
+                                 start="earliest")
+        main = PromptSource(kafka_bootstrap, rows, name="toy", trainer_group_id=trainer, topic=topics.input,
+                            train_data_topic=topics.output, epochs=1, max_attempts=2,
+                            producer_id=f"rollout-0-{topics.input}", dead_letter_topic=topics.dead_letter)
+        try:
+            leases = [main.take(timeout=30) for _ in range(3)]
+            assert poison not in {x.key.prompt for x in leases}
+            for lease in leases:
+                main.publish(lease, group(lease.row))
+            assert reader.next_batch(timeout=30) is not None
+            reader.commit()
+            wait_until(lambda: [(s.trained, s.exhausted, s.reissued_by) for s in main.status()]
+                       == [(3, 1, {"failed": 1})], timeout=30, what="three trained, the poison row exhausted")
+            with pytest.raises(SourceFinished):
+                main.take(timeout=10)
+            wait_until(lambda: not main.exhausted.pending(), timeout=30, what="its record written")
+        finally:
+            main.close()
+            reader.close()
+        dead = read_topic(kafka_bootstrap, topics.dead_letter, min_count=1, settle=1.0)
+    [record] = [r for r in dead if r.headers.get("x-dlq-reason") == "prompt_attempts_exhausted"]
+    history = json.loads(record.value or b"")
+    assert [(x["ended"], x["error"]) for x in history["attempts"]] == [("failed", "KeyError: 'prompt'")] * 2
+
+
 @pytest.mark.kafka(timeout=120)
 @pytest.mark.any_client
 def test_without_pacing_a_group_skipped_stale_is_re_issued_and_its_prompt_trains_later(

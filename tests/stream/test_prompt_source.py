@@ -333,7 +333,7 @@ def test_the_reader_s_fence_skips_a_superseded_attempt_with_a_reason_of_its_own(
     from tests.stream.test_reader import train_sample
 
     cluster = MemoryCluster()
-    on_memory(monkeypatch, cluster, "rollout_stream.reader", "rollout_stream.topics")
+    on_memory(monkeypatch, cluster, "rollout_stream.reader.train_data", "rollout_stream.topics")
     cluster.create_topic("td", 1)
     producer = cluster.client().producer(transactional_id="stage")
     producer.init_transactions()

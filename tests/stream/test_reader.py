@@ -18,19 +18,13 @@ from rollout_stream.cli import app
 from rollout_stream.clients import Connection
 from rollout_stream.codec import Sample, TrainSample, encode_train_sample
 from rollout_stream.config import WorkerConfig
+from rollout_stream.core.assembly import GroupMerger, Mark, ReadMarks
 from rollout_stream.kafka.kafka_python import raw_admin, raw_consumer, raw_producer
+from rollout_stream.names import rank_group_id
 from rollout_stream.ops.synth import Expected, FaultRates, SynthPlan, plan_groups
 from rollout_stream.producer import RolloutProducer
-from rollout_stream.reader import (
-    Batch,
-    GroupAssembler,
-    GroupMerger,
-    Mark,
-    ReaderStats,
-    ReadMarks,
-    TrainDataReader,
-    rank_group_id,
-)
+from rollout_stream.reader import Batch, ReaderStats, TrainDataReader
+from rollout_stream.reader.assembler import GroupAssembler
 from tests.stream.helpers import new_topics, read_topic, running_worker, train_samples
 
 

@@ -16,22 +16,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rollout_stream.reader as reader_module
+import rollout_stream.reader.train_data as reader_module
 from rollout_stream.codec import TrainSample, encode_train_sample
 from rollout_stream.codec.chunks import CHUNK_HEADER, decode_chunk_header, split
+from rollout_stream.core.assembly import GroupMerger, Mark, ReadMarks
 from rollout_stream.kafka import TopicPartition
 from rollout_stream.kafka.memory import MemoryCluster
-from rollout_stream.reader import (
-    Batch,
-    ChunkLimitError,
-    GroupAssembler,
-    GroupMerger,
-    Mark,
-    ReaderStats,
-    ReadMarks,
-    TrainDataReader,
-    rank_group_id,
-)
+from rollout_stream.names import rank_group_id
+from rollout_stream.reader import Batch, ChunkLimitError, ReaderStats, TrainDataReader
+from rollout_stream.reader.assembler import GroupAssembler
 from tests.stream.test_reader import interleave, make_group, train_sample
 
 Headers = tuple[tuple[str, bytes], ...]
@@ -402,7 +395,7 @@ def test_an_incomplete_chunked_value_is_dropped_and_stops_holding_the_commit(clu
     tp = TopicPartition("chunked", 0)
     # It holds its first chunk: the rest could be behind another producer's open transaction, so it waits
     # that much longer (15 minutes by default) before it is given up.
-    monkeypatch.setattr("rollout_stream.reader.HIDDEN_BY_TRANSACTION_S", 1.5)
+    monkeypatch.setattr("rollout_stream.reader.assembler.HIDDEN_BY_TRANSACTION_S", 1.5)
     with open_reader("chunked", chunk_timeout_s=0.2) as r:
         assert take(r, 1)[0].groups[0].key == "r/0"
         assert r.commit()

@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import rollout_stream.reader as reader_module
-import rollout_stream.reader_heads as heads_module
+import rollout_stream.reader.train_data as reader_module
 from rollout_stream.codec import Sample, ShapedArray, encode_sample
 from rollout_stream.kafka.memory import MemoryCluster
 from rollout_stream.names import heads_topic
@@ -53,8 +52,7 @@ def cluster(monkeypatch) -> MemoryCluster:
     c = MemoryCluster(clock_ms=1_000_000)
     for name in (TOPICS.input, TOPICS.output, TOPICS.dead_letter, HEADS):
         c.create_topic(name, 2)
-    monkeypatch.setattr(reader_module, "client_for", lambda conn: _Client(c))
-    monkeypatch.setattr(heads_module, "client_for", lambda conn: _Client(c))
+    monkeypatch.setattr(reader_module, "client_for", lambda conn: _Client(c))  # every client of the reader
     return c
 
 
@@ -157,7 +155,7 @@ def test_the_miles_layout_gets_the_shard_a_whole_topic_reader_gets(cluster, bala
 def test_a_second_head_of_a_group_is_dropped_and_an_outline_counts_what_batching_reads():
     from rollout_stream.codec.group_heads import GroupHead, HeadSample
     from rollout_stream.core.assembly import loss_tokens
-    from rollout_stream.reader_heads import HeadMemory, outline_group
+    from rollout_stream.reader.heads import HeadMemory, outline_group
 
     s = HeadSample(offsets=[7], nbytes=10, source_topic="in", source_partition=0, source_offset=3,
                    rollout_id=1, tokens=12, response_length=5, loss_tokens=3, weight_versions=["4"])

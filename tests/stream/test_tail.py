@@ -19,7 +19,7 @@ runner = CliRunner()
 def cluster(monkeypatch) -> MemoryCluster:
     c = MemoryCluster()
     c.create_topic("train-data", 3)
-    on_memory(monkeypatch, c, "rollout_stream.topics", "rollout_stream.reader")
+    on_memory(monkeypatch, c, "rollout_stream.topics", "rollout_stream.reader.train_data")
     return c
 
 

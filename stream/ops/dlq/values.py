@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_stream.codec.chunks import ChunkHeader, value_digest
+from rollout_stream.codec.chunks import ChunkHeader
+from rollout_stream.core.chunks import join_chunks
 from rollout_stream.ops.dlq.record import DeadLetterRecord, SampleHead, sample_head
 
 __all__ = ["DeadLetterValue", "ValueGrouper", "ValueKey", "group_values", "value_key"]
@@ -100,8 +101,8 @@ class DeadLetterValue:
             by_index = self._by_index()
             if len(by_index) != chunk.count:
                 return None
-            value = b"".join(by_index[i][0].value or b"" for i in range(chunk.count))
-            if len(value) != chunk.total_bytes or value_digest(value) != chunk.digest:
+            value, mismatch = join_chunks(chunk, (by_index[i][0].value for i in range(chunk.count)))
+            if mismatch is not None:
                 return None
             self._whole = value
         return self._whole

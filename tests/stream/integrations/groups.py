@@ -69,7 +69,7 @@ def committed_batch(bootstrap: str, topic: str, group_id: str, partitions: int) 
     """The highest batch index rank 0 of `group_id` committed on `topic` (None: no commit yet)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from rollout_stream.reader import rank_group_id
+    from rollout_stream.names import rank_group_id
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=rank_group_id(group_id, 0),
                              enable_auto_commit=False)

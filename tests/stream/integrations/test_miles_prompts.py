@@ -22,6 +22,7 @@ from rollout_stream.integrations.miles import stage_data_buffer
 from rollout_stream.integrations.miles_prompts import (
     ATTEMPT_KEY,
     GROUP_INDEX_KEY,
+    RowError,
     StageDataSource,
     miles_prompt_sample,
     stage_data_source,
@@ -225,6 +226,51 @@ def test_the_source_is_not_paced_and_the_buffer_shares_its_topics() -> None:
                                    prompts=source_cls, sample_type=MilesSample)
     with pytest.raises(ConfigurationError, match="was not built"):
         buffer_cls(DataBufferConstructorInput(args=args(), unused_handler_fn=lambda group: None))
+
+
+@pytest.mark.parametrize(("broken", "problem"), [
+    ({"input": "no label here", "metadata": {}}, "no 'label' (--label-key"),
+    ({"label": "4", "metadata": {}}, "no 'input' (--input-key)"),
+    ({"input": None, "label": "4"}, "'input' (--input-key) is null"),
+    ({"input": 7, "label": "4"}, "'input' (--input-key) is a int, not a string or a list of messages"),
+    ({"input": "x", "label": "4", "tools": "[not json"}, "'tools' (--tool-key) is a string but not JSON"),
+])
+def test_a_row_miles_cannot_use_is_a_failed_attempt_and_the_next_prompt_is_taken(
+        broken: dict[str, Any], problem: str) -> None:
+    """miles' own `Dataset` raises a raw KeyError, or hands a rollout `prompt=None`; here the row's attempt
+    fails with a typed error naming the row and the key, the lease is not left held, and miles gets the next
+    prompt. After `max_attempts` the row is exhausted."""
+    c = cluster()
+    bad = epoch_order(len(ROWS), 3, 0)[0]
+    rows = [broken if i == bad else row for i, row in enumerate(ROWS)]
+    data_source = stage_data_source(Connection("memory:9092"), rows, name="sums", trainer_group_id="trainer",
+                                    seed=3, max_attempts=2, sample_type=MilesSample,
+                                    kafka_client=MemoryClient(c), producer_id="p0", check=False)(args())
+    try:
+        [group] = data_source.get_samples(1)
+        assert int(group[0].metadata[ATTEMPT_KEY].split("/")[1]) != bad
+        assert data_source.held() == 1 and len(data_source.source.held()) == 1
+        [again] = data_source.get_samples(1)  # the bad row came back first, failed again: exhausted
+        assert int(again[0].metadata[ATTEMPT_KEY].split("/")[1]) != bad
+        failures = [r.error for r in log(c) if isinstance(r, Release) and r.error is not None]
+        assert len(failures) == 2 and len(set(failures)) == 1
+        assert failures[0].startswith(f"RowError: row {bad} of prompt source 'sums': {problem}")
+        rec = data_source.source.gate.follower.read(lambda f: f.prompt("sums", 0, bad))
+        assert rec.state is PromptState.EXHAUSTED
+    finally:
+        data_source.close()
+
+
+def test_a_key_no_row_has_is_a_wrong_argument_refused_before_anything_is_written() -> None:
+    c = cluster()
+    with pytest.raises(ConfigurationError, match="--label-key 'answer': no row of the dataset has it"):
+        source_class(c)(args(label_key="answer"))
+    assert c.records(LOG) == []
+
+
+def test_miles_prompt_sample_names_the_row_it_could_not_read() -> None:
+    with pytest.raises(RowError, match="^row 3 of 'x': no 'label'"):
+        miles_prompt_sample({"input": "hi"}, args(), MilesSample, where="row 3 of 'x'")
 
 
 @pytest.mark.any_client

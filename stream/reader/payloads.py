@@ -1,0 +1,145 @@
+"""A rank's own rows, fetched by offset (`fetch="own"`): `PayloadFetcher`, in the trainer's thread.
+
+Once a batch is planned from outline groups (rollout_stream.reader.heads), the rank fetches the train records
+of its rows only: each head says at which offsets of its partition a sample's record (or its chunk records)
+is, and each fetched sample is checked against its outline's lineage. The rows of other ranks are never
+fetched: the consumer is tuned so that the broker answers with one record batch per fetch and the client
+never fetches ahead of the offsets asked for (`fetch_tuning`; docs/reader.md, "Bytes each rank fetches").
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rollout_stream.codec import DecodeError, TrainSample, decode_train_sample
+from rollout_stream.codec.chunks import ChunkHeaderError, chunk_header_of, decode_chunk_header
+from rollout_stream.codec.group_heads import GroupHead
+from rollout_stream.core.assembly import AssembledGroup, Lineage, lineage
+from rollout_stream.core.chunks import Added, ChunkAssembler, Refused, Whole
+from rollout_stream.core.structs import InputRecord
+from rollout_stream.kafka import AssignedConsumer, Client, TopicPartition
+from rollout_stream.reader.errors import PayloadError
+
+__all__ = ["PAYLOAD_TIMEOUT_S", "PayloadFetcher", "fetch_tuning"]
+
+# How long a rank waits for a record its head points at: the head is committed with (exactly-once) or after
+# (at-least-once) the records, so they are readable; only a broker away keeps them.
+PAYLOAD_TIMEOUT_S = 120.0
+
+_Value = tuple[bytes, bytes | None]  # a record's value and its chunk header, if it is a chunk
+
+
+def fetch_tuning(client: str) -> dict[str, Any]:
+    """Consumer settings that make the broker answer with one record batch per fetch and the client never
+    fetch ahead of the offsets asked for: the smallest fetch sizes (a first batch larger than them still comes
+    whole) and, on librdkafka, one message in the local queue."""
+    if client == "confluent":
+        return {"max_partition_fetch_bytes": 1, "fetch_max_bytes": 1000, "message.max.bytes": 1000,
+                "queued.min.messages": 1}
+    if client == "kafka-python":
+        return {"max_partition_fetch_bytes": 1, "fetch_max_bytes": 1, "max_poll_records": 1}
+    return {"max_poll_records": 1}  # the in-memory seam: one record per poll
+
+
+class PayloadFetcher:
+    """Train records by offset: assign, seek, read the records asked for, seek past gaps.
+
+    `client`: the seam's client the consumer is made with; `client_id`: the consumer's; `topic`: the
+    train-data topic; `max_record_bytes`: the largest record it accepts. `fetched_bytes` counts the record
+    bytes received, wanted or not.
+    """
+
+    def __init__(self, client: Client, client_id: str, topic: str, max_record_bytes: int) -> None:
+        self.topic = topic
+        self.consumer: AssignedConsumer = client.assigned_consumer(
+            client_id=client_id, max_record_bytes=max_record_bytes, **fetch_tuning(client.name))
+        self.fetched_bytes = 0
+
+    def samples(self, rows: Sequence[TrainSample], groups: Sequence[tuple[AssembledGroup, GroupHead]],
+                timeout_s: float = PAYLOAD_TIMEOUT_S) -> list[TrainSample]:
+        """The train samples behind the outline samples `rows` (rows of `groups`, each with its head), in
+        order, each checked against its outline's lineage."""
+        where: dict[tuple[str, Lineage], tuple[int, list[int]]] = {}  # outline -> (partition, offsets)
+        for group, head in groups:
+            for outline, s in zip(group.samples, head.samples, strict=True):
+                where[(outline.group_key, lineage(outline))] = (head.partition, s.offsets)
+        places = [where[(o.group_key, lineage(o))] for o in rows]
+        wanted: dict[int, set[int]] = {}
+        for partition, offsets in places:
+            wanted.setdefault(partition, set()).update(offsets)
+        values = self._fetch(wanted, timeout_s)
+        out = []
+        for o, (partition, offsets) in zip(rows, places, strict=True):
+            sample = self._whole(partition, offsets, values)
+            if (sample.group_key, lineage(sample)) != (o.group_key, lineage(o)):
+                raise PayloadError(
+                    f"{self.topic} partition {partition} offsets {offsets} hold sample {sample.group_key} "
+                    f"{sample.source_topic}:{sample.source_partition}@{sample.source_offset}, its head says "
+                    f"{o.group_key} {o.source_topic}:{o.source_partition}@{o.source_offset}")
+            out.append(sample)
+        return out
+
+    def _whole(self, partition: int, offsets: list[int], values: dict[tuple[int, int], _Value]
+               ) -> TrainSample:
+        parts = [values[(partition, o)] for o in offsets]
+        value = parts[0][0] if len(parts) == 1 and parts[0][1] is None else self._joined(
+            partition, offsets, parts)
+        try:
+            return decode_train_sample(value)
+        except DecodeError as exc:
+            raise PayloadError(
+                f"{self.topic} partition {partition} offsets {offsets}: {exc.message}") from exc
+
+    def _joined(self, partition: int, offsets: list[int], parts: list[_Value]) -> bytes:
+        """One value from its chunk records, joined and checked (digest, size) by the core's assembler."""
+        where = f"{self.topic} partition {partition} offsets {offsets}"
+        assembler = ChunkAssembler(timeout_ms=0, max_value_bytes=sys.maxsize)
+        added: list[Added] = []
+        for offset, (value, raw) in zip(offsets, parts, strict=True):
+            if raw is None:
+                raise PayloadError(f"{where}: not one value's chunks (offset {offset} is not a chunk)")
+            try:
+                header = decode_chunk_header(raw)
+            except ChunkHeaderError as exc:
+                raise PayloadError(f"{where}: {exc}") from exc
+            record = InputRecord(self.topic, partition, offset, 0, None, value)
+            added.append(assembler.add((partition, header.digest, ""), record, header))
+        last = added[-1]
+        if isinstance(last, Refused):
+            raise PayloadError(f"{where}: {last.message}")
+        if not isinstance(last, Whole) or any(a is not None for a in added[:-1]) or assembler.open:
+            raise PayloadError(f"{where}: not one value's chunks")
+        assert last.record.value is not None
+        return last.record.value
+
+    def _fetch(self, wanted: dict[int, set[int]], timeout_s: float) -> dict[tuple[int, int], _Value]:
+        c, got = self.consumer, dict[tuple[int, int], _Value]()
+        for partition, offsets in sorted(wanted.items()):
+            tp = TopicPartition(self.topic, partition)
+            c.assign([tp])
+            pending = sorted(offsets)
+            c.seek(tp, pending[0])
+            deadline = time.monotonic() + timeout_s
+            while pending:
+                if time.monotonic() > deadline:
+                    raise PayloadError(f"{self.topic} partition {partition}: offsets {pending[:5]}… not read "
+                                       f"within {timeout_s:g}s")
+                last = None
+                # One record a poll: a poll takes what the client fetched ahead too, which a seek then drops
+                # (librdkafka's local queue holds the next record already).
+                for records in c.poll(0.1, max_records=1).values():
+                    for rec in records:
+                        self.fetched_bytes += len(rec.value or b"")
+                        last = rec.offset
+                        if rec.offset in offsets and rec.value is not None:
+                            got[(partition, rec.offset)] = (rec.value, chunk_header_of(rec.headers))
+                pending = [o for o in pending if (partition, o) not in got]
+                if pending and last is not None and pending[0] > last + 1:
+                    c.seek(tp, pending[0])  # skip the records of other ranks
+        return got
+
+    def close(self) -> None:
+        self.consumer.close()

@@ -1,0 +1,147 @@
+"""Group sources: where a reader's groups come from, picked once by `fetch`.
+
+* `WholeTopic` (`fetch="all"`): every rank reads every record of train-data and assembles the groups itself
+  (`rollout_stream.reader.assembler.GroupAssembler`); a batch's rows carry their payloads.
+* `HeadsAndPayloads` (`fetch="own"`): every rank folds the small group heads a stage run with `--write-heads`
+  writes (`rollout_stream.reader.heads`), into the same sequence; once a batch is planned, the rank fetches
+  its own rows' train records by offset (`rollout_stream.reader.payloads`). Commits and resume are on the
+  heads topic.
+
+A source has two halves, one per thread: `fold()` makes, for the fetch thread, the object that turns the
+records it polls into groups (only that thread uses it); `payloads()` and `close()` run on the trainer's
+thread. What crosses between them is a `Fetched` item on the fetch thread's queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from rollout_stream.codec import TrainSample
+from rollout_stream.codec.group_heads import GroupHead
+from rollout_stream.core.assembly import AssembledGroup, Mark, ReadMarks
+from rollout_stream.kafka import Client
+from rollout_stream.names import heads_topic
+from rollout_stream.reader.assembler import GroupAssembler
+from rollout_stream.reader.heads import HeadFold
+from rollout_stream.reader.payloads import PayloadFetcher
+from rollout_stream.reader.stats import ReaderStats
+
+__all__ = ["Fetch", "Fetched", "GroupFold", "GroupSource", "HeadsAndPayloads", "WholeTopic", "group_source"]
+
+Fetch = Literal["all", "own"]
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A group handed from the fetch thread to the trainer's: `group`; `marks`, the read marks (per
+    partition) a commit after it writes; `head`, its head when the source folds heads (else None)."""
+
+    group: AssembledGroup
+    marks: dict[int, Mark]
+    head: GroupHead | None = None
+
+
+class GroupFold(Protocol):
+    """Records of the source's topic → whole groups, in the fetch thread."""
+
+    def accept(self, partition: int, offset: int, timestamp_ms: int, value: bytes | None,
+               headers: Sequence[tuple[str, bytes]] | None = None) -> AssembledGroup | None:
+        """One record read: the group it completed, if any (the offsets it holds stay held in the marks)."""
+        ...
+
+    def expire(self, now_ms: int, read_to_end: Callable[[int], bool]) -> None:
+        """Once a turn: drop what waited too long in partitions read to their end."""
+        ...
+
+    def taken(self, group: AssembledGroup) -> tuple[Sequence[int], GroupHead | None]:
+        """`group` left the merge: the offsets it held (released in the marks), and its head, if any."""
+        ...
+
+
+class GroupSource(Protocol):
+    """Where groups come from: `read_topic` is the topic the fetch thread reads, commits and resumes on;
+    `carries_payloads` says whether the groups hold their samples' payloads (else outline samples)."""
+
+    topic: str
+    read_topic: str
+    carries_payloads: bool
+
+    def fold(self, marks: ReadMarks, stats: ReaderStats) -> GroupFold: ...
+
+    def payloads(self, rows: Sequence[TrainSample], batch: Sequence[Fetched], stats: ReaderStats
+                 ) -> list[TrainSample]:
+        """The train samples behind `rows` (samples of `batch`'s groups), in order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class WholeTopic:
+    """Every rank reads the whole train-data topic `topic`; the groups carry their payloads.
+
+    `max_open_chunk_bytes`, `chunk_timeout_s`: the chunk limits of the fold (`GroupAssembler`).
+    """
+
+    carries_payloads = True
+
+    def __init__(self, topic: str, *, max_open_chunk_bytes: int, chunk_timeout_s: float) -> None:
+        self.topic = self.read_topic = topic
+        self.max_open_chunk_bytes, self.chunk_timeout_s = max_open_chunk_bytes, chunk_timeout_s
+
+    def fold(self, marks: ReadMarks, stats: ReaderStats) -> GroupAssembler:
+        return GroupAssembler(marks, stats, max_open_chunk_bytes=self.max_open_chunk_bytes,
+                              chunk_timeout_s=self.chunk_timeout_s)
+
+    def payloads(self, rows: Sequence[TrainSample], batch: Sequence[Fetched], stats: ReaderStats
+                 ) -> list[TrainSample]:
+        return list(rows)
+
+    def close(self) -> None:
+        pass
+
+
+class HeadsAndPayloads:
+    """Groups from the heads topic of train-data topic `topic`; each rank's rows fetched by offset.
+
+    `client`: the seam's client the payload consumer is made with (on the first batch), under `client_id`;
+    `max_record_bytes`: the largest record it accepts.
+    """
+
+    carries_payloads = False
+
+    def __init__(self, topic: str, client: Client, client_id: str, max_record_bytes: int) -> None:
+        self.topic, self.read_topic = topic, heads_topic(topic)
+        self.client, self.client_id, self.max_record_bytes = client, client_id, max_record_bytes
+        self._fetcher: PayloadFetcher | None = None
+
+    def fold(self, marks: ReadMarks, stats: ReaderStats) -> HeadFold:
+        return HeadFold(self.topic, marks, stats)
+
+    def payloads(self, rows: Sequence[TrainSample], batch: Sequence[Fetched], stats: ReaderStats
+                 ) -> list[TrainSample]:
+        """This rank's rows, fetched by offset (only theirs) and checked against their heads."""
+        if not rows:
+            return []
+        if self._fetcher is None:
+            self._fetcher = PayloadFetcher(self.client, self.client_id, self.topic, self.max_record_bytes)
+        before = self._fetcher.fetched_bytes
+        try:
+            return self._fetcher.samples(rows, [(f.group, f.head) for f in batch if f.head is not None])
+        finally:
+            stats.payload_bytes += self._fetcher.fetched_bytes - before
+
+    def close(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
+
+
+def group_source(fetch: Fetch, topic: str, client: Client, *, client_id: str, max_record_bytes: int,
+                 max_open_chunk_bytes: int, chunk_timeout_s: float) -> GroupSource:
+    """The source `fetch` names: "all" (`WholeTopic`) or "own" (`HeadsAndPayloads`)."""
+    if fetch == "all":
+        return WholeTopic(topic, max_open_chunk_bytes=max_open_chunk_bytes, chunk_timeout_s=chunk_timeout_s)
+    if fetch == "own":
+        return HeadsAndPayloads(topic, client, f"{client_id}-own", max_record_bytes)
+    raise ValueError(f"fetch must be all or own, got {fetch!r}")
