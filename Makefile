@@ -1,6 +1,7 @@
 # rollout-stream developer entry points. `make test` is what CI runs (.ci/run).
-#   make venv   create .venv (Python 3.11) and install the package editable with its test extras and its C
+#   make venv   create .venv (Python 3.11) and install the product in it: the package editable with its C
 #               extensions (setup.py; without a C compiler the stage runs their Python, docs/compiled.md)
+#   make test-venv  the venv plus what the suite needs: the test extras (pytest, ruff, mypy, ...), TRL and verl
 #   make jars   prefetch the pinned Kafka broker jars into ${ROLLOUT_STREAM_CACHE:-~/.cache/rollout-stream}
 #   make promtool  Prometheus' promtool (checks deploy/prometheus/) into the same cache, unless on PATH
 #   make compose   Debian's docker-compose (validates docker-compose.yml in tests/test_compose.py), unless on PATH
@@ -13,26 +14,35 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv jars promtool compose lint test test-long demo
+.PHONY: venv test-venv jars promtool compose lint test test-long demo
 
 venv: $(VENV)/.installed
+test-venv: $(VENV)/.installed-test
 
 # Reinstalled whenever pyproject.toml changes (new dependency, new entry point), or setup.py or a C source
 # (the C extensions are built in place by the editable install). Wheels are kept in a wheelhouse under the
 # user cache so that a fresh clone installs without downloading torch (~3 GB) again.
 WHEELHOUSE ?= $(HOME)/.cache/rollout-stream/wheels
-# The trainer frameworks' tests need TRL (the [trl] extra, with its requirements) and verl, which comes without
-# its requirements and with only what the imported modules need (tests/requirements-verl.txt): +176 MB of
-# downloads, ~25 s of installs (docs/integrations.md).
-FRAMEWORKS := -c tests/constraints-frameworks.txt
-VERL_TEST := tests/requirements-verl.txt
-$(VENV)/.installed: pyproject.toml setup.py $(VERL_TEST) tests/constraints-frameworks.txt $(wildcard core/*.c codec/*.c)
+PIP_DOWNLOAD := $(BIN)/pip download -q -d $(WHEELHOUSE) --find-links $(WHEELHOUSE)
+PIP_INSTALL := $(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE)
+# The product alone: what `make demo` (and `make jars`) needs, without the suite's tools and frameworks.
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard core/*.c codec/*.c)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	mkdir -p $(WHEELHOUSE)
-	$(BIN)/pip download -q -d $(WHEELHOUSE) --find-links $(WHEELHOUSE) $(FRAMEWORKS) setuptools wheel '.[test,trl]'
-	$(BIN)/pip download -q -d $(WHEELHOUSE) --find-links $(WHEELHOUSE) --no-deps -r $(VERL_TEST)
-	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) $(FRAMEWORKS) -e '.[test,trl]'
-	$(BIN)/pip install -q --no-index --find-links $(WHEELHOUSE) --no-deps -r $(VERL_TEST)
+	$(PIP_DOWNLOAD) setuptools wheel .
+	$(PIP_INSTALL) -e .
+	touch $@
+
+# The suite's: the test extras, and the trainer frameworks its integration tests need: TRL (the [trl] extra,
+# with its requirements) and verl, which comes without its requirements and with only what the imported modules
+# need (tests/requirements-verl.txt): +176 MB of downloads, ~25 s of installs (docs/integrations.md).
+FRAMEWORKS := -c tests/constraints-frameworks.txt
+VERL_TEST := tests/requirements-verl.txt
+$(VENV)/.installed-test: $(VENV)/.installed $(VERL_TEST) tests/constraints-frameworks.txt
+	$(PIP_DOWNLOAD) $(FRAMEWORKS) setuptools wheel '.[test,trl]'
+	$(PIP_DOWNLOAD) --no-deps -r $(VERL_TEST)
+	$(PIP_INSTALL) $(FRAMEWORKS) -e '.[test,trl]'
+	$(PIP_INSTALL) --no-deps -r $(VERL_TEST)
 	touch $@
 
 jars: venv
@@ -66,7 +76,7 @@ compose:
 
 # mypy reads the package in its installed shape: rollout_stream/ linking stream/'s entries, core/ and codec/.
 TYPECHECK := .build/typecheck/rollout_stream
-lint: venv
+lint: test-venv
 	$(BIN)/ruff check .
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)
 	for entry in stream/*; do ln -s "$(CURDIR)/$$entry" $(TYPECHECK)/; done
@@ -87,7 +97,7 @@ test: lint jars promtool compose
 
 # The long tier: every `any_client` test on the clients `make test` leaves out, and what takes minutes
 # alone. Not in CI; run it before a release or after changing a client.
-test-long: jars
+test-long: test-venv jars
 	$(PYTEST) -m long
 
 demo: venv jars

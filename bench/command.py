@@ -98,6 +98,11 @@ def bench(
             help="Write cProfile files of every stage and passthrough process here.", show_default=False
         ),
     ] = None,
+    write_heads: Annotated[
+        bool,
+        typer.Option("--write-heads", help="The stage also writes group heads, as `run --write-heads` (what "
+                     "rank-local fetch costs the stage); the passthrough is unchanged."),
+    ] = False,
     security: SecurityOptions = NO_SECURITY_OPTIONS,
 ) -> None:
     """Benchmark the stage against a passthrough (consume → produce → commit, same clients and delivery)
@@ -141,6 +146,7 @@ def bench(
         compare_delivery=compare_delivery,
         latency_rate=latency_rate,
         workloads=workloads,
+        write_heads=write_heads,
     )
 
     def progress(line: str) -> None:

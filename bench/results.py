@@ -55,6 +55,7 @@ class BenchSettings:
     # Offered in every workload's latency phases, stage and passthrough alike, instead of half the stage's
     # drain: both sides at one load. The p99 targets are then not judged (they are at half load).
     latency_rate: float | None = None
+    write_heads: bool = False  # the stage writes group heads (`run --write-heads`)
 
     @property
     def at_half_load(self) -> bool:
@@ -272,6 +273,7 @@ class BenchReport:
                 "latency_s": s.latency_s,
                 "latency_rate": s.latency_rate,
                 "repeats": s.repeats,
+                "write_heads": s.write_heads,
             },
             "results": [r.to_json() for r in self.results],
             "delivery_compare": [r.to_json() for r in self.delivery_compare],

@@ -58,6 +58,7 @@ class RunSpec:
     # passthrough only: CPU work added per record (bench/scripts/headroom_bench.py)
     extra_work_us: float = 0.0
     client: str = ""  # the Kafka client library ("": the default, $ROLLOUT_STREAM_CLIENT or confluent)
+    write_heads: bool = False  # stage only: also write group heads (`run --write-heads`)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -97,6 +98,7 @@ class _Target:
                 commit_max_records=spec.commit_max_records,
                 instance_id=spec.group_id,
                 progress_interval_s=3600.0,
+                write_heads=spec.write_heads,
             )
             self.obj: Worker | Passthrough = Worker(config, conn)
         else:

@@ -92,6 +92,7 @@ class _Bench:
             commit_interval_s=self.s.commit_interval_s if interval is None else interval,
             commit_max_records=self.s.commit_max_records if max_records is None else max_records,
             client=self.conn.client,
+            write_heads=self.s.write_heads and mode == "stage",
         )
 
     @staticmethod
@@ -182,7 +183,7 @@ class _Bench:
             on_client = _Bench(self.s, self.progress, self.security)
             on_client.conn = replace(self.conn, client=client)
             return on_client.workload(w, delivery)
-        topics = create_topics(self.conn, self.s.partitions)
+        topics = create_topics(self.conn, self.s.partitions, heads=self.s.write_heads)
         try:
             pre = preload(self.conn, topics.names.input, w)
             tag = w.key
@@ -215,7 +216,7 @@ class _Bench:
 
     def memory(self, w: Workload, open_groups: int) -> MemoryResult:
         """Idle RSS after a warm-up drain, then RSS while `open_groups` groups miss their last member."""
-        topics = create_topics(self.conn, self.s.partitions)
+        topics = create_topics(self.conn, self.s.partitions, heads=self.s.write_heads)
         try:
             warm = preload(self.conn, topics.names.input, w, groups=max(2, w.groups // 10))
             proc = RunnerProcess(self.spec("stage", topics, "exactly-once", warm, serve_after=True))
@@ -246,7 +247,7 @@ class _Bench:
 
     def sweep_point(self, w: Workload, delivery: str, interval: float, max_records: int) -> SweepPoint:
         """One cadence: its own maximum rate, then latency at half of it (as in the main table)."""
-        topics = create_topics(self.conn, self.s.partitions)
+        topics = create_topics(self.conn, self.s.partitions, heads=self.s.write_heads)
         try:
             pre = preload(self.conn, topics.names.input, w)
             tp, lat = self.drain("stage", topics, delivery, pre, latency_of=w, interval=interval,

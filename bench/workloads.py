@@ -13,6 +13,7 @@ from rollout_stream.clients import MAX_RECORD_BYTES, Connection
 from rollout_stream.codec import Array, Sample, encode_sample, group_key_of
 from rollout_stream.errors import RuntimeFailure
 from rollout_stream.kafka import TopicPartition, TopicSpec, client_for
+from rollout_stream.names import heads_topic
 from rollout_stream.topics import replication_for
 
 __all__ = [
@@ -130,14 +131,18 @@ class TopicTriple:
 class BenchTopics:
     names: TopicTriple
     partitions: int
+    heads: str | None = None  # the output's group heads topic, when the stage writes heads
 
     def all(self) -> list[str]:
-        return [self.names.input, self.names.output, self.names.dead_letter]
+        return [self.names.input, self.names.output, self.names.dead_letter, *filter(None, [self.heads])]
 
 
-def create_topics(conn: Connection, partitions: int, tag: str = "bench") -> BenchTopics:
+def create_topics(conn: Connection, partitions: int, tag: str = "bench", *,
+                  heads: bool = False) -> BenchTopics:
+    """Fresh input, output and dead-letter topics (and the output's group heads topic, with `heads`)."""
     prefix = f"{tag}-{uuid.uuid4().hex[:8]}"
     names = TopicTriple(f"{prefix}-rollouts", f"{prefix}-train", f"{prefix}-dlq")
+    heads_name = heads_topic(names.output) if heads else None
     admin = client_for(conn).admin(client_id=conn.client_id)
     try:
         replication = replication_for(admin)  # on a cluster, replicated as `topics create` would
@@ -146,13 +151,13 @@ def create_topics(conn: Connection, partitions: int, tag: str = "bench") -> Benc
                        {"max.message.bytes": str(MAX_RECORD_BYTES), **replication.configs(),
                         # the broker stamps outputs as it appends them: a rate measured outside the process
                         **({"message.timestamp.type": "LogAppendTime"} if n == names.output else {})})
-             for n in (names.input, names.output, names.dead_letter)]
+             for n in (names.input, names.output, names.dead_letter, *filter(None, [heads_name]))]
         ).values():
             if error is not None:
                 raise error
     finally:
         admin.close()
-    return BenchTopics(names, partitions)
+    return BenchTopics(names, partitions, heads_name)
 
 
 def delete_topics(conn: Connection, topics: list[str]) -> None:

@@ -137,12 +137,19 @@ class Dataset(msgspec.Struct, kw_only=True, tag="dataset", tag_field="type"):
 
 class Checkpoint(msgspec.Struct, kw_only=True, tag="checkpoint", tag_field="type"):
     """The whole fold's state after folding every record through offset `through`: a newcomer loads the
-    newest one and folds only what follows (`rollout_stream.core.checkpoint`)."""
+    newest one and folds only what follows (`rollout_stream.core.checkpoint`).
+
+    A state too large for one record travels as `parts` records, each with the slice `part` of it, in order;
+    `digest` (XXH3-128 of the whole state) names the set. A reader that predates the parts reads a part as a
+    whole state of a newer fold version, and refuses it."""
 
     through: int
     fold_version: int
     state: bytes
     schema_version: int = 1
+    part: int = 0
+    parts: int = 1
+    digest: bytes | None = None
 
 
 AdmissionRecord = (Hello | Request | Cancel | Sent | Delivered | Renew | Release | Resolved | TrainerMark

@@ -3,9 +3,9 @@
 A head says where each of its group's train records lies in train-data (partition, offsets: every chunk
 record of a chunked value) and carries what readers need to agree on the global sequence of groups and
 each batch's shards without fetching the records themselves: lineage, the rollout a sample belongs to,
-token and loss-token counts, weight versions, rewards, the group's statistics and, when the stage found
-one, why the group cannot be collated. A reader then fetches only its own share by offset (docs/reader.md,
-"Bytes each rank fetches").
+token and loss-token counts, weight versions and their spans, rewards, the group's statistics and, when the
+stage found one, why the group cannot be collated. A reader then fetches only its own share by offset
+(docs/reader.md, "Bytes each rank fetches").
 
 Explicit tags and defaults for every field added later (msgspec's schema evolution rules).
 """
@@ -43,6 +43,10 @@ class HeadSample(msgspec.Struct, kw_only=True, frozen=True, array_like=True):
     # `has_metadata_raw_reward` (any value, None included, may be the metadata's).
     metadata_raw_reward: Any = None
     has_metadata_raw_reward: bool = False
+    # A partial rollout's version spans (`Sample.weight_version_offsets`) and, per span, its loss tokens: what
+    # a reader needs to judge staleness per token without the payload (None: the sample has no spans).
+    weight_version_offsets: list[int] | None = None
+    span_loss_tokens: list[int] | None = None
 
 
 class GroupHead(msgspec.Struct, kw_only=True, frozen=True, tag="group_head", tag_field="type"):

@@ -19,6 +19,7 @@ records.
 
 from __future__ import annotations
 
+import struct
 from typing import Any, Protocol
 
 import msgspec
@@ -27,7 +28,8 @@ from msgspec.msgpack import Ext
 from rollout_stream.codec.arrays import _ITEMS_BY_CODE, Array, ShapedArray, array_ext_hook
 from rollout_stream.codec.records import SCHEMA_VERSION, Sample
 
-__all__ = ["HEAD_MAX_BYTES", "SampleHead", "RolloutFields", "decode_head", "item_count", "ext_all_finite"]
+__all__ = ["HEAD_MAX_BYTES", "SampleHead", "RolloutFields", "decode_head", "item_count", "ext_all_finite",
+           "ext_integers"]
 
 HEAD_MAX_BYTES = 32 * 1024
 """Larger records are decoded whole (the module's docstring says why)."""
@@ -50,6 +52,8 @@ class RolloutFields(Protocol):
     rollout_log_probs: Any
     rollout_sampling_mask_ids: Any
     rollout_sampling_mask_offsets: Any
+    weight_versions: list[str]
+    weight_version_offsets: Any
 
 
 def _head_fields() -> list[tuple[str, Any, Any]]:
@@ -87,7 +91,8 @@ def decode_head(data: bytes | memoryview) -> RolloutFields | None:
         return None
     size = _ITEM_SIZE.get
     for ext in (head.tokens, head.loss_mask, head.rollout_log_probs, head.teacher_log_probs,
-                head.opd_reverse_kl, head.rollout_sampling_mask_ids, head.rollout_sampling_mask_offsets):
+                head.opd_reverse_kl, head.rollout_sampling_mask_ids, head.rollout_sampling_mask_offsets,
+                head.weight_version_offsets):
         if ext is not None:
             itemsize = size(ext.code)
             if itemsize is None or len(ext.data) % itemsize:
@@ -115,6 +120,22 @@ def ext_all_finite(ext: Ext) -> bool:
     return not data[itemsize - 1::itemsize].translate(None, _NOT_TOP_EXPONENT)
 
 
+def ext_integers(ext: Ext) -> list[int] | None:
+    """A head's packed integer array as Python ints (little-endian on any host); None for a float or bool
+    array. For short arrays (one item per weight version): it unpacks every item."""
+    layout = _INT_FORMAT.get(ext.code)
+    if layout is None:
+        return None
+    data: bytes = ext.data  # type: ignore[assignment]  # decoded: bytes
+    return list(struct.unpack(f"<{len(data) // layout[1]}{layout[0]}", data))
+
+
+# struct's standard sizes (with "<"), by kind and item size: numpy's own type chars name native C types
+_INT_CHAR = {("u", 1): "B", ("u", 2): "H", ("u", 4): "I", ("u", 8): "Q",
+             ("i", 1): "b", ("i", 2): "h", ("i", 4): "i", ("i", 8): "q"}
+_INT_FORMAT: dict[int, tuple[str, int]] = {code: (_INT_CHAR[dtype.kind, size], size)
+                                           for code, (dtype, size) in _ITEMS_BY_CODE.items()
+                                           if dtype.kind in "iu"}
 _FLOAT_SIZE: dict[int, int] = {code: size for code, (dtype, size) in _ITEMS_BY_CODE.items()
                                if dtype.kind == "f"}
 # Every most significant byte of a float except those whose exponent bits are all ones (deleted by translate).

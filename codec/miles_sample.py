@@ -36,6 +36,7 @@ _PASSED = (
     "rollout_indexer_topk",
     "rollout_sampling_mask_ids",
     "rollout_sampling_mask_offsets",
+    "weight_version_offsets",  # not miles' own: taken where a sample (or its dict) carries it
 )
 # Set on a miles sample, these would change what is trained, and the wire has no field for them.
 _REFUSED = ("multimodal_train_inputs", "adapter")

@@ -51,6 +51,12 @@ class Sample(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type
     # response token t are ids[offsets[t]:offsets[t + 1]]; offsets has response_length + 1 entries.
     rollout_sampling_mask_ids: Array | None = None
     rollout_sampling_mask_offsets: Array | None = None
+    # Partial rollouts (generation interrupted by a weight update and continued): the response token at
+    # which each of `weight_versions` started generating, one offset per version. Version i produced
+    # response tokens [offsets[i], offsets[i + 1]), the last one up to response_length; equal offsets, or
+    # an offset equal to response_length, mark a version that produced none. None: the whole response
+    # under the listed versions, judged by the oldest (docs/codec.md).
+    weight_version_offsets: Array | None = None
 
     def __post_init__(self) -> None:
         # Accept plain lists/ndarrays from callers; decoded records already hold Arrays.
@@ -70,6 +76,9 @@ class Sample(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type
         offsets = self.rollout_sampling_mask_offsets
         if offsets is not None and not isinstance(offsets, Array):
             self.rollout_sampling_mask_offsets = Array(offsets)
+        version_offsets = self.weight_version_offsets
+        if version_offsets is not None and not isinstance(version_offsets, Array):
+            self.weight_version_offsets = Array(version_offsets)
         experts, topk = self.rollout_routed_experts, self.rollout_indexer_topk
         if experts is not None and not isinstance(experts, ShapedArray):
             self.rollout_routed_experts = ShapedArray.of(experts)

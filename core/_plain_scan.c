@@ -3,7 +3,8 @@
  *
  * `plain_head(value, key, default_group_size, max_group_size, max_sibling_count)` returns a
  * `rollout_stream.core.structs.PlainHead` when the record decodes as a `Sample` (`rollout_stream.codec.decode_sample` takes it, with the
- * same values) and is plainly valid (a finite float reward, every size in range, keyed by its group);
+ * same values) and is plainly valid (a finite float reward, every size in range, weight version offsets
+ * that fit the response, keyed by its group);
  * else None, and the caller takes the Python path, which says what is wrong or that it is valid after
  * all. It is a shortcut, never a second judge: anything it does not recognise exactly (an unknown field,
  * a field twice, an ext inside metadata, an integer beyond int64, a plain-list array, routing replay
@@ -20,6 +21,7 @@
 static PyObject *head_type = NULL; /* rollout_stream.core.structs.PlainHead */
 static uint8_t item_size[256];     /* by ext code (as an unsigned byte); 0: not a packed-array code */
 static uint8_t float_size[256];    /* by ext code: 4 or 8 for a packed float array; 0: not one */
+static int8_t int_size[256];       /* by ext code: a packed integer array's item size, negative if signed */
 static long long max_schema_version = 0;
 
 typedef struct {
@@ -199,7 +201,8 @@ enum Field {
     F_RESPONSE_LENGTH, F_REWARD, F_LOSS_MASK, F_ROLLOUT_LOG_PROBS, F_STATUS, F_REMOVE_SAMPLE,
     F_WEIGHT_VERSIONS, F_METADATA, F_GROUP_SIZE, F_SIBLING_COUNT, F_SIBLING_INDEX, F_RUN_ID,
     F_TEACHER_LOG_PROBS, F_OPD_REVERSE_KL, F_ROLLOUT_ROUTED_EXPERTS, F_ROLLOUT_INDEXER_TOPK,
-    F_TRAIN_METADATA, F_ROLLOUT_SAMPLING_MASK_IDS, F_ROLLOUT_SAMPLING_MASK_OFFSETS, F_COUNT
+    F_TRAIN_METADATA, F_ROLLOUT_SAMPLING_MASK_IDS, F_ROLLOUT_SAMPLING_MASK_OFFSETS, F_WEIGHT_VERSION_OFFSETS,
+    F_COUNT
 };
 
 static const char *const FIELD_NAMES[F_COUNT] = {
@@ -207,9 +210,10 @@ static const char *const FIELD_NAMES[F_COUNT] = {
     "response_length", "reward", "loss_mask", "rollout_log_probs", "status", "remove_sample",
     "weight_versions", "metadata", "group_size", "sibling_count", "sibling_index", "run_id",
     "teacher_log_probs", "opd_reverse_kl", "rollout_routed_experts", "rollout_indexer_topk",
-    "train_metadata", "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets",
+    "train_metadata", "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets", "weight_version_offsets",
 };
 static Py_ssize_t field_length[F_COUNT];
+_Static_assert(F_COUNT <= 64, "read_fields keeps a bit per field in a uint64_t");
 
 static inline int is_field(const Item *key, int f) {
     if (key->n != field_length[f]) return 0;
@@ -235,6 +239,8 @@ typedef struct {
     long long rollout_int;
     Item rollout_str, run_id; /* run_id.kind K_NIL when absent */
     Py_ssize_t tokens, loss_mask, log_probs; /* -1: nil */
+    Py_ssize_t versions;                     /* weight_versions' count */
+    Item version_offsets;                    /* kind K_NIL when absent */
 } Head;
 
 /* Whether a packed float array holds only finite values (any other packed array: yes). The wire's floats
@@ -262,6 +268,27 @@ static int all_finite(const Item *it) {
 #endif
 }
 
+/* validate.version_offsets_problem is None: one offset per version, the first 0, none below the one before
+ * it, none past the response. Items are read little-endian, as the wire writes them, on any host. */
+static int version_offsets_fit(const Item *it, Py_ssize_t versions, long long length) {
+    int8_t size = int_size[(uint8_t)it->code];
+    int is_signed = size < 0, width = is_signed ? -size : size;
+    if (it->n / width != versions) return 0;
+    long long previous = 0;
+    for (Py_ssize_t k = 0; k < versions; k++) {
+        const uint8_t *p = it->s + k * width;
+        uint64_t u = 0;
+        for (int b = width - 1; b >= 0; b--) u = (u << 8) | p[b];
+        if (!is_signed && u > (uint64_t)INT64_MAX) return 0; /* not a wire dtype today: never guessed at */
+        int shift = 64 - 8 * width;
+        long long offset = is_signed ? (shift ? (long long)(int64_t)(u << shift) >> shift : (long long)(int64_t)u)
+                                     : (long long)u;
+        if ((k == 0 && offset != 0) || offset < previous || offset > length) return 0;
+        previous = offset;
+    }
+    return 1;
+}
+
 /* An int, or nil when `nullable`: 1 int, 2 nil, 0 neither. */
 static int int_or_nil(const Item *it, int nullable) {
     if (it->kind == K_INT) return 1;
@@ -270,14 +297,14 @@ static int int_or_nil(const Item *it, int nullable) {
 
 static int read_fields(Cursor *c, Head *h) {
     Item top, key, v;
-    uint32_t seen = 0;
+    uint64_t seen = 0; /* a bit per field: room for 64 */
     int f = -1;
     if (!next_item(c, &top) || top.kind != K_MAP) return 0;
     for (Py_ssize_t k = 0; k < top.n; k++) {
         if (!next_item(c, &key) || key.kind != K_STR) return 0;
         f = field_of(&key, f + 1);
-        if (f < 0 || (seen & (1u << f))) return 0; /* an unknown field, or one given twice */
-        seen |= 1u << f;
+        if (f < 0 || (seen & (1ull << f))) return 0; /* an unknown field, or one given twice */
+        seen |= 1ull << f;
         if (f == F_METADATA || f == F_TRAIN_METADATA) {
             if (!next_item(c, &v)) return 0;
             if (f == F_TRAIN_METADATA && v.kind == K_NIL) continue;
@@ -287,6 +314,7 @@ static int read_fields(Cursor *c, Head *h) {
         if (f == F_WEIGHT_VERSIONS) {
             if (!next_item(c, &v) || v.kind != K_ARRAY) return 0;
             for (Py_ssize_t j = 0; j < v.n; j++) if (!next_str(c, &key)) return 0;
+            h->versions = v.n;
             continue;
         }
         if (!next_item(c, &v)) return 0;
@@ -337,6 +365,10 @@ static int read_fields(Cursor *c, Head *h) {
         case F_TEACHER_LOG_PROBS: case F_OPD_REVERSE_KL:
             if (packed(&v) == -2) return 0;
             break;
+        case F_WEIGHT_VERSION_OFFSETS: /* judged once the response length and the versions are read */
+            if (v.kind != K_NIL && (packed(&v) == -2 || int_size[(uint8_t)v.code] == 0)) return 0;
+            h->version_offsets = v;
+            break;
         case F_ROLLOUT_ROUTED_EXPERTS: case F_ROLLOUT_INDEXER_TOPK: /* replay arrays: the whole decode */
         case F_ROLLOUT_SAMPLING_MASK_IDS: case F_ROLLOUT_SAMPLING_MASK_OFFSETS: /* validated whole */
             if (v.kind != K_NIL) return 0;
@@ -369,7 +401,7 @@ static int read_fields(Cursor *c, Head *h) {
         }
     }
     /* the tag and a reward are required here (a missing reward is None: the full check's case) */
-    return c->p == c->end && (seen & (1u << F_TYPE)) && (seen & (1u << F_REWARD));
+    return c->p == c->end && (seen & (1ull << F_TYPE)) && (seen & (1ull << F_REWARD));
 }
 
 static PyObject *plain_head(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -398,7 +430,7 @@ static PyObject *plain_head(PyObject *module, PyObject *const *args, Py_ssize_t 
 
     Head h;
     memset(&h, 0, sizeof h);
-    h.schema_version = 1; h.sibling_count = 1; h.run_id.kind = K_NIL;
+    h.schema_version = 1; h.sibling_count = 1; h.run_id.kind = K_NIL; h.version_offsets.kind = K_NIL;
     h.tokens = h.loss_mask = h.log_probs = -1;
     Cursor c = {(const uint8_t *)PyBytes_AS_STRING(value),
                 (const uint8_t *)PyBytes_AS_STRING(value) + PyBytes_GET_SIZE(value)};
@@ -419,6 +451,8 @@ static PyObject *plain_head(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_RETURN_NONE;
     if ((h.loss_mask >= 0 && h.loss_mask != length) || (h.tokens >= 0 && length > h.tokens) ||
         (h.log_probs >= 0 && h.log_probs != length))
+        Py_RETURN_NONE;
+    if (h.version_offsets.kind != K_NIL && !version_offsets_fit(&h.version_offsets, h.versions, length))
         Py_RETURN_NONE;
 
     /* the record's key must be the group key: f"{run_id}/{group_index}" if run_id else str(group_index) */
@@ -455,10 +489,24 @@ done:
 }
 
 static PyObject *configure(PyObject *module, PyObject *args) {
-    PyObject *type, *sizes, *floats = NULL;
+    PyObject *type, *sizes, *floats = NULL, *ints = NULL;
     long long version;
-    if (!PyArg_ParseTuple(args, "OO!L|O!", &type, &PyDict_Type, &sizes, &version, &PyDict_Type, &floats))
+    if (!PyArg_ParseTuple(args, "OO!L|O!O!", &type, &PyDict_Type, &sizes, &version, &PyDict_Type, &floats,
+                          &PyDict_Type, &ints))
         return NULL;
+    int8_t ints_table[256] = {0};
+    PyObject *icode, *isize;
+    Py_ssize_t ipos = 0;
+    while (ints != NULL && PyDict_Next(ints, &ipos, &icode, &isize)) {
+        long c = PyLong_AsLong(icode), s = PyLong_AsLong(isize);
+        if (PyErr_Occurred()) return NULL;
+        long width = s < 0 ? -s : s;
+        if (c < -128 || c > 127 || (width != 1 && width != 2 && width != 4 && width != 8)) {
+            PyErr_Format(PyExc_ValueError, "integer size %ld for ext code %ld is not 1, 2, 4 or 8", s, c);
+            return NULL;
+        }
+        ints_table[(uint8_t)(int8_t)c] = (int8_t)s;
+    }
     uint8_t floats_table[256] = {0};
     PyObject *fcode, *fsize;
     Py_ssize_t fpos = 0;
@@ -485,6 +533,7 @@ static PyObject *configure(PyObject *module, PyObject *args) {
     }
     memcpy(item_size, table, sizeof table);
     memcpy(float_size, floats_table, sizeof floats_table);
+    memcpy(int_size, ints_table, sizeof ints_table);
     max_schema_version = version;
     Py_XSETREF(head_type, Py_NewRef(type));
     Py_RETURN_NONE;
@@ -494,8 +543,8 @@ static PyMethodDef methods[] = {
     {"plain_head", (PyCFunction)(void (*)(void))plain_head, METH_FASTCALL,
      "plain_head(value, key, default_group_size, max_group_size, max_sibling_count) -> PlainHead | None"},
     {"configure", configure, METH_VARARGS,
-     "configure(head_type, item_sizes_by_ext_code, schema_version[, float_sizes_by_ext_code]): once, before "
-     "plain_head"},
+     "configure(head_type, item_sizes_by_ext_code, schema_version[, float_sizes_by_ext_code[, "
+     "int_sizes_by_ext_code (negative: signed)]]): once, before plain_head"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,7 +22,6 @@ undelivered groups counted in H (they can never complete), and after `lease_ms` 
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -39,6 +38,7 @@ from rollout_stream.codec.admission import (
     Sent,
     TrainerMark,
 )
+from rollout_stream.core.admission_index import GroupIndex
 from rollout_stream.core.pacing import next_batch_version
 
 __all__ = ["AdmissionLog", "AdmissionSnapshot", "AdmittedGroup", "Decision", "Outcome"]
@@ -150,29 +150,16 @@ class AdmissionLog:
         self.reindex()
 
     def reindex(self) -> None:
-        """Rebuild the indexes from the state (after loading it). They are derived, never state: they let a
-        record touch only the groups, sessions and keys it changes or whose time has come, so the cost of a
-        record does not grow with the backlog. Groups are acted on in `groups` order, as a scan would."""
-        self._seq: dict[int, int] = {}  # request -> its place in `groups` (insertion order)
-        self._next_seq = 0
-        self._undelivered: dict[tuple[str, str], dict[int, None]] = {}  # (producer, session) -> requests
-        self._unrevoked: dict[tuple[str, str], dict[int, None]] = {}  # the same, not revoked yet
-        self._due: list[tuple[int, int]] = []  # heap of (log ms, request): a sent expiry or a forget time
-        self._count: dict[str, int] = {}  # trainer -> its groups
-        self._weights: dict[str, dict[int, int]] = {}  # trainer -> weight version -> groups not revoked
-        self._bounds: dict[str, dict[tuple[int, int, int], int]] = {}  # ... (w, vpb, max_policy_lag) -> groups
+        """Rebuild the indexes from the state (after loading it): they are derived, never state
+        (rollout_stream.core.admission_index)."""
+        self._index = GroupIndex()
         self._renewals: deque[tuple[int, str, str]] = deque()  # (renewed ms, producer, session), oldest first
         self._suspected: dict[str, None] = {}  # producers whose session has not renewed for `suspect_ms`
         self._unmatched_at: deque[tuple[int, str]] = deque()  # (log ms, key), oldest first
         for request, group in self.groups.items():
-            self._seq[request] = self._next_seq
-            self._next_seq += 1
-            self._index(request, group)
-            if group.sent:
-                self._due.append((group.sent_ms + self.sent_expiry_ms, request))
-            if group.revoked_ms is not None:
-                self._due.append((group.forget_at_ms, request))
-        heapq.heapify(self._due)
+            self._index.place(request)
+            self._index.count(request, group, 1)
+            self._schedule(request, group)
         for producer, s in sorted(self.sessions.items(), key=lambda item: item[1].renewed_ms):
             self._renewals.append((s.renewed_ms, producer, s.session))
         for key, (_, _, ms) in sorted(self.unmatched.items(), key=lambda item: item[1][2]):
@@ -228,7 +215,7 @@ class AdmissionLog:
             group = self.groups.get(record.request)
             if group is not None and group.session == record.session and not group.sent:
                 group.sent, group.key, group.sent_ms = True, record.key, self.clock_ms
-                heapq.heappush(self._due, (group.sent_ms + self.sent_expiry_ms, record.request))
+                self._index.schedule(group.sent_ms + self.sent_expiry_ms, record.request)
                 self.by_key[record.key] = record.request
                 early = self.unmatched.pop(record.key, None)
                 if early is not None:
@@ -238,9 +225,9 @@ class AdmissionLog:
             group = self.groups.get(record.request)
             if group is not None and group.session == record.session:
                 if not group.delivered:
-                    self._unindex(record.request, group)
+                    self._index.count(record.request, group, -1)
                     group.delivered = True
-                    self._index(record.request, group)
+                    self._index.count(record.request, group, 1)
                 self.late_delivered += group.revoked_ms is not None
         elif isinstance(record, Renew):
             self._renew(record.producer, record.session)
@@ -288,7 +275,7 @@ class AdmissionLog:
             if p.request.producer == producer and p.request.session == ended.session:
                 del self.pending[request]
                 out.append(Decision(request, Outcome.REVOKED, offset))
-        for request in self._in_order(self._undelivered.get((producer, ended.session), {})):
+        for request in self._index.in_order(self._index.undelivered.get((producer, ended.session), {})):
             group = self.groups[request]
             if forget_unsent:
                 self._remove(request)
@@ -357,14 +344,10 @@ class AdmissionLog:
             s = self.sessions.get(producer)
             if s is not None and s.session == session and s.renewed_ms == ms:  # else renewed or ended since
                 self._suspected[producer] = None
-        due: set[int] = set()
+        due = {request for request in self._index.due(clock) if request in self.groups}
         for producer in self._suspected:
-            due.update(self._unrevoked.get((producer, self.sessions[producer].session), ()))
-        while self._due and self._due[0][0] <= clock:
-            request = heapq.heappop(self._due)[1]
-            if request in self.groups:
-                due.add(request)
-        for request in self._in_order(due):
+            due.update(self._index.unrevoked.get((producer, self.sessions[producer].session), ()))
+        for request in self._index.in_order(due):
             group = self.groups[request]
             s = self.sessions.get(group.producer)
             if (group.revoked_ms is None and not group.delivered and s is not None
@@ -384,71 +367,36 @@ class AdmissionLog:
         for producer in ended:
             self._end_session(producer, offset, out, forget_unsent=False)
 
-    # ---- the groups and their indexes ----------------------------------------------------------
+    # ---- the groups, indexed --------------------------------------------------------------------
     def _insert(self, request: int, group: _Group) -> None:
-        """`groups[request] = group`, indexed (a request already there keeps its place)."""
+        """`groups[request] = group` (a request already there keeps its place)."""
         old = self.groups.get(request)
-        if old is None:
-            self._seq[request] = self._next_seq
-            self._next_seq += 1
-        else:
-            self._unindex(request, old)
+        if old is not None:
+            self._index.count(request, old, -1)
+        self._index.place(request)
         self.groups[request] = group
-        self._index(request, group)
-        if group.sent:  # due again if it was due while out of `groups` (consumed in an uncommitted batch)
-            heapq.heappush(self._due, (group.sent_ms + self.sent_expiry_ms, request))
-        if group.revoked_ms is not None:
-            heapq.heappush(self._due, (group.forget_at_ms, request))
+        self._index.count(request, group, 1)
+        self._schedule(request, group)  # due again if it was due while out of `groups` (an uncommitted batch)
 
     def _remove(self, request: int) -> _Group | None:
         group = self.groups.pop(request, None)
         if group is not None:
-            self._unindex(request, group)
-            del self._seq[request]
+            self._index.count(request, group, -1)
+            self._index.leave(request)
         return group
 
     def _revoke(self, request: int, group: _Group, forget_at_ms: int) -> None:
-        self._unindex(request, group)
+        self._index.count(request, group, -1)
         group.revoked_ms, group.forget_at_ms = self.clock_ms, forget_at_ms
-        self._index(request, group)
-        heapq.heappush(self._due, (forget_at_ms, request))
+        self._index.count(request, group, 1)
+        self._index.schedule(forget_at_ms, request)
         self._revoked(request, group)
 
-    def _in_order(self, requests: set[int] | dict[int, None]) -> list[int]:
-        return sorted(requests, key=self._seq.__getitem__)
-
-    def _index(self, request: int, group: _Group) -> None:
-        """Count `group` where its fields put it (`_unindex` before a field changes, `_index` after)."""
-        self._count[group.trainer] = self._count.get(group.trainer, 0) + 1
-        where = (group.producer, group.session)
-        if not group.delivered:
-            self._undelivered.setdefault(where, {})[request] = None
-        if group.revoked_ms is None:
-            if not group.delivered:
-                self._unrevoked.setdefault(where, {})[request] = None
-            self._weigh(group, 1)
-
-    def _unindex(self, request: int, group: _Group) -> None:
-        _drop_count(self._count, group.trainer, 1)
-        where = (group.producer, group.session)
-        if not group.delivered:
-            _drop_key(self._undelivered, where, request)
-        if group.revoked_ms is None:
-            if not group.delivered:
-                _drop_key(self._unrevoked, where, request)
-            self._weigh(group, -1)
-
-    def _weigh(self, group: _Group, n: int) -> None:
-        weights = self._weights.setdefault(group.trainer, {})
-        weights[group.weight_version] = weights.get(group.weight_version, 0) + n
-        if not weights[group.weight_version]:
-            del weights[group.weight_version]
-        if group.max_policy_lag is not None:
-            bounds = self._bounds.setdefault(group.trainer, {})
-            key = (group.weight_version, group.versions_per_batch, group.max_policy_lag)
-            bounds[key] = bounds.get(key, 0) + n
-            if not bounds[key]:
-                del bounds[key]
+    def _schedule(self, request: int, group: _Group) -> None:
+        if group.sent:
+            self._index.schedule(group.sent_ms + self.sent_expiry_ms, request)
+        if group.revoked_ms is not None:
+            self._index.schedule(group.forget_at_ms, request)
 
     def _scan(self, offset: int, out: list[Decision]) -> None:
         for request, p in list(self.pending.items()):
@@ -488,35 +436,32 @@ class AdmissionLog:
         return self._base(t, r.versions_per_batch, r.weight_version) - r.weight_version > r.max_policy_lag
 
     def admissible(self, r: Request) -> bool:
-        """The rule for `r`, from the trainer's outstanding groups counted by weight version and bound (the
-        cost grows with the distinct versions outstanding, not with the groups). H: the revoked groups (not
-        counted) and those more than `max_weight_staleness` behind the trainer (below `floor`)."""
+        """The rule for `r`, from the trainer's outstanding groups counted by weight version and bound (a
+        record's cost does not grow with the backlog). H: the revoked groups (not counted) and those more
+        than `max_weight_staleness` behind the trainer (below `floor`)."""
         t = self.trainers.get(r.trainer)
-        if r.max_unconsumed_groups is not None and self._count.get(r.trainer, 0) >= r.max_unconsumed_groups:
+        if (r.max_unconsumed_groups is not None
+                and self._index.outstanding.get(r.trainer, 0) >= r.max_unconsumed_groups):
             return False
         if t is None:
             return r.max_policy_lag is None
-        bounds = self._bounds.get(r.trainer, {})
+        bounds = self._index.bounds.get(r.trainer, {})
         if r.max_policy_lag is None and not bounds:
             return True  # no group in line has a bound to break
         s, v = t.max_weight_staleness, t.weight_version
         floor = v - s if s is not None and v is not None else None  # below it a group never trains (H)
-        live, start = 1, r.weight_version  # the new group, then every one that can still train
-        for w, n in self._weights.get(r.trainer, {}).items():
-            if True:
-                live, start = live + n, max(start, w)
+        weights = self._index.weights.get(r.trainer)
+        live = 1 + (weights.count_from(floor) if weights is not None else 0)  # with the new group
+        newest = weights.highest() if weights is not None else None
+        start = r.weight_version if newest is None or (floor is not None and newest < floor) else max(
+            newest, r.weight_version)  # a trainer without a version yet: assumed at the newest
         behind = (live - 1) // t.groups_per_batch  # batches after the next one, for the last in line
-        checks = [key for key in bounds if floor is None or key[0] >= floor]
+        # per bound, its oldest group that can still train is the one closest to breaking it
+        checks = [(w, vpb, lag) for (vpb, lag), versions in bounds.items()
+                  if (w := versions.lowest_from(floor)) is not None]
         if r.max_policy_lag is not None:
             checks.append((r.weight_version, r.versions_per_batch, r.max_policy_lag))
-        bases: dict[int, int] = {}
-        for w, vpb, lag in checks:
-            base = bases.get(vpb)
-            if base is None:
-                base = bases[vpb] = self._base(t, vpb, start)
-            if base + behind * vpb - w > lag:
-                return False
-        return True
+        return all(self._base(t, vpb, start) + behind * vpb - w <= lag for w, vpb, lag in checks)
 
     # ---- what is shown -------------------------------------------------------------------------
     def snapshot(self) -> AdmissionSnapshot:
@@ -526,22 +471,10 @@ class AdmissionLog:
             clock_ms=self.clock_ms,
             pending=len(self.pending),
             oldest_pending_ms=None if oldest is None else self.clock_ms - oldest,
-            outstanding=dict(self._count),
-            unsent=sum(len(requests) for requests in self._undelivered.values()),
+            outstanding=dict(self._index.outstanding),
+            unsent=sum(len(requests) for requests in self._index.undelivered.values()),
             sessions={p: "suspected" if self.clock_ms - s.renewed_ms >= self.suspect_ms else "ok"
                       for p, s in self.sessions.items()},
             trainer_mark_age_ms={name: self.clock_ms - t.updated_ms for name, t in self.trainers.items()},
         )
 
-
-def _drop_count(counts: dict[str, int], key: str, n: int) -> None:
-    counts[key] -= n
-    if not counts[key]:
-        del counts[key]
-
-
-def _drop_key(index: dict[tuple[str, str], dict[int, None]], where: tuple[str, str], request: int) -> None:
-    requests = index[where]
-    del requests[request]
-    if not requests:
-        del index[where]

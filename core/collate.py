@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # imported where tensors are built: tools that only assemble 
 
 from rollout_stream.codec import Sample, TrainSample
 from rollout_stream.core.rewards import declared_rollout_key
+from rollout_stream.core.validate import version_spans_problem
 
 __all__ = [
     "Collated",
@@ -80,7 +81,8 @@ def collation_problem(s: TrainSample | Sample) -> str | None:
         return f"rollout_log_probs has {len(lp)} entries but response_length is {resp}"
     if lp is not None and lp.dtype.kind != "f":
         return f"rollout_log_probs have dtype {lp.dtype}, not a float type"
-    return None
+    # validated by the stage, but a stage older than the field passes it on unread
+    return version_spans_problem(sample)
 
 
 def _padded(parts: list[np.ndarray], lengths: np.ndarray, width: int, fill: float, dtype: type) -> np.ndarray:

@@ -7,7 +7,7 @@ MessagePack
 bytes and builds one small struct, `rollout_stream.core.structs.PlainHead`. It decides nothing of its own: it
 returns a
 head only for a record `decode_sample` takes, with the same values, and `plainly_valid` accepts (rollout
-log-probs all finite, no sampling mask), with the
+log-probs all finite, no sampling mask, weight version offsets that fit), with the
 same group key; anything else is None, and the store takes the Python path, which says what is wrong.
 tests/core/test_plain_scan.py compares it with that path on random and corrupted records.
 
@@ -39,7 +39,9 @@ if _plain_scan is not None:
     # the packed arrays' item sizes and the schema version from the codec's own tables, not copies in C
     _plain_scan.configure(PlainHead, {code: size for code, (_, size) in _ITEMS_BY_CODE.items()},
                           SCHEMA_VERSION,
-                          {code: size for code, (dtype, size) in _ITEMS_BY_CODE.items() if dtype.kind == "f"})
+                          {code: size for code, (dtype, size) in _ITEMS_BY_CODE.items() if dtype.kind == "f"},
+                          {code: -size if dtype.kind == "i" else size
+                           for code, (dtype, size) in _ITEMS_BY_CODE.items() if dtype.kind in "iu"})
 
 
 def scanner() -> PlainScan | None:

@@ -3,14 +3,20 @@ the seeded order of an epoch, and the counts shown per epoch (docs/loop.md)."""
 
 from __future__ import annotations
 
-import random
+import hashlib
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+import numpy as np
+
 from rollout_stream.codec.admission import Dataset
 
-__all__ = ["CODES", "COUNTED", "Attempt", "AttemptEnd", "Epoch", "EpochStatus", "Exhausted", "PromptRecord",
-           "PromptState", "SourceState", "attempt_history", "epoch_order"]
+__all__ = ["CODES", "COUNTED", "KEEP_SETTLED", "Attempt", "AttemptEnd", "Epoch", "EpochStatus", "Exhausted",
+           "PromptRecord", "PromptState", "SourceState", "attempt_history", "epoch_order", "epoch_permutation"]
+
+# Settled prompts of an open epoch whose attempts are kept (`prompts show`); older ones keep their outcome.
+KEEP_SETTLED = 10_000
 
 
 class PromptState(Enum):
@@ -91,29 +97,91 @@ class Exhausted:
 
 @dataclass(slots=True)
 class Epoch:
+    """One epoch of a source: where its order is, and every prompt it handed out.
+
+    A prompt's record (its attempts) is kept while it waits or is in flight, and once final for the newest
+    `KEEP_SETTLED` settled (`recent`, oldest first); an older final prompt shrinks to its state code in
+    `codes` (by row, 0: not shrunk) and its reason in `reasons`. Once every prompt of the epoch is final
+    every record shrinks. A dataset of millions of prompts so costs a byte a prompt in memory, and far less
+    in a checkpoint (rollout_stream.core.checkpoint); a shrunk prompt's attempts are gone, and with them what
+    `late_trained` and `duplicates` would count for it."""
+
     cursor: int = 0  # prompts of the order handed out for the first time
-    prompts: dict[int, PromptRecord] = field(default_factory=dict)  # every prompt handed out, by row
+    prompts: dict[int, PromptRecord] = field(default_factory=dict)  # the records kept, by row
     final: int = 0  # prompts in a final state
     reissued: int = 0  # attempts that ended without a result and were handed out again
     reissued_by: dict[str, int] = field(default_factory=dict)  # the same, by how the attempt ended
-    # Once every prompt is final the records shrink to one state code per row and the reasons: a week of
-    # epochs stays small in memory and in a checkpoint (the attempts' history goes; `late_trained` and
-    # `duplicates` no longer see the epoch).
-    settled: bytes | None = None
+    recent: deque[int] = field(default_factory=deque)
+    codes: bytearray | None = None
     reasons: dict[int, str] = field(default_factory=dict)
 
+    @property
+    def settled(self) -> bool:
+        """Every prompt of the epoch is final (and shrunk)."""
+        return self.codes is not None and not self.prompts and self.final == len(self.codes)
+
     def record(self, prompt: int) -> PromptRecord | None:
-        if self.settled is None:
-            return self.prompts.get(prompt)
-        if not 0 <= prompt < len(self.settled):
-            return None
-        return PromptRecord(CODES[self.settled[prompt]], [], self.reasons.get(prompt))
+        """A prompt's record (a shrunk one's has no attempts); None: not handed out."""
+        rec = self.prompts.get(prompt)
+        if rec is not None or self.codes is None or not 0 <= prompt < len(self.codes) or not self.codes[prompt]:
+            return rec
+        return PromptRecord(CODES[self.codes[prompt]], [], self.reasons.get(prompt))
+
+    def finalized(self, prompt: int, prompts: int) -> None:
+        """`prompt` (kept in `prompts`) has just become final; `prompts`: the dataset's size."""
+        self.final += 1
+        if self.final == prompts and self.cursor == prompts:
+            for row in list(self.prompts):
+                self._shrink(row, prompts)
+            self.recent.clear()
+            return
+        self.recent.append(prompt)
+        while len(self.recent) > KEEP_SETTLED:
+            self._shrink(self.recent.popleft(), prompts)
+
+    def _shrink(self, prompt: int, prompts: int) -> None:
+        rec = self.prompts.pop(prompt)
+        if self.codes is None:
+            self.codes = bytearray(prompts)
+        self.codes[prompt] = CODES.index(rec.state)
+        if rec.reason is not None:
+            self.reasons[prompt] = rec.reason
+
+    def _shrunk(self) -> np.ndarray:
+        return np.frombuffer(self.codes or b"", dtype=np.uint8)
 
     def states(self) -> list[tuple[int, PromptState, str | None]]:
         """(row, state, reason) of every prompt handed out."""
-        if self.settled is None:
-            return [(p, rec.state, rec.reason) for p, rec in self.prompts.items()]
-        return [(p, CODES[code], self.reasons.get(p)) for p, code in enumerate(self.settled)]
+        out = [(p, rec.state, rec.reason) for p, rec in self.prompts.items()]
+        codes = self._shrunk()
+        return out + [(p, CODES[codes[p]], self.reasons.get(p)) for p in np.flatnonzero(codes).tolist()]
+
+    def rows(self, state: PromptState) -> list[int]:
+        """The rows of the prompts in `state`."""
+        shrunk = np.flatnonzero(self._shrunk() == CODES.index(state)).tolist()
+        return [p for p, rec in self.prompts.items() if rec.state is state] + shrunk
+
+    def tally(self) -> tuple[dict[PromptState, int], dict[str, int]]:
+        """How many prompts handed out are in each state, and the dead-lettered ones by reason."""
+        counts = dict.fromkeys(PromptState, 0)
+        dead: dict[str, int] = {}
+        for rec in self.prompts.values():
+            counts[rec.state] += 1
+            if rec.state is PromptState.DEAD_LETTERED:
+                dead[rec.reason or "?"] = dead.get(rec.reason or "?", 0) + 1
+        if self.codes is not None:
+            codes = self._shrunk()
+            for state, n in zip(CODES[1:], np.bincount(codes, minlength=len(CODES))[1:].tolist(), strict=True):
+                counts[state] += n
+            dead_code, named = CODES.index(PromptState.DEAD_LETTERED), 0
+            for p, reason in self.reasons.items():
+                if codes[p] == dead_code:
+                    dead[reason] = dead.get(reason, 0) + 1
+                    named += 1
+            unnamed = int(np.count_nonzero(codes == dead_code)) - named
+            if unnamed:
+                dead["?"] = dead.get("?", 0) + unnamed
+        return counts, dead
 
 
 @dataclass(slots=True)
@@ -149,9 +217,15 @@ class EpochStatus:
     reissued_by: dict[str, int] = field(default_factory=dict)  # by how they ended (`AttemptEnd` values)
 
 
+def epoch_permutation(prompts: int, seed: int, epoch: int) -> np.ndarray:
+    """The rows in the order epoch `epoch` hands them out: the same in every process and every numpy version
+    (the legacy `RandomState` stream is frozen), seeded by SHA-512 of `"{seed}:{epoch}"`. About 0.6 s for
+    10,000,000 rows."""
+    words = np.frombuffer(hashlib.sha512(f"{seed}:{epoch}".encode()).digest(), dtype="<u4")
+    order = np.random.RandomState(words).permutation(prompts)
+    return order.astype(np.int32) if prompts < 2**31 else order
+
+
 def epoch_order(prompts: int, seed: int, epoch: int) -> list[int]:
-    """The rows in the order epoch `epoch` hands them out: the same in every process (a str seed is hashed
-    with SHA-512, independent of PYTHONHASHSEED)."""
-    order = list(range(prompts))
-    random.Random(f"{seed}:{epoch}").shuffle(order)
-    return order
+    """`epoch_permutation` as a list."""
+    return list(epoch_permutation(prompts, seed, epoch).tolist())

@@ -17,6 +17,8 @@ it at zero.
 
 from __future__ import annotations
 
+import numpy as np
+
 from rollout_stream.codec.admission import (
     AdmissionRecord,
     Checkpoint,
@@ -31,7 +33,6 @@ from rollout_stream.codec.admission import (
 from rollout_stream.core.admission import AdmissionLog, AdmittedGroup, Decision
 from rollout_stream.core.prompt_keys import AttemptKey, PromptId, parse_attempt_key, valid_source
 from rollout_stream.core.prompt_records import (
-    CODES,
     COUNTED,
     Attempt,
     AttemptEnd,
@@ -42,6 +43,7 @@ from rollout_stream.core.prompt_records import (
     PromptState,
     SourceState,
     epoch_order,
+    epoch_permutation,
 )
 
 __all__ = ["EXHAUSTED_REASON", "RETRY_REASONS", "Attempt", "AttemptEnd", "EpochStatus", "Exhausted",
@@ -66,7 +68,7 @@ class PromptLog(AdmissionLog):
         self.duplicates = 0  # trainings of a prompt already trained (the reader's fence keeps it at 0)
         self.late_trained = 0  # exhausted prompts that trained after all
         self.checkpointed_through = -1  # the newest checkpoint record folded holds the state through here
-        self._orders: dict[tuple[str, int], list[int]] = {}  # derived, not state
+        self._orders: dict[tuple[str, int], np.ndarray] = {}  # derived, not state
         self._failing: dict[int, str] = {}  # while a failure's Release is folded: request -> error
 
     # ---- the fold --------------------------------------------------------------------------------
@@ -127,7 +129,8 @@ class PromptLog(AdmissionLog):
     def _next(self, name: str, src: SourceState) -> tuple[int, int] | None:
         while src.retry:
             epoch, prompt = src.retry.pop(0)
-            if src.epochs[epoch].prompts[prompt].state is PromptState.WAITING:  # never settled: not compacted
+            rec = src.epochs[epoch].prompts.get(prompt)
+            if rec is not None and rec.state is PromptState.WAITING:  # a waiting prompt is never shrunk
                 return epoch, prompt
             # settled while it waited: a lapsed attempt's group still made it
         n = src.dataset.prompts
@@ -140,15 +143,16 @@ class PromptLog(AdmissionLog):
         epoch = len(src.epochs) - 1
         e = src.epochs[epoch]
         e.cursor += 1
-        return epoch, self.order(name, epoch)[e.cursor - 1]
+        return epoch, int(self.order(name, epoch)[e.cursor - 1])
 
-    def order(self, name: str, epoch: int) -> list[int]:
+    def order(self, name: str, epoch: int) -> np.ndarray:
+        """Epoch `epoch`'s order of source `name` (`epoch_permutation`, cached)."""
         cached = self._orders.get((name, epoch))
         if cached is None:
             d = self.sources[name].dataset
             if len(self._orders) > 4:
                 self._orders.clear()
-            cached = self._orders[(name, epoch)] = epoch_order(d.prompts, d.seed, epoch)
+            cached = self._orders[(name, epoch)] = epoch_permutation(d.prompts, d.seed, epoch)
         return cached
 
     # ---- attempts ending -------------------------------------------------------------------------
@@ -262,15 +266,8 @@ class PromptLog(AdmissionLog):
         was_final = rec.state.final
         rec.state, rec.reason = state, reason
         if not was_final:
-            self._finalized(self.sources[key.source], key.epoch)
-
-    def _finalized(self, src: SourceState, epoch: int) -> None:
-        e = src.epochs[epoch]
-        e.final += 1
-        if e.final == src.dataset.prompts and e.cursor == src.dataset.prompts:
-            e.settled = bytes(CODES.index(e.prompts[p].state) for p in range(src.dataset.prompts))
-            e.reasons = {p: rec.reason for p, rec in e.prompts.items() if rec.reason is not None}
-            e.prompts = {}
+            src = self.sources[key.source]
+            src.epochs[key.epoch].finalized(key.prompt, src.dataset.prompts)
 
     def _end(self, request: int, end: AttemptEnd) -> None:
         """The live attempt admitted by `request` ended without a result: hand its prompt out again."""
@@ -285,7 +282,7 @@ class PromptLog(AdmissionLog):
             rec.state, rec.reason = PromptState.EXHAUSTED, EXHAUSTED_REASON
             src.unrecorded.append(Exhausted(epoch, prompt, list(rec.attempts), self.next_offset - 1,
                                             self.clock_ms))
-            self._finalized(src, epoch)
+            src.epochs[epoch].finalized(prompt, src.dataset.prompts)
             return
         rec.state = PromptState.WAITING
         if end is AttemptEnd.RELEASED:
@@ -368,8 +365,7 @@ class PromptLog(AdmissionLog):
         src = self.sources.get(source)
         if src is None:
             return set()
-        return {(source, e, p) for e, ep in enumerate(src.epochs) for p, state, _ in ep.states()
-                if state is PromptState.TRAINED}
+        return {(source, e, p) for e, ep in enumerate(src.epochs) for p in ep.rows(PromptState.TRAINED)}
 
     def status(self, source: str) -> list[EpochStatus]:
         """Per epoch handed out so far: how many prompts are in each state."""
@@ -378,12 +374,7 @@ class PromptLog(AdmissionLog):
             return []
         out = []
         for number, ep in enumerate(src.epochs):
-            counts = dict.fromkeys(PromptState, 0)
-            dead: dict[str, int] = {}
-            for _, state, reason in ep.states():
-                counts[state] += 1
-                if state is PromptState.DEAD_LETTERED:
-                    dead[reason or "?"] = dead.get(reason or "?", 0) + 1
+            counts, dead = ep.tally()
             out.append(EpochStatus(number, src.dataset.prompts,
                                    counts[PromptState.WAITING] + src.dataset.prompts - ep.cursor,
                                    counts[PromptState.IN_FLIGHT], counts[PromptState.TRAINED], dead,

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from rollout_stream.codec import Array, Sample, group_key_of
-from rollout_stream.codec.head import RolloutFields
+from rollout_stream.codec.head import RolloutFields, ext_integers
 from rollout_stream.core.rewards import RewardSelectionError, select_reward
 
 __all__ = ["MAX_GROUP_SIZE", "MAX_SIBLING_COUNT", "SampleLimits", "validate_sample", "effective_group_size",
-           "plainly_valid"]
+           "plainly_valid", "version_offsets_problem", "version_spans_problem"]
 
 # The stage's limits: larger sizes are dead-lettered as invalid_sample instead of opening unbounded windows.
 # The worker's --group-size and synth's --group-size are refused above MAX_GROUP_SIZE too.
@@ -75,7 +75,7 @@ def validate_sample(
     if sample.rollout_log_probs is not None and len(sample.rollout_log_probs) != sample.response_length:
         return (f"rollout_log_probs has {len(sample.rollout_log_probs)} entries but response_length is "
                 f"{sample.response_length}")
-    problem = _log_prob_problem(sample) or _sampling_mask_problem(sample)
+    problem = _log_prob_problem(sample) or _sampling_mask_problem(sample) or version_spans_problem(sample)
     if problem is not None:
         return problem
     expected_key = group_key_of(sample.run_id, sample.group_index).encode()
@@ -135,6 +135,53 @@ def _sampling_mask_problem(sample: Sample) -> str | None:
     return None
 
 
+def version_spans_problem(sample: Sample) -> str | None:
+    """Why the sample's `weight_version_offsets` cannot say where each of its weight versions started, or None
+    (also when it has none)."""
+    offsets = sample.weight_version_offsets
+    if offsets is None:
+        return None
+    if offsets.dtype.kind not in "iu":
+        return f"weight_version_offsets must hold integers, got {offsets.dtype}"
+    return version_offsets_problem(offsets, len(sample.weight_versions), sample.response_length)
+
+
+class Offsets(Protocol):
+    """Integers with a length: a list, an integer `Array`, a head's unpacked `Ext`."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[int]: ...
+
+
+def version_offsets_problem(offsets: Offsets, versions: int, response_length: int) -> str | None:
+    """Why `offsets` cannot be the response tokens at which each of `versions` weight versions started
+    (`Sample.weight_version_offsets`), or None: one per version, the first 0, never decreasing, none past the
+    response (an offset equal to `response_length` is a version that generated no token)."""
+    if len(offsets) != versions:
+        return (f"weight_version_offsets has {len(offsets)} entries but weight_versions has {versions} "
+                "(one offset per version)")
+    previous = 0
+    for version, offset in enumerate(offsets):
+        if version == 0 and offset != 0:
+            return f"weight_version_offsets must start at 0, got {int(offset)}"
+        if offset < previous:
+            return f"weight_version_offsets decrease at version {version} ({previous} then {int(offset)})"
+        if offset > response_length:
+            return (f"weight_version_offsets[{version}] is {int(offset)}, past the response of "
+                    f"{response_length} tokens")
+        previous = int(offset)
+    return None
+
+
+def _integers(values: Any) -> Offsets | None:
+    """A packed integer array's items (an `Array` of a `Sample`, an `Ext` of a `SampleHead`); None for a
+    float or bool array."""
+    if isinstance(values, Array):
+        return values if values.dtype.kind in "iu" else None
+    return ext_integers(values)
+
+
 def _finite(values: Array) -> bool:
     return values.dtype.kind != "f" or bool(np.isfinite(values.numpy()).all())
 
@@ -151,8 +198,7 @@ def plainly_valid(
     items an array holds: `len` for a `Sample`, `rollout_stream.codec.head.item_count` for a `SampleHead`;
     `finite` whether
     one holds no NaN or infinity (`rollout_stream.codec.head.ext_all_finite` for a `SampleHead`). A sampling
-    mask takes the
-    full check.
+    mask takes the full check; weight version offsets are checked here, on either.
     """
     reward = sample.reward
     group_index = sample.group_index
@@ -174,6 +220,14 @@ def plainly_valid(
         return None
     if sample.rollout_sampling_mask_ids is not None or sample.rollout_sampling_mask_offsets is not None:
         return None
+    version_offsets = sample.weight_version_offsets
+    if version_offsets is not None:
+        versions = len(sample.weight_versions)
+        if count(version_offsets) != versions:
+            return None
+        values = _integers(version_offsets)
+        if values is None or version_offsets_problem(values, versions, length) is not None:
+            return None
     run_id = sample.run_id
     gkey = f"{run_id}/{group_index}" if run_id else str(group_index)  # codec's group_key_of, inlined
     return gkey if key == gkey.encode() else None

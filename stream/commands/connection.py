@@ -4,16 +4,16 @@ Adopt them in a command with two lines:
 
     @grouped_options
     def tail(bootstrap_servers: Bootstrap = None, ..., security: SecurityOptions = NO_SECURITY_OPTIONS):
-        conn = connection_from_options(bootstrap_servers, security)
+        conn = connection_from_options(bootstrap_servers, security, local=running_local_broker)
 
 `SecurityOptions` is an option group (rollout_stream.commands.options): `grouped_options` shows typer its
 flags and hands them to the function as one `SecurityOptions`. `connection_from_options` builds the settings
 (flag > env var > --kafka-config file), resolves the bootstrap address, and checks TCP, TLS and SASL once, so
 a wrong password or an untrusted certificate ends the command at once with one line, not a retry loop.
 
-Given no address, a command fails with `NO_ADDRESS` unless it hands in where else to look (`local=`,
-rollout_stream.commands.local): this module never reaches the local development broker itself, so `run`,
-which imports it, cannot start one.
+Given no address, a command fails with `NO_ADDRESS` unless it hands in where else to look (`local=`: the
+lookups of rollout_stream.commands.local). This module never reaches the local development broker itself, so
+`run`, which imports it and passes no `local`, cannot start one.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields, replace
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,6 +28,9 @@ from rollout_stream.ops.prompts import (
     render_prompt,
     render_prompts,
 )
+
+if TYPE_CHECKING:
+    from typer._click.core import Context  # typer.Context's base, what `ctx.parent` is
 
 __all__ = ["register"]
 
@@ -129,7 +132,7 @@ def _merged(ctx: typer.Context, own: _Shared) -> _Shared:
     if group is None:
         return own
 
-    def on_command_line(context: typer.Context, name: str) -> bool:
+    def on_command_line(context: Context, name: str) -> bool:
         # click's ParameterSource, by name: typer does not export the enum
         return getattr(context.get_parameter_source(name), "name", None) == "COMMANDLINE"
 

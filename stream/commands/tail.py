@@ -20,6 +20,7 @@ from rollout_stream.commands.connection import NO_SECURITY_OPTIONS, SecurityOpti
 from rollout_stream.commands.local import running_local_broker
 from rollout_stream.commands.options import DEFAULT_TOPICS, Bootstrap, OutputTopic, grouped_options
 from rollout_stream.config import check_seconds
+from rollout_stream.core.assembly import loss_tokens
 from rollout_stream.core.rewards import declared_rollout_key
 from rollout_stream.layout import Fit, Flow, output_console
 from rollout_stream.topics import partition_count, require_topics
@@ -59,16 +60,13 @@ def _cells(samples: Sequence[TrainSample]) -> list[list[str]]:
         first = rollout[0]
         for j, s in enumerate(sorted(rollout, key=lambda t: t.sample.sibling_index)):
             sample = s.sample
-            mask = sample.loss_mask
-            loss_tokens = 0 if sample.remove_sample else (
-                sample.response_length if mask is None else int((mask.numpy() != 0).sum()))
             rows.append([
                 str(declared_rollout_key(first.sample)) if j == 0 else "",
                 f"{s.raw_reward:g} → {_reward(s.reward)}" if j == 0 else "",
                 f"{'└ ' if len(rollout) > 1 else ''}{sample.sibling_index}/{sample.sibling_count}",
                 str(len(sample.tokens) if sample.tokens is not None else 0),
                 str(sample.response_length),
-                str(loss_tokens),
+                str(loss_tokens(sample)),
                 ",".join(sample.weight_versions) or "-",
                 sample.status + (" (removed)" if sample.remove_sample else ""),
             ])

@@ -11,19 +11,11 @@
   reward there for verl's own estimators. verl's GRPO then differs from the stage's where docs/integrations.md
   says: a group of one row gets r / (1 + 1e-6) (the stage: 0.0), and sibling rows of one rollout count as
   rollouts of their own.
-* `StageMessageQueue`: the methods of verl's `MessageQueue` actor, fed by a `TrainDataReader` (one verl
-  `RolloutSample` per prompt group, pickled as verl's rollouter pickles them) and, for `put_sample`,
-  publishing through a `RolloutProducer`. It never drops: a full queue holds the reader back. Wrap it as verl
-  wraps its own: `ray.remote(StageMessageQueue).remote(...)` and `MessageQueueClient(actor)`.
+* verl's `MessageQueue` actor on the stage: `rollout_stream.integrations.verl_queue`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import pickle
-import queue
-import threading
-from collections import deque
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -34,20 +26,12 @@ from verl.experimental.fully_async_policy.detach_utils import RolloutSample
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
 from rollout_stream.codec import Array, Sample, TrainSample
-from rollout_stream.errors import RuntimeFailure
 from rollout_stream.integrations.rows import row_of
-from rollout_stream.producer import RolloutProducer
-from rollout_stream.reader import BatchPosition, TrainDataReader
 
-__all__ = ["STAGE_ESTIMATOR", "StageMessageQueue", "StageQueueError", "data_proto", "rollout_sample",
-           "samples_of", "stage_advantage"]
+__all__ = ["STAGE_ESTIMATOR", "Rewards", "data_proto", "rollout_sample", "samples_of", "stage_advantage"]
 
 STAGE_ESTIMATOR = "rollout_stream"
 Rewards = Literal["stage", "raw"]
-
-
-class StageQueueError(RuntimeFailure, RuntimeError):
-    """The stage's message queue cannot feed the trainer (its reader failed); the cause is chained."""
 
 
 def stage_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config: Any = None,
@@ -154,154 +138,3 @@ def samples_of(data: Any, *, group_index: int, run_id: str | None = None, weight
             weight_versions=[] if weight_version is None else [str(weight_version)], group_size=n,
             sibling_count=1, sibling_index=0, run_id=run_id))
     return out
-
-
-class StageMessageQueue:
-    """verl's `MessageQueue` methods on the stage (see the module docstring).
-
-    `reader`: the trainer side, read by a thread of this object (it owns the reader and closes it on
-    `shutdown`); set its `groups_per_batch` to the prompts per training step of verl's trainer
-    (`required_samples`): a batch is committed when the first group of the batch after the next one is
-    asked for, by which time the step that took it is done (verl's trainer takes its samples, then trains).
-    `producer`: the rollouter side, where `put_sample` publishes a pickled verl `RolloutSample`'s rows.
-    `prompt_length`, `response_length`: verl's `data.max_prompt_length` and `data.max_response_length`
-    (see `data_proto`); without them only groups of equal widths can be batched together.
-    """
-
-    def __init__(self, reader: TrainDataReader | None = None, producer: RolloutProducer | None = None, *,
-                 max_queue_size: int = 64, rewards: Rewards = "stage", pad_token_id: int = 0,
-                 run_id: str | None = None, poll_s: float = 0.5, prompt_length: int | None = None,
-                 response_length: int | None = None) -> None:
-        self.reader, self.producer = reader, producer
-        self.prompt_length, self.response_length = prompt_length, response_length
-        self.max_queue_size = max_queue_size
-        self.rewards, self.pad_token_id, self.run_id, self.poll_s = rewards, pad_token_id, run_id, poll_s
-        self._queue: queue.Queue[bytes] = queue.Queue(maxsize=max_queue_size)
-        self._val: deque[Any] = deque()
-        self.total_produced = 0
-        self.total_consumed = 0
-        self._published_groups = 0
-        self._positions: deque[tuple[int, BatchPosition]] = deque()  # (groups put through it, position)
-        self._commit_through = 0  # groups handed out before the step that is now running
-        self._lock = threading.Lock()
-        self._running = True
-        self._failure: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        if reader is not None:
-            self._thread = threading.Thread(target=self._run, name="rollout-stream-verl-feeder", daemon=True)
-            self._thread.start()
-
-    # ---- verl's MessageQueue ------------------------------------------------------------------------
-    async def put_sample(self, sample: Any) -> bool:
-        """Publish a (pickled) verl `RolloutSample`: its rows as one prompt group of the stage."""
-        if self.producer is None:
-            raise StageQueueError("this queue has no producer: it only feeds a trainer")
-        if sample is None:  # verl's rollouter says it is done; the stage's stream has no end
-            return True
-        rollout = pickle.loads(sample) if isinstance(sample, bytes) else sample
-        steps = rollout.full_batch.non_tensor_batch.get("max_global_steps")
-        version = int(max(steps)) if steps is not None and len(steps) else None
-        group = samples_of(rollout.full_batch, group_index=self._published_groups, run_id=self.run_id,
-                           weight_version=version)
-        self._published_groups += 1
-        await asyncio.to_thread(self._publish, self.producer, group)
-        self.total_produced += 1
-        return True
-
-    @staticmethod
-    def _publish(producer: RolloutProducer, group: list[Sample]) -> None:
-        for future in producer.send_group(group):
-            future.get(60)
-
-    async def get_sample(self) -> tuple[bytes, int] | None:
-        """The next prompt group as a pickled verl `RolloutSample` and the queue length after it; None once
-        shut down."""
-        while True:
-            if self._failure is not None:
-                raise StageQueueError(f"the stage's reader failed: {type(self._failure).__name__}: "
-                                      f"{self._failure}") from self._failure
-            if not self._running and self._queue.empty():
-                return None
-            try:
-                item = await asyncio.to_thread(self._queue.get, True, self.poll_s)
-            except queue.Empty:
-                continue
-            with self._lock:
-                self.total_consumed += 1
-                groups = self.reader.groups_per_batch if self.reader is not None else 1
-                # the first group of a batch: the step before it is trained, so is every group before it
-                if (self.total_consumed - 1) % groups == 0:
-                    self._commit_through = self.total_consumed - 1 - groups
-            return item, self._queue.qsize()
-
-    async def get_queue_size(self) -> int:
-        return self._queue.qsize()
-
-    async def get_statistics(self) -> dict[str, Any]:
-        return {"queue_size": self._queue.qsize(), "total_produced": self.total_produced,
-                "total_consumed": self.total_consumed, "dropped_samples": 0,
-                "max_queue_size": self.max_queue_size}
-
-    async def clear_queue(self) -> None:
-        """Empty the local queue (its groups are read again after a restart: they were not committed)."""
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                return
-
-    async def shutdown(self) -> None:
-        self._running = False
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 30)
-        if self.reader is not None:
-            self.reader.close()
-
-    async def get_memory_usage(self) -> dict[str, Any]:
-        return {"queue_samples": self._queue.qsize(), "estimated_memory_bytes": 0, "estimated_memory_mb": 0.0}
-
-    async def put_validate(self, data: Any) -> None:
-        self._val.append(data)
-
-    async def get_validate(self) -> Any | None:
-        return self._val.popleft() if self._val else None
-
-    # ---- the feeding thread -------------------------------------------------------------------------
-    def _run(self) -> None:
-        assert self.reader is not None
-        put = 0
-        try:
-            while self._running:
-                self._commit()
-                batch = self.reader.next_batch(timeout=self.poll_s)
-                if batch is None:
-                    continue
-                by_key: dict[str, list[TrainSample]] = {}
-                for train in batch.samples:
-                    by_key.setdefault(train.group_key, []).append(train)
-                for info in batch.groups:
-                    if info.key not in by_key:  # another rank's share
-                        continue
-                    item = pickle.dumps(rollout_sample(
-                        by_key[info.key], rewards=self.rewards, pad_token_id=self.pad_token_id,
-                        prompt_length=self.prompt_length, response_length=self.response_length))
-                    while self._running:  # back-pressure, never a drop
-                        try:
-                            self._queue.put(item, timeout=self.poll_s)
-                            put += 1
-                            break
-                        except queue.Full:
-                            self._commit()
-                if (position := self.reader.position) is not None:
-                    self._positions.append((put, position))
-        except BaseException as exc:  # surfaced to the trainer by get_sample
-            self._failure = exc
-
-    def _commit(self) -> None:
-        with self._lock:
-            through = self._commit_through
-        done = None
-        while self._positions and self._positions[0][0] <= through:
-            done = self._positions.popleft()[1]
-        if done is not None and self.reader is not None:
-            self.reader.commit(done)

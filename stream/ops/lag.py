@@ -10,7 +10,7 @@ whose last record is older than `stale_after_s` is shown as stale (docs/pacing.m
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -22,6 +22,7 @@ from rollout_stream.codec.progress import ProducerProgress, StageProgress, Train
 from rollout_stream.kafka import TopicPartition, client_for
 from rollout_stream.layout import Fit, Flow
 from rollout_stream.names import admission_topic, heads_topic, progress_topic, rank_group_id
+from rollout_stream.ops.heads_cover import uncovered_records
 from rollout_stream.ops.records_behind import records_behind
 from rollout_stream.pacing import AdmissionFollower, ProgressBoard
 from rollout_stream.pacing.positions import ProducerRow, TrainerRow, age_s, producer_row, trainer_row
@@ -118,13 +119,19 @@ def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_g
     stale_ms = stale_after_s * 1000
     producer_rows = [producer_row(p, now, stale_ms) for p in producers]
     behind = records_behind(conn, output_topic, {t.group_id: rank_group_id(t.group_id, 0) for t in trainers})
-    # Ranks of TrainDataReader(fetch="own") commit on the group heads, one record per group
+    # Ranks of TrainDataReader(fetch="own") commit on the group heads, one record per group; what the heads
+    # leave out of train-data they never read, however level with the heads they are
     own = [g for g, n in behind.items() if n is None]
+    uncovered: int | None = None
     if own and not missing_topics(conn, [heads := heads_topic(output_topic)]):
         for g, n in records_behind(conn, heads, {g: rank_group_id(g, 0) for g in own}).items():
             if n is not None:
                 behind[g] = n
                 notes.append(f"trainer {g} reads {heads} (fetch='own'): its 'behind' counts groups")
+        uncovered = uncovered_records(conn, output_topic)
+        if uncovered:
+            notes.append(f"{output_topic} holds {uncovered} record(s) after those its last group heads point "
+                         f"at (published without --write-heads?): trainers that read {heads} never read them")
     stage_lag = records_behind(conn, input_topic, {stage_group_id: stage_group_id})[stage_group_id]
     mine = [s for s in stages if s.group_id == stage_group_id and s.input_topic == input_topic]
     fresh_stages = [s for s in mine if now - s.updated_ms <= stale_ms]
@@ -134,6 +141,8 @@ def lag_report(conn: Connection, *, output_topic: str, input_topic: str, stage_g
         sum(s.open_groups for s in fresh_stages) if fresh_stages else None, len(fresh_stages) or None,
         None if newest is None else age_s(newest, now), bool(mine) and not fresh_stages)]
     trainer_rows = [trainer_row(t, producer_rows, behind.get(t.group_id), now, stale_ms) for t in trainers]
+    trainer_rows = [replace(row, uncovered_records=uncovered) if row.group_id in own and uncovered else row
+                    for row in trainer_rows]
     if not trainers and not notes:
         notes.append("no trainer has published progress (a TrainDataReader publishes it from rank 0)")
     admission = _admission(conn, admission_topic(output_topic), wait_s, notes)
@@ -167,7 +176,9 @@ def _rows(report: LagReport) -> list[tuple[str, ...]]:
         rows.append(("trainer", t.group_id, _dash(t.weight_version),
                      f"batch {_dash(t.batch)}, {t.consumed_groups} groups ({t.skipped_stale_groups} stale)",
                      f"policy lag {_dash(t.policy_lag)}, {t.groups_waiting} groups waiting, "
-                     f"{_dash(t.records_behind)} records", f"{t.age_s:g}s ago", "stale" if t.stale else "ok"))
+                     f"{_dash(t.records_behind)} records"
+                     + (f", {t.uncovered_records} no head covers" if t.uncovered_records else ""),
+                     f"{t.age_s:g}s ago", "stale" if t.stale else "ok"))
     return rows
 
 

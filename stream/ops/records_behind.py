@@ -18,7 +18,7 @@ from rollout_stream.clients import Connection
 from rollout_stream.kafka import AssignedConsumer, TopicPartition, client_for
 from rollout_stream.retry import retrying
 
-__all__ = ["BUDGET_S", "TAIL_OFFSETS", "records_behind"]
+__all__ = ["BUDGET_S", "TAIL_OFFSETS", "records_behind", "records_from"]
 
 TAIL_OFFSETS = 64
 BUDGET_S = 5.0
@@ -65,6 +65,17 @@ def records_behind(conn: Connection, topic: str, groups: Mapping[str, str]) -> d
             behind += (tail - c) + sum(1 for o in readable.get(tp, ()) if o >= tail)
         out[name] = behind
     return out
+
+
+def records_from(consumer: AssignedConsumer, topic: str, starts: Mapping[int, int]) -> int:
+    """The records of `topic` from `starts` (per partition, an offset) to its end, counted as `records_behind`
+    counts them (read_committed, the last TAIL_OFFSETS offsets of each partition read)."""
+    tps = [TopicPartition(topic, p) for p in sorted(starts)]
+    ends = consumer.end_offsets(tps)
+    tails = {tp: max(starts[tp.partition], ends[tp] - TAIL_OFFSETS) for tp in tps}
+    readable = _readable_offsets(consumer, {tp: (tails[tp], ends[tp]) for tp in tps if tails[tp] < ends[tp]})
+    return sum(max(0, tails[tp] - starts[tp.partition])
+               + sum(1 for o in readable.get(tp, ()) if o >= tails[tp]) for tp in tps)
 
 
 def _readable_offsets(consumer: AssignedConsumer, spans: dict[TopicPartition, tuple[int, int]]

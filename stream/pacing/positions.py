@@ -38,6 +38,8 @@ class TrainerRow:
     lag_counts: dict[int, int]
     age_s: float
     stale: bool
+    # fetch="own" trainers: train-data records after those the last group heads point at (never read by them)
+    uncovered_records: int | None = None
 
 
 def age_s(updated_ms: int, now_ms: int) -> float:

@@ -295,18 +295,17 @@ class PromptSource:
             lambda f: f.status(self.name) if isinstance(f, PromptLog) else []))
 
     def _checkpoint_if_due(self) -> None:
-        def due(fold: Any) -> Checkpoint | None:
+        def due(fold: Any) -> list[Checkpoint]:
             if isinstance(fold, PromptLog) and checkpoint_due(fold, self.checkpoint_every):
                 return take_checkpoint(fold)
-            return None
-        record = self.gate.follower.read(due)
-        if record is None:
-            return
+            return []
+        records = self.gate.follower.read(due)
         try:
-            self.gate.append(record)
+            for record in records:  # its parts, in order
+                self.gate.append(record)
         except KafkaFailure as exc:  # another party's checkpoint serves as well; the next take tries again
             log_event(log, "checkpoint.write_failed", logging.WARNING, topic=self.gate.admission_topic,
-                      bytes=len(record.state), error=f"{type(exc).__name__}: {exc}")
+                      bytes=sum(len(r.state) for r in records), error=f"{type(exc).__name__}: {exc}")
 
     def _write_exhausted(self) -> None:
         """Exhausted prompts' dead-letter records not written yet: this process writes them if no other has

@@ -24,17 +24,25 @@ logs, in parts:
   reassembled into the whole record before it is decoded; plain records pay one check of their headers.
   Every chunk's offset is held, and released with the value: none is committed before the value is consumed
   into a batch (or dropped), so a restart reads again every chunk of a value not yet consumed.
-* **Resume** (`position`). Rank r commits to its own consumer group `<group_id>-rank<r>`; on start every
-  rank resumes from the commit of the rank with the lowest batch index.
+* **Resume** (`position`). Rank r commits to its own consumer group `<group_id>-rank<r>`, each commit with
+  the world it trains in (the settings every rank must share); on start a rank whose settings differ from
+  the world rank 0 committed refuses (`WorldMismatch`), and every rank resumes from the commit of the rank
+  with the lowest batch index.
 """
 
 from __future__ import annotations
 
 from rollout_stream.reader.batch import Batch, GroupInfo
-from rollout_stream.reader.errors import ChunkLimitError, PayloadError, ReaderError
+from rollout_stream.reader.errors import (
+    ChunkLimitError,
+    PayloadError,
+    ReaderError,
+    UncoveredRecords,
+    WorldMismatch,
+)
 from rollout_stream.reader.position import BatchPosition
 from rollout_stream.reader.stats import ReaderStats
 from rollout_stream.reader.train_data import TrainDataReader
 
 __all__ = ["Batch", "BatchPosition", "ChunkLimitError", "GroupInfo", "PayloadError", "ReaderError",
-           "ReaderStats", "TrainDataReader"]
+           "ReaderStats", "TrainDataReader", "UncoveredRecords", "WorldMismatch"]

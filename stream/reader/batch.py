@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from rollout_stream.codec import TrainSample
 from rollout_stream.core.assembly import GroupInfo
 from rollout_stream.core.collate import Collated
+from rollout_stream.core.staleness import token_version_rows
 
 if TYPE_CHECKING:
     import torch
@@ -25,9 +27,11 @@ class Batch:
     properties below read it). `skipped_stale`, `skipped_invalid`, `skipped_superseded`: groups this batch
     left out (too old for the weight version; cannot be collated or judged; another attempt of their prompt
     trains, the fence). `global_samples`, `global_loss_tokens`: samples and tokens with a non-zero loss mask
-    of the whole batch, over all ranks (for DP loss normalization). `rollout_data`: with `layout="miles"`,
-    this rank's finished shard (rollout_stream.core.miles: train_data → split_by_dp → trainer_shard), what a
-    miles trainer rank receives in-process; `samples` are then its rows.
+    of the whole batch, over all ranks (for DP loss normalization), counting only what trains.
+    `stale_rollouts`, `stale_tokens`: with staleness by rollout or by token, what the bound left out of the
+    groups that train (all ranks'): their rewards stay the whole group's. `rollout_data`: with
+    `layout="miles"`, this rank's finished shard (rollout_stream.core.miles: train_data → split_by_dp →
+    trainer_shard), what a miles trainer rank receives in-process; `samples` are then its rows.
     """
 
     index: int
@@ -42,6 +46,8 @@ class Batch:
     global_loss_tokens: int
     rollout_data: dict[str, Any] | None = None
     skipped_superseded: int = 0
+    stale_rollouts: int = 0
+    stale_tokens: int = 0
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -62,6 +68,15 @@ class Batch:
     @property
     def loss_mask(self) -> torch.Tensor:
         return self.tensors.loss_mask
+
+    @cached_property
+    def token_weight_versions(self) -> torch.Tensor:
+        """int64 (B, R), aligned with `loss_mask`: the weight version each response token was generated under
+        (`Sample.weight_version_offsets`; without them a sample's oldest version); -1 on padding and for a
+        sample without integer weight versions."""
+        import torch
+
+        return torch.from_numpy(token_version_rows(self.samples))
 
     @property
     def rollout_log_probs(self) -> torch.Tensor:

@@ -1,30 +1,41 @@
 """The trainer's side of batching: groups held until a batch is complete, judged, planned and logged.
 
 The next `groups_per_batch` groups that are neither stale nor invalid make a batch, judged when the batch is
-completed against the weight version set at that moment (`core.assembly.group_verdict`). Every rank plans the
-same batch (`core.assembly.plan_batch`) and keeps its share. For groups of a prompt source, a fence lets one
-attempt of each prompt train (docs/loop.md); the others are skipped as superseded.
+completed against the weight version set at that moment (`core.assembly.group_verdict`). With staleness by
+rollout or by token (`core.staleness`), a group past the bound still trains what of it is fresh: its stale
+rollouts leave, or its stale tokens leave the loss. Every rank plans the same batch
+(`core.assembly.plan_batch`, over what trains) and keeps its share. For groups of a prompt source, a fence
+lets one attempt of each prompt train (docs/loop.md); the others are skipped as superseded.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, replace
 
 from rollout_stream.core.assembly import (
     AssembledGroup,
     BatchPlan,
     Verdict,
+    batch_length,
     group_verdict,
     lineage,
     plan_batch,
 )
 from rollout_stream.core.pacing import doomed_through
 from rollout_stream.core.prompt_keys import PromptFence
+from rollout_stream.core.staleness import (
+    STALENESS_MODES,
+    StalenessDecision,
+    StalenessMode,
+    staleness_decision,
+    trained,
+)
 from rollout_stream.logs import log_event
 from rollout_stream.reader.sources import Fetched
 
-__all__ = ["WAITING_LOG_S", "HeldGroups", "WaitingLog"]
+__all__ = ["WAITING_LOG_S", "HeldGroups", "StaleParts", "WaitingLog"]
 
 log = logging.getLogger("rollout_stream.reader")
 
@@ -32,24 +43,48 @@ log = logging.getLogger("rollout_stream.reader")
 WAITING_LOG_S = 5.0
 
 
+@dataclass(frozen=True, slots=True)
+class StaleParts:
+    """What staleness by rollout or by token left out of a batch's groups that train (all ranks'): `rollouts`,
+    and `tokens` that counted in the loss; `floor`, with staleness by token, the weight version below which a
+    fetched row's tokens leave the loss (None: no row loses any)."""
+
+    rollouts: int = 0
+    tokens: int = 0
+    floor: int | None = None
+
+
 class HeldGroups:
     """Groups fetched and not yet in a batch, in global order (`items`), and the batch they make.
 
     `groups_per_batch`, `rank`, `world_size`, `balance_tokens`: how batches are made and sharded
-    (`plan_batch`); `max_weight_staleness`: the staleness bound (None: none); `fence`: the rule that lets one
-    attempt of a prompt train (None: every group may).
+    (`plan_batch`); `max_weight_staleness`: the staleness bound (None: none); `staleness`: its grain, "group",
+    "rollout" or "token" (`rollout_stream.core.staleness`); `fence`: the rule that lets one attempt of a
+    prompt train (None: every group may).
     """
 
     def __init__(self, *, groups_per_batch: int, rank: int, world_size: int, balance_tokens: bool,
-                 max_weight_staleness: int | None, fence: PromptFence | None) -> None:
+                 max_weight_staleness: int | None, fence: PromptFence | None,
+                 staleness: StalenessMode = "group") -> None:
+        if staleness not in STALENESS_MODES:
+            raise ValueError(f"staleness must be one of {', '.join(STALENESS_MODES)}, got {staleness!r}")
         self.groups_per_batch, self.rank, self.world_size = groups_per_batch, rank, world_size
         self.balance_tokens, self.fence = balance_tokens, fence
-        self.max_weight_staleness = max_weight_staleness
+        self.max_weight_staleness, self.staleness = max_weight_staleness, staleness
         self.items: list[Fetched] = []
         self._superseded: dict[str, str] = {}  # held groups the fence refused: key -> why
+        self._parts: dict[str, StalenessDecision] = {}  # held groups past the bound that train in part
+        self._last_parts = StaleParts()  # of the last batch taken, for its log line
 
     def verdict(self, group: AssembledGroup, weight_version: int | None) -> Verdict | None:
         verdict = group_verdict(group, weight_version, self.max_weight_staleness)
+        self._parts.pop(group.key, None)
+        if verdict == "stale" and self.staleness != "group":
+            # its oldest version is past the bound: what of it is fresh may still train
+            decision = staleness_decision(group.samples, self.staleness, weight_version,
+                                          self.max_weight_staleness)
+            if not decision.skipped:
+                self._parts[group.key], verdict = decision, None
         if verdict is None and self.fence is not None and not self.fence.admit(group.key):
             # another attempt of its prompt trains: skipped like an invalid group, reported apart
             self._superseded[group.key] = self.fence.refusal(group.key) or "superseded"
@@ -64,11 +99,26 @@ class HeldGroups:
         through = doomed_through([([lineage(s) for s in f.group.samples], v is not None) for f, v in pairs])
         return through, [f.group.key for f, v in pairs if v is not None]
 
-    def take(self, verdicts: list[Verdict | None]) -> tuple[BatchPlan, list[Fetched], int]:
-        """The batch the held groups complete: its plan, the items it consumes (trained and skipped), and how
-        many of them the fence skipped. Skipped groups are logged, and give their prompt's claim back."""
-        plan = plan_batch([f.group for f in self.items], verdicts, groups_per_batch=self.groups_per_batch,
+    def take(self, verdicts: list[Verdict | None], weight_version: int | None
+             ) -> tuple[BatchPlan, list[Fetched], int, StaleParts]:
+        """The batch the held groups complete: its plan (over what of its groups trains), the items it
+        consumes (trained and skipped), how many of them the fence skipped, and what staleness left out of the
+        groups that train (judged at `weight_version`, the one `verdicts` were). Skipped groups are logged,
+        and give their prompt's claim back."""
+        taken = batch_length(verdicts, self.groups_per_batch) or 0
+        queued = [f.group for f in self.items[:taken]]
+        rollouts = tokens = 0
+        for n, (group, verdict) in enumerate(zip(queued, verdicts, strict=False)):
+            decision = self._parts.pop(group.key, None) if verdict is None else None
+            if decision is not None:
+                queued[n] = replace(group, samples=tuple(trained(group.samples, decision)))
+                rollouts, tokens = rollouts + decision.excluded_rollouts, tokens + decision.excluded_tokens
+        plan = plan_batch(queued, verdicts, groups_per_batch=self.groups_per_batch,
                           rank=self.rank, world_size=self.world_size, balance_tokens=self.balance_tokens)
+        floor, bound = None, self.max_weight_staleness
+        if self.staleness == "token" and weight_version is not None and bound is not None:
+            floor = weight_version - bound
+        parts = self._last_parts = StaleParts(rollouts, tokens, floor)
         items, self.items = self.items[:plan.taken], self.items[plan.taken:]
         if self.fence is not None:  # a group skipped after all gives its prompt's claim back
             for item, verdict in zip(items, verdicts, strict=False):
@@ -86,11 +136,18 @@ class HeldGroups:
                       problem=group.problem or group.version_problem)
         for item in items:
             self._superseded.pop(item.group.key, None)
-        return plan, items, superseded
+            self._parts.pop(item.group.key, None)
+        return plan, items, superseded, parts
 
     def log_stale(self, index: int, items: list[Fetched], verdicts: list[Verdict | None],
                   weight_version: int | None) -> None:
-        """One line a batch: which groups its version bound left out, and how old they were."""
+        """One line a batch: which groups its version bound left out, and how old they were; and one for the
+        rollouts and tokens it left out of groups that train (staleness by rollout or token)."""
+        parts = self._last_parts
+        if parts.rollouts or parts.tokens:
+            log_event(log, "batch.stale_parts", batch=index, staleness=self.staleness,
+                      rollouts=parts.rollouts, tokens=parts.tokens, weight_version=weight_version,
+                      max_weight_staleness=self.max_weight_staleness)
         stale = [f.group for f, v in zip(items, verdicts, strict=False) if v == "stale"]
         if not stale:
             return
@@ -113,12 +170,15 @@ class WaitingLog:
         until_log = max(0.0, self.next - time.monotonic())
         return until_log if remaining is None else min(remaining, until_log)
 
-    def due(self, now: float, *, batch: int, good: int, needed: int, held: int, at_end: tuple[int, ...]
-            ) -> bool:
-        """Log the line if it is due (True: the wait goes on), else False (the caller's timeout passed)."""
+    def due(self, now: float, *, batch: int, good: int, needed: int, held: int, at_end: tuple[int, ...],
+            uncovered: str = "") -> bool:
+        """Log the line if it is due (True: the wait goes on), else False (the caller's timeout passed).
+        `uncovered`: train-data records no group head covers, per partition (`fetch="own"`), if any."""
         if now < self.next:
             return False
+        extra: dict[str, object] = {"uncovered_train_data": uncovered} if uncovered else {}
         log_event(log, "batch.waiting", topic=self.topic, batch=batch, groups=f"{good}/{needed}", held=held,
-                  partitions_at_end=",".join(map(str, at_end)) or "none", waited_s=round(now - self.started))
+                  partitions_at_end=",".join(map(str, at_end)) or "none", waited_s=round(now - self.started),
+                  **extra)
         self.next = now + WAITING_LOG_S
         return True

@@ -3,9 +3,9 @@
 Every rank folds the small heads (`<train-data>.heads`, codec/group_heads.py) into the same global sequence
 as it would fold train-data itself: a head becomes a group of outline samples (`outline_group`) that carry
 exactly what the merge, staleness, `plan_batch` and `shard_groups` read (lineage, rollout ids, token and
-loss-token counts, weight versions, rewards, the group's statistics), never the payload arrays. The head
-travels with its group to the trainer's thread, where the rank fetches its own rows by offset
-(`rollout_stream.reader.payloads`).
+loss-token counts, weight versions and their spans, rewards, the group's statistics), never the payload
+arrays. The head travels with its group to the trainer's thread, where the rank fetches its own rows by
+offset (`rollout_stream.reader.payloads`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import numpy as np
 from rollout_stream.codec import Array, DecodeError, Sample, TrainSample
 from rollout_stream.codec.group_heads import GroupHead, decode_group_head
 from rollout_stream.core.assembly import AssembledGroup, ReadMarks, assembled_group
+from rollout_stream.core.staleness import spans_loss_mask
+from rollout_stream.core.validate import version_offsets_problem
 from rollout_stream.logs import log_event
 from rollout_stream.reader.stats import ReaderStats
 
@@ -30,11 +32,17 @@ log = logging.getLogger("rollout_stream.reader")
 
 def _outline(head: GroupHead, row: int) -> TrainSample:
     s = head.samples[row]
-    loss = np.zeros(s.response_length, dtype=np.uint8)
-    loss[:min(s.loss_tokens, s.response_length)] = 1
+    offsets = s.weight_version_offsets
+    if offsets is not None and s.span_loss_tokens is not None and len(offsets) == len(s.span_loss_tokens) \
+            and version_offsets_problem(offsets, len(s.weight_versions), s.response_length) is None:
+        loss = spans_loss_mask(offsets, s.span_loss_tokens, s.response_length)  # staleness per token alike
+    else:
+        loss = np.zeros(s.response_length, dtype=np.uint8)
+        loss[:min(s.loss_tokens, s.response_length)] = 1
     sample = Sample(index=s.index, rollout_id=s.rollout_id, tokens=Array(np.zeros(s.tokens, dtype=np.uint8)),
                     response_length=s.response_length, loss_mask=Array(loss),
                     weight_versions=list(s.weight_versions),
+                    weight_version_offsets=None if offsets is None else Array(offsets),
                     metadata={"raw_reward": s.metadata_raw_reward} if s.has_metadata_raw_reward else {})
     return TrainSample(sample=sample, raw_reward=s.raw_reward, reward=s.reward, group_key=head.group_key,
                        group_rollout_count=head.rollout_count, group_sample_count=len(head.samples),

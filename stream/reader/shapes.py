@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 from rollout_stream.codec import TrainSample
 from rollout_stream.core.assembly import BatchPlan
+from rollout_stream.core.staleness import without_stale_tokens
 from rollout_stream.reader.sources import Fetched, GroupSource
 from rollout_stream.reader.stats import ReaderStats
 
@@ -24,19 +25,29 @@ Rows = tuple[list[TrainSample], dict[str, Any] | None]
 
 
 class BatchShape(Protocol):
-    def rows(self, plan: BatchPlan, batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats
-             ) -> Rows:
+    def rows(self, plan: BatchPlan, batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats,
+             floor: int | None = None) -> Rows:
         """This rank's samples of the planned batch (their payloads from `source`), and its `rollout_data`
-        shard where the shape has one."""
+        shard where the shape has one. `floor`: with staleness by token, tokens generated under a weight
+        version below it leave the loss of the rows fetched (`plan` already holds them so)."""
         ...
+
+
+def _payloads(rows: Sequence[TrainSample], batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats,
+              floor: int | None) -> list[TrainSample]:
+    """The payloads behind the planned rows, with the loss masks the plan judged on their outlines."""
+    fetched = source.payloads(rows, batch, stats)
+    if floor is None or source.carries_payloads:
+        return fetched
+    return [without_stale_tokens(t, floor) for t in fetched]
 
 
 class TensorRows:
     """This rank's share of the batch as `plan_batch` shards it."""
 
-    def rows(self, plan: BatchPlan, batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats
-             ) -> Rows:
-        return source.payloads(plan.samples, batch, stats), None
+    def rows(self, plan: BatchPlan, batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats,
+             floor: int | None = None) -> Rows:
+        return _payloads(plan.samples, batch, source, stats, floor), None
 
 
 class MilesRows:
@@ -49,8 +60,8 @@ class MilesRows:
     def __init__(self, rank: int, world_size: int, *, balance_data: bool) -> None:
         self.rank, self.world_size, self.balance_data = rank, world_size, balance_data
 
-    def rows(self, plan: BatchPlan, batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats
-             ) -> Rows:
+    def rows(self, plan: BatchPlan, batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats,
+             floor: int | None = None) -> Rows:
         from rollout_stream.core.miles import dp_rows, shard_of_rows, split_by_dp, train_data, trainer_shard
 
         everything = [s for g in plan.groups for s in g.samples]
@@ -61,7 +72,7 @@ class MilesRows:
         # outlines: the whole-batch keys from them, this rank's rows fetched
         rows = dp_rows([len(t) for t in data["tokens"]], self.world_size, self.rank,
                        balance_data=self.balance_data)
-        mine = source.payloads([everything[row] for row in rows], batch, stats)
+        mine = _payloads([everything[row] for row in rows], batch, source, stats, floor)
         own = shard_of_rows(data, train_data(mine) if mine else None, rows)
         return mine, trainer_shard(own)
 

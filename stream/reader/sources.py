@@ -24,6 +24,7 @@ from rollout_stream.core.assembly import AssembledGroup, Mark, ReadMarks
 from rollout_stream.kafka import Client
 from rollout_stream.names import heads_topic
 from rollout_stream.reader.assembler import GroupAssembler
+from rollout_stream.reader.coverage import CoverageWatch
 from rollout_stream.reader.heads import HeadFold
 from rollout_stream.reader.payloads import PayloadFetcher
 from rollout_stream.reader.stats import ReaderStats
@@ -70,6 +71,11 @@ class GroupSource(Protocol):
 
     def fold(self, marks: ReadMarks, stats: ReaderStats) -> GroupFold: ...
 
+    def coverage(self) -> CoverageWatch | None:
+        """For the fetch thread: what watches that the source's records cover train-data (None: nothing to
+        watch, the source is train-data)."""
+        ...
+
     def payloads(self, rows: Sequence[TrainSample], batch: Sequence[Fetched], stats: ReaderStats
                  ) -> list[TrainSample]:
         """The train samples behind `rows` (samples of `batch`'s groups), in order."""
@@ -93,6 +99,9 @@ class WholeTopic:
     def fold(self, marks: ReadMarks, stats: ReaderStats) -> GroupAssembler:
         return GroupAssembler(marks, stats, max_open_chunk_bytes=self.max_open_chunk_bytes,
                               chunk_timeout_s=self.chunk_timeout_s)
+
+    def coverage(self) -> None:
+        return None
 
     def payloads(self, rows: Sequence[TrainSample], batch: Sequence[Fetched], stats: ReaderStats
                  ) -> list[TrainSample]:
@@ -118,6 +127,11 @@ class HeadsAndPayloads:
 
     def fold(self, marks: ReadMarks, stats: ReaderStats) -> HeadFold:
         return HeadFold(self.topic, marks, stats)
+
+    def coverage(self) -> CoverageWatch:
+        """Train-data records no head covers hold the reader back, then stop it
+        (rollout_stream.reader.coverage)."""
+        return CoverageWatch(self.client, self.client_id, self.topic, self.read_topic, self.max_record_bytes)
 
     def payloads(self, rows: Sequence[TrainSample], batch: Sequence[Fetched], stats: ReaderStats
                  ) -> list[TrainSample]:

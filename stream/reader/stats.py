@@ -26,6 +26,8 @@ class ReaderStats:
     `records`). `payload_bytes`: with `fetch="own"`, train-data bytes received (its rows', and any fetched
     with them). `incomplete_chunked_values`: chunks of a value that never completed, dropped.
     `corrupt_chunked_values`: chunks that disagree or do not match their value's digest, dropped.
+    `stale_rollouts`, `stale_tokens`: with staleness by rollout or by token, rollouts and loss tokens left out
+    of groups that trained (all ranks').
     """
 
     records: int = 0
@@ -43,6 +45,8 @@ class ReaderStats:
     payload_bytes: int = 0
     incomplete_chunked_values: int = 0
     corrupt_chunked_values: int = 0
+    stale_rollouts: int = 0
+    stale_tokens: int = 0
 
     def __add__(self, other: ReaderStats) -> ReaderStats:
         return ReaderStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})

@@ -18,6 +18,9 @@ from rollout_stream.clients import MAX_RECORD_BYTES, Connection, default_client
 from rollout_stream.core.assembly import Verdict, group_info
 from rollout_stream.core.collate import collate
 from rollout_stream.core.prompt_keys import PromptFence
+from rollout_stream.core.staleness import StalenessMode
+from rollout_stream.core.world import World
+from rollout_stream.errors import ConfigurationError
 from rollout_stream.kafka import Client, client_for
 from rollout_stream.names import admission_topic, progress_topic
 from rollout_stream.pacing import TrainerProgressPublisher
@@ -31,7 +34,6 @@ from rollout_stream.reader.shapes import Layout, batch_shape
 from rollout_stream.reader.sources import Fetch, group_source
 from rollout_stream.reader.stats import ReaderStats
 from rollout_stream.security import SecuritySettings
-from rollout_stream.topics import MissingTopic
 
 __all__ = ["PARTITION_IDLE_MS", "Start", "TrainDataReader"]
 
@@ -59,6 +61,10 @@ class TrainDataReader:
     `<group_id>-rank<r>`. `groups_per_batch`: groups in a batch (all ranks'). `rank`, `world_size`: this
     data-parallel rank and their number; every rank gets the same batches and keeps its share.
     `max_weight_staleness`: groups older than the weight version minus this are skipped (None: never).
+    `staleness`: the grain of that bound: "group" (a group with any sample past it is skipped whole),
+    "rollout" (only the rollouts past it leave) or "token" (only the tokens generated past it leave the
+    loss); the rewards stay the whole group's (rollout_stream.core.staleness; docs/reader.md, "Staleness
+    grain").
     `prefetch`: batches' worth of groups queued ahead. `balance_tokens`: shard by tokens instead of by
     samples. `pad_token_id`: what pads `tokens`. `start`: "committed" (resume after the last committed
     batch, else from the beginning), "earliest" or "latest" (ignore commits). `idle_timeout_s`: iteration
@@ -76,7 +82,10 @@ class TrainDataReader:
     builds it from the log at start); the others are skipped as superseded (`skipped_superseded`, logged
     `group.skipped_superseded`). `fetch`: "all" (read the whole topic) or "own" (fold the group heads of a
     stage run with `--write-heads` and fetch only this rank's rows by offset; docs/reader.md, "Rank-local
-    fetch").
+    fetch"). `rescale`: these settings differ from the trainer group's on purpose: start a new world with them
+    where every rank of the old one committed the same batch (every rank of the new world passes it; the
+    default refuses a rank whose settings differ with `WorldMismatch`; docs/reader.md, "One world per trainer
+    group").
     """
 
     def __init__(
@@ -90,6 +99,7 @@ class TrainDataReader:
         rank: int = 0,
         world_size: int = 1,
         max_weight_staleness: int | None = None,
+        staleness: StalenessMode = "group",
         prefetch: int = 4,
         balance_tokens: bool = False,
         pad_token_id: int = 0,
@@ -106,9 +116,13 @@ class TrainDataReader:
         chunk_timeout_s: float = CHUNK_TIMEOUT_S,
         fence: PromptFence | None = None,
         fetch: Fetch = "all",
+        rescale: bool = False,
     ) -> None:
         if fetch not in ("all", "own"):
             raise ValueError(f"fetch must be all or own, got {fetch!r}")
+        if rescale and start != "committed":
+            raise ValueError(f"rescale continues where the group committed: it needs start='committed', got "
+                             f"{start!r}")
         self.shape = batch_shape(layout, rank=rank, world_size=world_size, balance_data=balance_data)
         if groups_per_batch < 1:
             raise ValueError(f"groups_per_batch must be >= 1, got {groups_per_batch}")
@@ -144,13 +158,14 @@ class TrainDataReader:
             max_open_chunk_bytes=max_open_chunk_bytes, chunk_timeout_s=chunk_timeout_s)
         self._held = HeldGroups(groups_per_batch=groups_per_batch, rank=rank, world_size=world_size,
                                 balance_tokens=balance_tokens, max_weight_staleness=max_weight_staleness,
+                                staleness=staleness,
                                 fence=fence)
         self._stats = ReaderStats()  # what the trainer's thread counts (the fetch thread counts its own)
         self._next_index: int | None = None  # known once the fetch thread has resumed
         self._yielded: BatchPosition | None = None
         self._committer = Committer(self.client, client_id, self.source.read_topic, group_id, rank,
                                     max_record_bytes)
-        self._failed: ReaderError | MissingTopic | None = None
+        self._failed: ReaderError | ConfigurationError | None = None
         self._waiting: WaitingLog | None = None  # the batch being waited for, since when
         self._closed = False
         # Rank 0 tells paced producers where this trainer group is (docs/pacing.md): on each batch, each
@@ -161,8 +176,10 @@ class TrainDataReader:
                                                   admission_topic=admission_topic(topic), client=self.client)
                          if publish_progress and rank == 0 else None)
         self._fetch = FetchThread(
-            self.client, self.conn, self.source, group_id=group_id, rank=rank, world_size=world_size,
-            start=start, partition_idle_ms=partition_idle_ms, max_record_bytes=max_record_bytes,
+            self.client, self.conn, self.source, group_id=group_id, rank=rank, rescale=rescale, start=start,
+            world=World(world_size, groups_per_batch, balance_tokens, layout,
+                        balance_data and layout == "miles", fetch, max_weight_staleness),
+            partition_idle_ms=partition_idle_ms, max_record_bytes=max_record_bytes,
             max_backlog=max(16, 2 * prefetch * groups_per_batch), queue_size=prefetch * groups_per_batch,
             progress=self.progress)
         self._fetch.start()
@@ -213,13 +230,15 @@ class TrainDataReader:
                 item = self._fetch.items.get(timeout=waiting.timeout(remaining))
             except queue.Empty:
                 if waiting.due(time.monotonic(), batch=self._next_index or 0, good=good,
-                               needed=self.groups_per_batch, held=len(held.items), at_end=self._fetch.at_end):
+                               needed=self.groups_per_batch, held=len(held.items), at_end=self._fetch.at_end,
+                               uncovered=self._fetch.uncovered):
                     continue
                 return None
             if isinstance(item, Failed):
                 raise self._failure(item.error)
             if isinstance(item, Resumed):
                 self._next_index = 0 if item.batch is None else item.batch + 1
+                self._committer.world = item.world
                 continue
             held.items.append(item)
             verdicts.append(held.verdict(item.group, self.weight_version))
@@ -228,9 +247,9 @@ class TrainDataReader:
                 self.progress.doomed(*held.doomed(verdicts))
         return self._batch(verdicts)
 
-    def _failure(self, error: BaseException) -> ReaderError | MissingTopic:
+    def _failure(self, error: BaseException) -> ReaderError | ConfigurationError:
         """The fetch thread's error, as next_batch raises it from now on."""
-        if isinstance(error, ReaderError | MissingTopic):  # typed failures: ChunkLimitError, ...
+        if isinstance(error, ReaderError | ConfigurationError):  # typed: ChunkLimitError, MissingTopic, ...
             self._failed = error
         else:
             self._failed = ReaderError(f"reading {self.topic} failed: {type(error).__name__}: {error}")
@@ -238,9 +257,9 @@ class TrainDataReader:
         return self._failed
 
     def _batch(self, verdicts: list[Verdict | None]) -> Batch:
-        plan, items, superseded = self._held.take(verdicts)
+        plan, items, superseded, stale = self._held.take(verdicts, self.weight_version)
         self._waiting = None
-        mine, rollout_data = self.shape.rows(plan, items, self.source, self._stats)
+        mine, rollout_data = self.shape.rows(plan, items, self.source, self._stats, stale.floor)
         index = self._next_index if self._next_index is not None else 0
         self._next_index = index + 1
         self._held.log_stale(index, items, verdicts, self.weight_version)
@@ -250,7 +269,8 @@ class TrainDataReader:
             tensors=collate(mine, pad_token_id=self.pad_token_id),
             skipped_stale=plan.skipped_stale, skipped_invalid=plan.skipped_invalid - superseded,
             global_samples=plan.global_samples, global_loss_tokens=plan.global_loss_tokens,
-            rollout_data=rollout_data, skipped_superseded=superseded,
+            rollout_data=rollout_data, skipped_superseded=superseded, stale_rollouts=stale.rollouts,
+            stale_tokens=stale.tokens,
         )
         self._yielded = BatchPosition(index, items[-1].marks)
         stats = self._stats
@@ -258,6 +278,8 @@ class TrainDataReader:
         stats.skipped_stale_groups += batch.skipped_stale
         stats.skipped_invalid_groups += batch.skipped_invalid
         stats.skipped_superseded_groups += batch.skipped_superseded
+        stats.stale_rollouts += stale.rollouts
+        stats.stale_tokens += stale.tokens
         if self.progress is not None:
             self.progress.consumed([f.group for f in items], plan.groups, index, self.weight_version,
                                    stats.skipped_stale_groups)

@@ -20,6 +20,7 @@ from rollout_stream.codec.group_heads import GroupHead, HeadSample, encode_group
 from rollout_stream.core.assembly import loss_tokens
 from rollout_stream.core.collate import collation_problem
 from rollout_stream.core.records import Member, Published
+from rollout_stream.core.staleness import span_loss_tokens
 from rollout_stream.kafka import OutgoingRecord, Written
 from rollout_stream.names import heads_topic
 from rollout_stream.worker.outputs import OutputRecord
@@ -86,7 +87,9 @@ def plan_head(group: Published, outs: Sequence[OutputRecord]) -> PendingHead | N
                         response_length=s.response_length, loss_tokens=loss_tokens(s),
                         weight_versions=list(s.weight_versions), raw_reward=float(raw), reward=float(reward),
                         metadata_raw_reward=s.metadata.get("raw_reward"),
-                        has_metadata_raw_reward="raw_reward" in s.metadata)
+                        has_metadata_raw_reward="raw_reward" in s.metadata,
+                        weight_version_offsets=None if s.weight_version_offsets is None
+                        else s.weight_version_offsets.tolist(), span_loss_tokens=span_loss_tokens(s))
              for m, s, raw, reward, n in zip(members, samples, stats.raw, stats.rewards, nbytes, strict=True)]
     return PendingHead(GroupHead(topic=outs[0].topic, partition=-1, group_key=group.group_key,
                                  rollout_count=stats.rollout_count, mean=stats.mean, std=stats.std,

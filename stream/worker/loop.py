@@ -32,6 +32,7 @@ from rollout_stream.worker.backpressure import BackPressure
 from rollout_stream.worker.broker_watch import BrokerWatch
 from rollout_stream.worker.cadence import POLL_RECORDS
 from rollout_stream.worker.delivery import open_delivery
+from rollout_stream.worker.heads_in_use import refuse_if_heads_in_use
 from rollout_stream.worker.instance import InstanceClaim, claim_instance
 from rollout_stream.worker.leave import leave_group
 from rollout_stream.worker.observer import Observer
@@ -126,6 +127,7 @@ class Worker:
     def open(self) -> bool:
         """Connect, subscribe and get ready to loop; False when stopped before the input topic appeared."""
         cfg = self.config
+        refuse_if_heads_in_use(self.client, self.conn.client_id, cfg)  # before anything is published
         consumer = self._consumer = self.client.group_consumer(
             cfg.group_id, client_id=self.conn.client_id, max_record_bytes=cfg.max_record_bytes,
             session_timeout_s=cfg.session_timeout_s,

@@ -17,7 +17,7 @@ from rollout_stream.codec import Array, DecodeError, Sample, ShapedArray, decode
 from rollout_stream.codec.head import HEAD_MAX_BYTES, SampleHead, decode_head, ext_all_finite, item_count
 
 _ARRAY_FIELDS = ("tokens", "loss_mask", "rollout_log_probs", "teacher_log_probs", "opd_reverse_kl",
-                 "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets")
+                 "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets", "weight_version_offsets")
 _DTYPES = ["<u1", "<u2", "<i4", "<i8", "<f4", "<f8", "?"]
 
 

@@ -23,6 +23,7 @@ from rollout_stream.codec.admission import (
     TrainerMark,
 )
 from rollout_stream.core.admission import AdmissionLog
+from rollout_stream.core.admission_index import Versions
 from rollout_stream.core.checkpoint import FOLD_VERSION, dump_fold, load_fold
 from rollout_stream.core.prompts import PromptLog
 from tests.core.admission_reference import ScanAdmissionLog, ScanPromptLog
@@ -148,6 +149,80 @@ def test_the_indexed_fold_decides_and_holds_what_the_scanning_fold_does(ops: lis
             assert new.apply(offset, clock, record) == old.apply(offset, clock, record), (offset, record)
         assert state(new) == state(old), (offset, record)
         assert new.heard == old.heard, (offset, record)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(-3, 12), st.sampled_from([1, 1, -1]), st.none() | st.integers(-4, 14)),
+                    max_size=120))
+def test_versions_count_what_a_walk_over_the_groups_counts(ops: list[tuple[int, int, int | None]]) -> None:
+    versions, groups = Versions(), []
+    for w, n, floor in ops:
+        if n > 0:
+            groups.append(w)
+            versions.add(w, 1)
+        elif w in groups:
+            groups.remove(w)
+            versions.add(w, -1)
+        live = [g for g in groups if floor is None or g >= floor]
+        assert versions.count_from(floor) == len(live)
+        assert versions.lowest_from(floor) == min(live, default=None)
+        assert versions.highest() == max(groups, default=None)
+        assert versions.total == len(groups)
+
+
+def fold_both(records: list[tuple[int, AdmissionRecord]]) -> HeardIndexed:
+    """Fold `records` (log ms since the previous, record) with both folds, comparing at every record."""
+    new, old = HeardIndexed(**LIMITS), HeardScanning(**LIMITS)
+    clock = 0
+    for offset, (after_ms, record) in enumerate(records):
+        clock += after_ms
+        assert new.apply(offset, clock, record) == old.apply(offset, clock, record), (offset, record)
+        assert state(new) == state(old) and new.heard == old.heard, (offset, record)
+    return new
+
+
+def mark(session: str = "r0", v: int = 0, **kw: object) -> TrainerMark:
+    return TrainerMark(trainer="t", session=session, weight_version=v, batch_version=None, batches=0,
+                       groups_per_batch=1, max_weight_staleness=1, **kw)  # type: ignore[arg-type]
+
+
+def test_a_group_too_stale_to_train_takes_no_place_in_line() -> None:
+    fold = fold_both([
+        (0, mark()),
+        (0, Request(producer="p", session="s", trainer="t", weight_version=0, max_policy_lag=1,
+                    max_unconsumed_groups=None)),
+        (0, mark(v=3)),  # the group at 0 is more than max_weight_staleness behind: it never trains
+        (0, Request(producer="p", session="s", trainer="t", weight_version=3, max_policy_lag=0,
+                    max_unconsumed_groups=None)),  # first in line: judged at 3
+    ])
+    assert len(fold.groups) == 2
+
+
+def test_a_trainer_without_a_version_is_assumed_at_the_newest_in_line() -> None:
+    unversioned = TrainerMark(trainer="t", session="r0", weight_version=None, batch_version=None, batches=0,
+                              groups_per_batch=2, max_weight_staleness=None)
+    fold = fold_both([
+        (0, unversioned),
+        (0, Request(producer="p", session="s", trainer="t", weight_version=5, max_policy_lag=0,
+                    max_unconsumed_groups=None)),
+        (0, Request(producer="p", session="s", trainer="t", weight_version=3, max_policy_lag=1,
+                    max_unconsumed_groups=None)),  # judged at 5 with the group at 5 in line: 2 behind
+    ])
+    assert list(fold.groups) == [1]
+
+
+def test_a_group_a_restarted_trainer_reads_again_lapses_if_its_expiry_passed_meanwhile() -> None:
+    fold = fold_both([
+        (0, mark()),
+        (0, Request(producer="p", session="s", trainer="t", weight_version=0, max_policy_lag=None,
+                    max_unconsumed_groups=None)),
+        (0, Sent(producer="p", session="s", request=1, key="k")),
+        (0, Delivered(producer="p", session="s", request=1)),
+        (0, mark(consumed={0: ["k"]})),  # in batch 0, not committed
+        (2_000, Renew(producer="p", session="s")),  # its sent expiry passes while it is out of line
+        (0, mark(session="r1", resumed_from=0)),  # read again: back in line, and lapsed
+    ])
+    assert fold.expired == 1 and not fold.groups
 
 
 @settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=[HealthCheck.too_slow])

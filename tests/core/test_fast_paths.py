@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import msgspec
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,6 +40,9 @@ def _edges(rl: int) -> dict[str, list[object]]:
         "rollout_log_probs": [[1.0] * rl, [1.0] * (rl + 1), [math.nan] * rl, [-math.inf] * rl],
         # half a sampling mask: the full check refuses it
         "rollout_sampling_mask_ids": [[5] * rl], "rollout_sampling_mask_offsets": [list(range(rl + 1))],
+        # against the sample's one version ("1"): fits, too many, not from 0, past the response, not integers
+        "weight_version_offsets": [[0], [0, 0], [1], [rl + 1], [0.0]],
+        "weight_versions": [[], ["1", "2"], ["1", "2", "3"]],
     }
 
 
@@ -59,6 +63,15 @@ def _sampling_mask(kind: str, rl: int) -> dict[str, object]:
     return {"rollout_sampling_mask_ids": ids, "rollout_sampling_mask_offsets": offsets}
 
 
+def _version_spans(draw: st.DrawFn, rl: int) -> dict[str, object]:
+    """Weight versions with the response token each started at, in any integer dtype the wire carries."""
+    count = draw(st.integers(1, 3))
+    offsets = sorted(draw(st.lists(st.integers(0, rl), min_size=count - 1, max_size=count - 1)))
+    dtype = draw(st.sampled_from(["<i4", "<i8", "<u1", "<u2"]))
+    return {"weight_versions": [str(v) for v in range(count)],
+            "weight_version_offsets": np.array([0, *offsets], dtype=dtype)}
+
+
 @st.composite
 def samples(draw: st.DrawFn) -> tuple[Sample, bytes | None]:
     """A valid sample with up to two fields set out of line (each check is exercised at its edge)."""
@@ -69,10 +82,13 @@ def samples(draw: st.DrawFn) -> tuple[Sample, bytes | None]:
         "group_size": draw(st.sampled_from([1, 4, None])), "sibling_count": 2, "sibling_index": 1,
         "run_id": draw(st.sampled_from([None, "", "run", "rün"])),
         "tokens": [1] * (rl + draw(st.integers(0, 2))), "loss_mask": [1] * rl, "rollout_log_probs": None,
+        "weight_versions": ["1"],
     }
     mask = draw(st.sampled_from(["none", "none", "none", "valid", "decreasing", "short", "end", "start"]))
     if mask != "none":
         fields.update(_sampling_mask(mask, rl))
+    if draw(st.booleans()):
+        fields.update(_version_spans(draw, rl))
     edges = _edges(rl)
     for name in draw(st.lists(st.sampled_from(sorted(edges)), max_size=2)):
         fields[name] = draw(st.sampled_from(edges[name]))
@@ -109,7 +125,7 @@ def test_plainly_valid_agrees_at_every_single_field_edge(limits):
                 fields: dict[str, object] = {
                     "group_index": 3, "reward": 0.5, "response_length": rl, "group_size": 2,
                     "sibling_count": 2, "sibling_index": 1, "run_id": "run", "tokens": [1] * rl,
-                    "loss_mask": [1] * rl, name: value,
+                    "loss_mask": [1] * rl, "weight_versions": ["1"], name: value,
                 }
                 sample = Sample(**fields)  # type: ignore[arg-type]
                 fast = plainly_valid(sample, b"run/3", None, limits)

@@ -96,6 +96,7 @@ SCANNED = {
     "train_metadata": "dict[str, typing.Any] | None",
     "rollout_sampling_mask_ids": "rollout_stream.codec.arrays.Array | None",
     "rollout_sampling_mask_offsets": "rollout_stream.codec.arrays.Array | None",
+    "weight_version_offsets": "rollout_stream.codec.arrays.Array | None",
 }
 
 
@@ -166,6 +167,12 @@ def _plain(**fields: Any) -> Sample:
     {"train_metadata": {"loss": "x"}}, {"label": "l"}, {"remove_sample": True}, {"prompt": "日本語" * 50},
     {"tokens": None, "loss_mask": None, "rollout_log_probs": None},
     {"teacher_log_probs": np.zeros(2, dtype="<f8")}, {"opd_reverse_kl": np.zeros(2, dtype="<f4")},
+    {"weight_version_offsets": [0]},
+    {"weight_versions": ["1", "2", "4"], "weight_version_offsets": [0, 1, 2]},
+    {"weight_versions": ["1", "2"], "weight_version_offsets": np.array([0, 0], dtype="<i8")},
+    {"weight_versions": ["1", "2"], "weight_version_offsets": np.array([0, 2], dtype="<u2")},
+    {"weight_versions": ["1", "2"], "weight_version_offsets": np.array([0, 1], dtype="<u1")},
+    {"weight_versions": [], "weight_version_offsets": []},
 ])
 def test_the_common_records_take_the_scan(fields: dict[str, Any]) -> None:
     sample = _plain(**fields)
@@ -198,6 +205,19 @@ def test_a_float32_reward_is_read_as_msgspec_reads_it() -> None:
     (encode_sample(_plain(group_index=2**63)), b"run/9223372036854775808"),  # beyond int64
     (encode_sample(_plain(rollout_routed_experts=np.zeros((1, 1, 2), dtype="<i4"))), b"run/7"),
     (encode_sample(_plain(schema_version=2)), b"run/7"),
+    # weight version offsets that do not fit: one per version, from 0, never decreasing, within the response
+    (encode_sample(_plain(weight_version_offsets=[0, 1])), b"run/7"),
+    (encode_sample(_plain(weight_versions=["1", "2"], weight_version_offsets=[0])), b"run/7"),
+    (encode_sample(_plain(weight_version_offsets=[1])), b"run/7"),
+    (encode_sample(_plain(weight_versions=["1", "2"], weight_version_offsets=[0, 3])), b"run/7"),
+    (encode_sample(_plain(weight_versions=["1", "2", "3"], weight_version_offsets=[0, 2, 1])), b"run/7"),
+    (encode_sample(_plain(weight_versions=["1", "2"], weight_version_offsets=np.array([0, -1], "<i8"))),
+     b"run/7"),
+    (encode_sample(_plain(weight_version_offsets=np.array([0.0], "<f4"))), b"run/7"),
+    (encode_sample(_plain(weight_version_offsets=np.array([False]))), b"run/7"),
+    (msgspec.msgpack.encode({"type": "rollout_sample", "group_index": 7, "reward": 0.5, "run_id": "run",
+                             "group_size": 8, "weight_versions": ["1"], "weight_version_offsets": [0]}),
+     b"run/7"),  # a plain list
     (msgspec.msgpack.encode({"type": "rollout_sample", "group_index": 7, "reward": 0.5, "run_id": "run",
                              "group_size": 8, "unknown": 1}), b"run/7"),
     (msgspec.msgpack.encode({"type": "train_sample", "group_index": 7, "reward": 0.5, "run_id": "run",

@@ -138,7 +138,7 @@ def test_a_finished_epoch_keeps_each_prompt_s_outcome_and_drops_its_history() ->
     w.drain()
     check_settled(w)
     epoch = w.fold.sources[SOURCE].epochs[0]
-    assert epoch.settled is not None and not epoch.prompts
+    assert epoch.settled and not epoch.prompts
     assert w.fold.status(SOURCE)[0].dead_lettered == {"shared_reward_violation": 1}
     assert len(w.fold.trained(SOURCE)) == 7
 
@@ -312,7 +312,7 @@ def test_an_exhausted_prompt_waits_for_its_dead_letter_record_until_a_marker_say
     assert status.exhausted == 1
     [x] = w.fold.unrecorded(SOURCE)
     assert (x.epoch, x.prompt) == (0, 0) and [a.ended for a in x.attempts] == [AttemptEnd.LEASE] * 2
-    assert w.fold.sources[SOURCE].epochs[0].settled is not None  # the epoch forgot the attempts; x has them
+    assert w.fold.sources[SOURCE].epochs[0].settled  # the epoch forgot the attempts; x has them
     tail = load_fold(dump_fold(w.fold), FOLD_VERSION)
     assert [(y.epoch, y.prompt, len(y.attempts)) for y in tail.unrecorded(SOURCE)] == [(0, 0, 2)]
     w.log(Resolved(keys=[f"{SOURCE}@0.2/0"], reason="prompt_attempts_exhausted"))

@@ -258,8 +258,10 @@ def test_closed_memory_is_bounded():
 
 
 def test_group_larger_than_the_byte_cap_is_dead_lettered_whole():
-    st = store(max_group_bytes=600)
-    feed(st, rec(s(rid=0, size=3, prompt="x" * 150), 0))
+    first = rec(s(rid=0, size=3, prompt="x" * 150), 0)
+    assert first.value is not None
+    st = store(max_group_bytes=len(first.value) + 100)  # room for one such record, not two
+    feed(st, first)
     (out,) = feed(st, rec(s(rid=1, size=3, prompt="y" * 150), 1))
     assert out.reason is R.GROUP_TOO_LARGE and len(out.records) == 2 and st.open_bytes == 0
 

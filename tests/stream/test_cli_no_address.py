@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -21,8 +19,8 @@ from rollout_stream.cli import app
 
 runner = CliRunner()
 NO_ADDRESS = (
-    "error: no Kafka address: pass --bootstrap-servers HOST:PORT (or set KAFKA_BOOTSTRAP_SERVERS); for a local "
-    "broker run `rollout-stream demo` or `rollout-stream broker start`"
+    "error: no Kafka address: pass --bootstrap-servers HOST:PORT (or set KAFKA_BOOTSTRAP_SERVERS); "
+    "for a local broker run `rollout-stream demo` or `rollout-stream broker start`"
 )
 UNREACHABLE = "127.0.0.1:1"  # nothing listens on port 1
 
@@ -86,13 +84,14 @@ def test_a_stopped_local_broker_is_not_started(empty_dir):
     """./.kafka-data holds a broker that is not running (its pid is gone): still the same line."""
     data = empty_dir / ".kafka-data"
     data.mkdir()
-    (data / "broker.json").write_text(json.dumps({"pid": 2**22 + 1, "port": 9092, "bootstrap": "127.0.0.1:9092"}))
+    gone = {"pid": 2**22 + 1, "port": 9092, "bootstrap": "127.0.0.1:9092"}  # above Linux's largest pid
+    (data / "broker.json").write_text(json.dumps(gone))
     result = _without_address(["dlq", "stats"])
     assert (result.exit_code, result.stderr.splitlines()) == (2, [NO_ADDRESS])
     assert sorted(os.listdir(data)) == ["broker.json"]
 
 
-# ---- prompts: the group's options reach its commands ----------------------------------------------------------
+# ---- prompts: the group's options reach its commands -----------------------------------------------------
 @pytest.mark.parametrize(
     "args",
     [
@@ -118,11 +117,11 @@ def test_a_commands_own_option_wins_over_the_groups(empty_dir):
 @pytest.mark.kafka(timeout=60)
 def test_prompts_json_before_the_command_prints_json(kafka_bootstrap, empty_dir):
     output = f"prompts-json-{uuid.uuid4().hex[:8]}"
-    exe = str(Path(sys.executable).with_name("rollout-stream"))
-    created = subprocess.run([exe, "topics", "create", "--bootstrap-servers", kafka_bootstrap, "--output-topic",
-                              output, "--input-topic", f"{output}-in", "--dead-letter-topic", f"{output}-dlq",
-                              "--partitions", "1"], capture_output=True, text=True, timeout=60)
-    assert created.returncode == 0, created.stderr
+    topics = ["--output-topic", output, "--input-topic", f"{output}-in",
+              "--dead-letter-topic", f"{output}-dlq"]
+    created = runner.invoke(app, ["topics", "create", "--bootstrap-servers", kafka_bootstrap, *topics,
+                                  "--partitions", "1"])
+    assert created.exit_code == 0, created.output  # the admission log among them, empty
     group = ["prompts", "--bootstrap-servers", kafka_bootstrap, "--output-topic", output, "--json"]
     status = runner.invoke(app, [*group, "status"])
     assert status.exit_code == 0, status.output

@@ -93,7 +93,7 @@ def wait_for_mapping(proc: subprocess.Popen[str], fragment: str, timeout: float 
         ("dlq", "stats"),
         ("tail",),
         ("run",),
-        ("bench", "--quick"),
+        ("lag",),
     ],
 )
 def test_ctrl_c_while_a_command_starts_is_one_line_and_exit_130(args):

@@ -1,8 +1,9 @@
-"""A command without --bootstrap-servers, run outside the repository while a local broker is up elsewhere,
-says which address to pass, never `--port` (it has none), and creates nothing.
+"""Without --bootstrap-servers, the operator commands use the local broker of ./.kafka-data only when it runs,
+and `demo`, which starts it, run outside the repository while a local broker is up elsewhere, says which
+address to pass, never `--port` (it has none); none of them creates anything where it runs.
 
-The implicit local broker listens on 9092; here it is asked for a port this test controls (another engineer's
-demo broker may hold 9092), by handing resolve_bootstrap a LocalBroker with that port.
+`demo`'s local broker listens on 9092; here it is asked for a port this test controls (another engineer's demo
+broker may hold 9092), by handing commands/local.py a LocalBroker with that port.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import rollout_stream.broker
+import rollout_stream.commands.local
 from rollout_stream.broker import LocalBroker, PortInUse, running_brokers
 from rollout_stream.broker.process import free_port
 from rollout_stream.cli import app
+from rollout_stream.commands.connection import NO_ADDRESS
 
 runner = CliRunner()
 
@@ -47,7 +49,8 @@ def elsewhere(tmp_path, monkeypatch) -> Path:
 
 
 def _implicit_broker_on(port: int, monkeypatch) -> None:
-    monkeypatch.setattr(rollout_stream.broker, "LocalBroker", functools.partial(LocalBroker, port=port))
+    local = functools.partial(LocalBroker, port=port)
+    monkeypatch.setattr(rollout_stream.commands.local, "LocalBroker", local)
 
 
 def _without_bootstrap(args: list[str]):
@@ -61,11 +64,27 @@ def test_running_brokers_finds_a_local_broker_by_its_data_dir(other_broker):
     assert found.bootstrap == f"127.0.0.1:{other_broker.port}"
 
 
-def test_a_command_elsewhere_names_the_running_local_broker_and_the_address_to_pass(
+def test_an_operator_command_elsewhere_starts_nothing_and_says_how_to_give_an_address(
+    other_broker, elsewhere
+):
+    result = _without_bootstrap(["dlq", "stats"])
+    assert (result.exit_code, result.stdout, result.stderr.splitlines()) == (2, "", [f"error: {NO_ADDRESS}"])
+    assert os.listdir(elsewhere) == []
+
+
+def test_an_operator_command_uses_the_local_broker_running_here(other_broker, elsewhere, monkeypatch):
+    monkeypatch.setattr(rollout_stream.commands.local, "DEFAULT_DATA_DIR", other_broker.data_dir)
+    result = _without_bootstrap(["dlq", "stats", "--dead-letter-topic", "no-such-topic-here", "--json"])
+    assert "no-such-topic-here" in result.stderr  # reached that broker: it has no such topic
+    assert "no Kafka address" not in result.stderr
+    assert os.listdir(elsewhere) == []
+
+
+def test_demo_elsewhere_names_the_running_local_broker_and_the_address_to_pass(
     other_broker, elsewhere, monkeypatch
 ):
     _implicit_broker_on(other_broker.port, monkeypatch)
-    result = _without_bootstrap(["dlq", "stats"])
+    result = _without_bootstrap(["demo"])
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     (line,) = result.stderr.splitlines()
@@ -94,7 +113,7 @@ def test_a_port_held_by_something_else_suggests_the_address_and_creates_nothing(
         server.listen(1)
         port = server.getsockname()[1]
         _implicit_broker_on(port, monkeypatch)
-        result = _without_bootstrap(["synth", "--groups", "1"])
+        result = _without_bootstrap(["demo"])
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.splitlines()
     assert line == (

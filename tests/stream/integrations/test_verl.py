@@ -23,7 +23,8 @@ from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 from rollout_stream.codec import Sample  # noqa: E402
 from rollout_stream.config import WorkerConfig  # noqa: E402
 from rollout_stream.core import RewardConfig, post_process_rewards  # noqa: E402
-from rollout_stream.integrations.verl import STAGE_ESTIMATOR, StageMessageQueue, rollout_sample  # noqa: E402
+from rollout_stream.integrations.verl import STAGE_ESTIMATOR, rollout_sample  # noqa: E402
+from rollout_stream.integrations.verl_queue import StageMessageQueue  # noqa: E402
 from rollout_stream.producer import RolloutProducer  # noqa: E402
 from rollout_stream.reader import TrainDataReader  # noqa: E402
 from tests.stream.helpers import new_topics, running_worker  # noqa: E402

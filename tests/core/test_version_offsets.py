@@ -1,0 +1,157 @@
+"""`weight_version_offsets` (the response token at which each weight version started): on the wire, in
+validation (`invalid_sample` with a readable message), through the stage (chunked or not, fast path or full
+decode, dead-lettered with its bytes), in the train sample, and in the miles layout, which ignores it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from rollout_stream.codec import (
+    DeadLetterReason,
+    Sample,
+    TrainSample,
+    decode_sample,
+    decode_train_sample,
+    encode_sample,
+    encode_train_samples,
+    group_key,
+)
+from rollout_stream.codec.chunks import CHUNK_HEADER, split
+from rollout_stream.core.config import RewardConfig
+from rollout_stream.core.miles import train_data
+from rollout_stream.core.records import DeadLettered, InputRecord, Published
+from rollout_stream.core.validate import SampleLimits, validate_sample
+from rollout_stream.core.windows import WindowConfig, WindowStore
+from tests.codec.test_miles_fields import old_records
+
+
+def _sample(**fields: Any) -> Sample:
+    base: dict[str, Any] = {"group_index": 3, "run_id": "run", "rollout_id": 0, "reward": 1.0,
+                            "group_size": 1, "tokens": [1] * 6, "response_length": 4,
+                            "loss_mask": [1, 1, 0, 1], "weight_versions": ["3", "5"],
+                            "weight_version_offsets": [0, 2]}
+    return Sample(**(base | fields))
+
+
+def _train(sample: Sample) -> TrainSample:
+    return TrainSample(sample=sample, raw_reward=1.0, reward=0.0, group_key="run/3", group_rollout_count=1,
+                       group_sample_count=1, group_mean=1.0, group_std=0.0, zero_variance=True,
+                       advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
+                       reward_key=None, source_topic="rollouts", source_partition=0, source_offset=0)
+
+
+def _problem(sample: Sample) -> str | None:
+    return validate_sample(sample, key=group_key(sample), reward_key=None, limits=SampleLimits())
+
+
+# ---------------------------------------------------------------- the wire
+
+
+def test_the_offsets_round_trip_in_their_dtype() -> None:
+    for offsets, dtype in (([0, 2], "<i4"), (np.array([0, 2], dtype="<i8"), "<i8"),
+                           (np.array([0, 2], dtype="<u2"), "<u2")):
+        back = decode_sample(encode_sample(_sample(weight_version_offsets=offsets)))
+        assert back.weight_version_offsets == [0, 2] and back.weight_version_offsets.dtype == np.dtype(dtype)
+    assert Sample().weight_version_offsets is None
+
+
+@pytest.mark.parametrize("name", sorted(old_records()))
+def test_records_from_before_the_offsets_decode_without_them(name: str) -> None:
+    kind, data = old_records()[name]
+    record = decode_sample(data) if kind == "sample" else decode_train_sample(data)
+    sample = record if isinstance(record, Sample) else record.sample
+    assert sample.weight_version_offsets is None
+    assert decode_sample(encode_sample(sample)) == sample
+
+
+def test_a_reader_that_does_not_know_the_field_ignores_it() -> None:
+    class Before(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type"):
+        weight_versions: list[str] = []
+
+    assert msgspec.msgpack.decode(encode_sample(_sample()), type=Before).weight_versions == ["3", "5"]
+
+
+# ---------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"weight_version_offsets": None},  # absent: the whole response under the listed versions
+    {"weight_versions": ["3", "4", "5"], "weight_version_offsets": [0, 0, 4]},  # empty spans, an empty tail
+    {"weight_versions": ["3"], "weight_version_offsets": [0], "response_length": 0, "loss_mask": []},
+    {"weight_versions": [], "weight_version_offsets": []},
+    {"weight_version_offsets": np.array([0, 3], dtype="<u1")},
+])
+def test_offsets_that_fit_are_valid(fields: dict[str, Any]) -> None:
+    assert _problem(_sample(**fields)) is None
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"weight_version_offsets": [0]},
+     "weight_version_offsets has 1 entries but weight_versions has 2 (one offset per version)"),
+    ({"weight_versions": [], "weight_version_offsets": [0]},
+     "weight_version_offsets has 1 entries but weight_versions has 0 (one offset per version)"),
+    ({"weight_version_offsets": [1, 2]}, "weight_version_offsets must start at 0, got 1"),
+    ({"weight_versions": ["3", "4", "5"], "weight_version_offsets": [0, 3, 2]},
+     "weight_version_offsets decrease at version 2 (3 then 2)"),
+    ({"weight_version_offsets": [0, 5]}, "weight_version_offsets[1] is 5, past the response of 4 tokens"),
+    ({"weight_version_offsets": np.array([0, -1], dtype="<i8")},
+     "weight_version_offsets decrease at version 1 (0 then -1)"),
+    ({"weight_version_offsets": [0.0, 2.0]}, "weight_version_offsets must hold integers, got float64"),
+])
+def test_offsets_that_do_not_fit_are_an_invalid_sample(fields: dict[str, Any], message: str) -> None:
+    assert _problem(_sample(**fields)) == message
+
+
+# ---------------------------------------------------------------- through the stage
+
+
+def _records(sample: Sample, chunk: int | None) -> list[InputRecord]:
+    value = encode_sample(sample)
+    if chunk is None:
+        return [InputRecord("rollouts", 0, 0, 1_000, group_key(sample), value)]
+    return [InputRecord("rollouts", 0, i, 1_000, group_key(sample), part, ((CHUNK_HEADER, header),))
+            for i, (header, part) in enumerate(split(value, chunk))]
+
+
+@pytest.mark.parametrize("chunk", [None, 40])
+def test_the_stage_publishes_the_offsets_unchanged_and_dead_letters_bad_ones_with_their_bytes(chunk) -> None:
+    config = WindowConfig(reward=RewardConfig(), group_timeout_ms=10_000)
+    good, bad = _sample(), _sample(weight_version_offsets=[0, 9])
+    (out,) = _take_all(config, _records(good, chunk))
+    assert isinstance(out, Published)
+    (member,) = out.members
+    assert member.record.value == encode_sample(good)
+    (value,) = encode_train_samples(_train(good), [member.record.value], [1.0], [0.0], [0])
+    assert decode_train_sample(value).sample.weight_version_offsets == [0, 2]
+
+    (dead,) = _take_all(config, _records(bad, chunk))
+    assert isinstance(dead, DeadLettered) and dead.reason == DeadLetterReason.INVALID_SAMPLE
+    assert dead.message == "weight_version_offsets[1] is 9, past the response of 4 tokens"
+    assert b"".join(r.value or b"" for r in dead.records) == encode_sample(bad)
+
+
+def _take_all(config: WindowConfig, records: list[InputRecord]) -> list[Any]:
+    store = WindowStore(config)
+    return [o for r in records for o in store.take(r, 2_000)]
+
+
+# ---------------------------------------------------------------- miles
+
+
+def test_the_miles_layout_ignores_the_offsets() -> None:
+    with_offsets = train_data([_train(_sample())])
+    without = train_data([_train(_sample(weight_version_offsets=None))])
+    assert with_offsets.keys() == without.keys() and with_offsets == without
+    assert with_offsets["weight_versions"] == [["3", "5"]]
+
+
+def test_from_miles_takes_the_offsets_when_a_sample_carries_them() -> None:
+    fields = {"group_index": 1, "tokens": [1, 2, 3], "response_length": 2, "reward": 1.0,
+              "weight_versions": ["1", "2"]}
+    assert Sample.from_miles(fields).weight_version_offsets is None
+    assert Sample.from_miles(fields | {"weight_version_offsets": [0, 1]}).weight_version_offsets == [0, 1]
