@@ -61,6 +61,9 @@ class GroupHead(msgspec.Struct, kw_only=True, frozen=True, tag="group_head", tag
     zero_variance: bool
     samples: list[HeadSample]
     problem: str | None = None  # why the stage found the group cannot be collated
+    # The timestamp of its last train record (by offset): the record whose reading completes the group in a
+    # whole-topic read, so heads are merged by the key train-data is (None: a head of an older stage).
+    timestamp_ms: int | None = None
     schema_version: int = GROUP_HEAD_VERSION
 
 

@@ -138,7 +138,8 @@ def _add(counts: dict[K, Versions], key: K, w: int, n: int) -> None:
         del counts[key]
 
 
-def _mark(index: dict[tuple[str, str], dict[int, None]], where: tuple[str, str], request: int, n: int) -> None:
+def _mark(index: dict[tuple[str, str], dict[int, None]], where: tuple[str, str], request: int,
+          n: int) -> None:
     if n > 0:
         index.setdefault(where, {})[request] = None
         return

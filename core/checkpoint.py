@@ -8,11 +8,11 @@ requests; the fold's indexes are derived and rebuilt on load. `FOLD_VERSION` cha
 shape or the fold's rule does; a checkpoint of another version is not loaded (the newcomer looks further
 back, or folds from the start).
 
-Most of a large dataset's state is its shrunk prompts' state codes (`rollout_stream.core.prompt_records.Epoch`).
-An open epoch's codes travel in the epoch's own order, as far as it has handed out: the prompts settle
-roughly in that order, so the codes are a long run of one value that compresses to almost nothing (a
-10,000,000-prompt epoch half handed out: tens of KB, docs/loop.md). A settled epoch's travel by row. The
-bytes may exceed one Kafka record; `rollout_stream.pacing.checkpoints` splits them into parts.
+Most of a large dataset's state is its shrunk prompts' state codes (`Epoch.codes`). An open epoch's codes
+travel in the epoch's own order, as far as it has handed out: prompts settle roughly in that order, so the
+codes are a long run of one value that compresses to almost nothing (docs/loop.md: a 10,000,000-prompt
+epoch half handed out). A settled epoch's travel by row. The bytes may exceed one Kafka record;
+`rollout_stream.pacing.checkpoints` splits them into parts.
 """
 
 from __future__ import annotations

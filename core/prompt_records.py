@@ -13,7 +13,8 @@ import numpy as np
 from rollout_stream.codec.admission import Dataset
 
 __all__ = ["CODES", "COUNTED", "KEEP_SETTLED", "Attempt", "AttemptEnd", "Epoch", "EpochStatus", "Exhausted",
-           "PromptRecord", "PromptState", "SourceState", "attempt_history", "epoch_order", "epoch_permutation"]
+           "PromptRecord", "PromptState", "SourceState", "attempt_history", "epoch_order",
+           "epoch_permutation"]
 
 # Settled prompts of an open epoch whose attempts are kept (`prompts show`); older ones keep their outcome.
 KEEP_SETTLED = 10_000
@@ -99,12 +100,12 @@ class Exhausted:
 class Epoch:
     """One epoch of a source: where its order is, and every prompt it handed out.
 
-    A prompt's record (its attempts) is kept while it waits or is in flight, and once final for the newest
-    `KEEP_SETTLED` settled (`recent`, oldest first); an older final prompt shrinks to its state code in
-    `codes` (by row, 0: not shrunk) and its reason in `reasons`. Once every prompt of the epoch is final
-    every record shrinks. A dataset of millions of prompts so costs a byte a prompt in memory, and far less
-    in a checkpoint (rollout_stream.core.checkpoint); a shrunk prompt's attempts are gone, and with them what
-    `late_trained` and `duplicates` would count for it."""
+    A prompt's record (its attempts) is kept while it waits or is in flight, once final for the newest
+    `KEEP_SETTLED` settled (`recent`, oldest first), and exhausted; an older final prompt shrinks to its
+    state code in `codes` (by row, 0: not shrunk) and its reason in `reasons`. Once every prompt of the epoch
+    is final every record shrinks. A dataset of millions of prompts so costs a byte a prompt in memory, and
+    far less in a checkpoint (rollout_stream.core.checkpoint); a shrunk prompt's attempts are gone, and with
+    them a second training of it counted in `duplicates`."""
 
     cursor: int = 0  # prompts of the order handed out for the first time
     prompts: dict[int, PromptRecord] = field(default_factory=dict)  # the records kept, by row
@@ -123,9 +124,10 @@ class Epoch:
     def record(self, prompt: int) -> PromptRecord | None:
         """A prompt's record (a shrunk one's has no attempts); None: not handed out."""
         rec = self.prompts.get(prompt)
-        if rec is not None or self.codes is None or not 0 <= prompt < len(self.codes) or not self.codes[prompt]:
+        codes = self.codes
+        if rec is not None or codes is None or not 0 <= prompt < len(codes) or not codes[prompt]:
             return rec
-        return PromptRecord(CODES[self.codes[prompt]], [], self.reasons.get(prompt))
+        return PromptRecord(CODES[codes[prompt]], [], self.reasons.get(prompt))
 
     def finalized(self, prompt: int, prompts: int) -> None:
         """`prompt` (kept in `prompts`) has just become final; `prompts`: the dataset's size."""
@@ -137,7 +139,9 @@ class Epoch:
             return
         self.recent.append(prompt)
         while len(self.recent) > KEEP_SETTLED:
-            self._shrink(self.recent.popleft(), prompts)
+            row = self.recent.popleft()
+            if self.prompts[row].state is not PromptState.EXHAUSTED:  # its lapsed attempt may still train
+                self._shrink(row, prompts)
 
     def _shrink(self, prompt: int, prompts: int) -> None:
         rec = self.prompts.pop(prompt)
@@ -171,7 +175,8 @@ class Epoch:
                 dead[rec.reason or "?"] = dead.get(rec.reason or "?", 0) + 1
         if self.codes is not None:
             codes = self._shrunk()
-            for state, n in zip(CODES[1:], np.bincount(codes, minlength=len(CODES))[1:].tolist(), strict=True):
+            shrunk = np.bincount(codes, minlength=len(CODES)).tolist()
+            for state, n in zip(CODES[1:], shrunk[1:], strict=True):
                 counts[state] += n
             dead_code, named = CODES.index(PromptState.DEAD_LETTERED), 0
             for p, reason in self.reasons.items():

@@ -50,10 +50,10 @@ _INT64 = np.iinfo(np.int64)
 
 
 def version_numbers(sample: Sample) -> list[int]:
-    """The sample's weight versions as integers; ValueError for one that is not an integer (or past int64)."""
+    """The sample's weight versions as integers; ValueError for one that is not an integer."""
     numbers = []
     for text in sample.weight_versions:
-        if not _INT.fullmatch(text.strip()) or not _INT64.min <= int(text) <= _INT64.max:
+        if not _INT.fullmatch(text.strip()):
             raise ValueError(f"weight version {text!r} is not an integer")
         numbers.append(int(text))
     return numbers
@@ -70,6 +70,8 @@ def token_versions(sample: Sample) -> np.ndarray | None:
     versions = version_numbers(sample)
     if not versions:
         return None
+    if not _INT64.min <= min(versions) <= max(versions) <= _INT64.max:
+        raise ValueError(f"weight versions {sample.weight_versions} do not fit int64")
     length = sample.response_length
     offsets = sample.weight_version_offsets
     if offsets is None:

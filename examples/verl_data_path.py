@@ -1,16 +1,18 @@
-"""verl's fully-async data path through the stage, on the CPU (needs verl: the [verl] extra).
+"""verl's fully-async data path through the stage, on the CPU (needs verl: the [verl] extra, and ray).
 
     .venv/bin/python examples/verl_data_path.py                  # $KAFKA_BOOTSTRAP_SERVERS or :9092
     .venv/bin/python examples/verl_data_path.py --bootstrap-servers localhost:9092
 
-The rollouter side puts verl `RolloutSample`s (one prompt's n generated rows, raw rewards in `rm_scores`,
-pickled as verl's rollouter pickles them) into a `StageMessageQueue`, which publishes each as a prompt group.
-The stage normalizes per group. The trainer side takes the groups back from two more queues, as verl's
-`FullyAsyncTrainer` does (`get_sample`, then verl's own `assemble_batch_from_rollout_samples` and
-`compute_advantage`): one with the stage's rewards and the pass-through estimator, one with the raw
-rewards and verl's GRPO. One prompt has a single response, where the two differ (verl: r / (1 + 1e-6), the
-stage: 0). What needs GPUs is verl's trainer itself (FSDP or Megatron workers, a vLLM or SGLang rollout);
-this is the data between them.
+verl's message queue is a Ray actor; so is the stage's. The example starts a local Ray runtime (2 CPUs, no
+dashboard, stopped at the end) and one `StageMessageQueue` actor, built from a `StageQueueConfig`, that both
+sides reach through verl's own `MessageQueueClient`: the rollouter side puts verl `RolloutSample`s (one
+prompt's n generated rows, raw rewards in `rm_scores`, pickled as verl's rollouter pickles them), which the
+actor publishes as prompt groups; the stage normalizes per group; the trainer side takes the groups back as
+verl's `FullyAsyncTrainer` does (`get_sample`, then verl's own `assemble_batch_from_rollout_samples` and
+`compute_advantage`) with the stage's rewards and the pass-through estimator. A second queue, in this
+process (a comparison needs no actor), hands the same groups with their raw rewards to verl's GRPO. One
+prompt has a single response, where the two differ (verl: r / (1 + 1e-6), the stage: 0). What needs GPUs is
+verl's trainer itself (FSDP or Megatron workers, a vLLM or SGLang rollout); this is the data between them.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from verl.experimental.fully_async_policy.detach_utils import (
     RolloutSample,
     assemble_batch_from_rollout_samples,
 )
+from verl.experimental.fully_async_policy.message_queue import MessageQueueClient
 from verl.trainer.ppo.core_algos import AdvantageEstimator
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from rollout_stream import Connection, RolloutProducer, TrainDataReader
-from rollout_stream.integrations.verl import STAGE_ESTIMATOR, StageMessageQueue
+from rollout_stream import Connection
+from rollout_stream.integrations.verl import STAGE_ESTIMATOR
+from rollout_stream.integrations.verl_queue import StageMessageQueue, StageQueueConfig
 
 PROMPT, RESPONSE = 4, 6
 
@@ -61,32 +65,46 @@ def generated_rows(prompt: int, n: int, rng: np.random.Generator, step: int) -> 
         non_tensors={"uid": np.array([f"uid_{prompt}"] * n, dtype=object),
                      "min_global_steps": np.array([step] * n, dtype=object),
                      "max_global_steps": np.array([step] * n, dtype=object)})
-    return RolloutSample(full_batch=data, sample_id=f"sample_{prompt}", epoch=0, rollout_status={})
+    # verl's rollouter names a prompt sample_<epoch>_<n>: the stage's group index is n
+    return RolloutSample(full_batch=data, sample_id=f"sample_0_{prompt}", epoch=0, rollout_status={})
 
 
-async def publish(conn: Connection, topic: str, prompts: list[int], rng: np.random.Generator) -> None:
-    with RolloutProducer(conn, topic) as producer:
-        rollouter = StageMessageQueue(producer=producer, run_id="verl-example")
-        for prompt in prompts:
-            n = 1 if prompt == prompts[-1] else 4  # the last prompt: a single response
-            await rollouter.put_sample(ray.cloudpickle.dumps(generated_rows(prompt, n, rng, step=0)))
+def stage_queue(conn: Connection, topics: Any, group: str, required_samples: int, *, rewards: str = "stage",
+                rollouter: bool = True) -> MessageQueueClient:
+    """verl's message queue on the stage, a Ray actor as verl's own: the rollouter's `put_sample` publishes to
+    the stage's input topic, the trainer's `get_sample` reads its train data, a step's groups per batch."""
+    config = StageQueueConfig(conn, train_data_topic=topics.output, group_id=group,
+                              groups_per_batch=required_samples,
+                              input_topic=topics.input if rollouter else None)
+    queue = ray.remote(StageMessageQueue).options(max_restarts=-1, max_task_retries=-1).remote(
+        config, rewards=rewards, prompt_length=PROMPT, response_length=RESPONSE, run_id="verl-example")
+    client = MessageQueueClient(queue)  # verl: trainer.set_message_queue_client(client), the rollouter's too
+    return client
 
 
-async def take(conn: Connection, topic: str, group: str, count: int, rewards: str) -> Any:
+async def take(client: MessageQueueClient | StageMessageQueue, count: int) -> Any:
     """What verl's FullyAsyncTrainer._get_samples_from_queue does, then its batch assembly."""
-    reader = TrainDataReader(conn, topic, group, groups_per_batch=count, start="earliest",
-                             partition_idle_ms=200)
-    # verl's data.max_prompt_length / max_response_length: every group of a step padded alike
-    queue = StageMessageQueue(reader, rewards=rewards, prompt_length=PROMPT,  # type: ignore[arg-type]
-                              response_length=RESPONSE)
-    try:
-        items = [await asyncio.wait_for(queue.get_sample(), 60) for _ in range(count)]
-    finally:
-        await queue.shutdown()
+    items = [await asyncio.wait_for(client.get_sample(), 120) for _ in range(count)]
     samples = [ray.cloudpickle.loads(x) for x, _ in items]
     batch = assemble_batch_from_rollout_samples(samples, None, None, None)
     batch.batch["token_level_rewards"] = batch.batch["rm_scores"]  # verl's extract_reward, no KL in reward
     return batch
+
+
+async def run(conn: Connection, topics: Any, tag: str, prompts: list[int], rng: np.random.Generator
+              ) -> tuple[Any, Any]:
+    queue = stage_queue(conn, topics, f"verl-{tag}-stage", len(prompts))
+    raw_queue = StageMessageQueue(StageQueueConfig(conn, train_data_topic=topics.output,
+                                                   group_id=f"verl-{tag}-raw", groups_per_batch=len(prompts)),
+                                  rewards="raw", prompt_length=PROMPT, response_length=RESPONSE)
+    try:
+        for prompt in prompts:  # verl's rollouter: one put per prompt, its n generated rows
+            n = 1 if prompt == prompts[-1] else 4  # the last prompt: a single response
+            await queue.put_sample(ray.cloudpickle.dumps(generated_rows(prompt, n, rng, step=0)))
+        return await take(queue, len(prompts)), await take(raw_queue, len(prompts))
+    finally:
+        await queue.shutdown()
+        await raw_queue.shutdown()
 
 
 def keyed(batch: Any, values: list[Any] | None) -> dict[tuple[int, ...], Any]:
@@ -110,10 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     conn, topics, tag = local.conn, local.topics, local.tag
     status = 0
     try:
+        print("starting a local Ray runtime (2 CPUs, no dashboard) for the queue actors", flush=True)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         prompts = list(range(args.prompts))
-        asyncio.run(publish(conn, topics.input, prompts, np.random.default_rng(args.seed)))
-        stage = asyncio.run(take(conn, topics.output, f"verl-{tag}-stage", len(prompts), "stage"))
-        raw = asyncio.run(take(conn, topics.output, f"verl-{tag}-raw", len(prompts), "raw"))
+        stage, raw = asyncio.run(run(conn, topics, tag, prompts, np.random.default_rng(args.seed)))
         # the stage's processed reward of each row: what it put on the row's last response token
         rewards = keyed(stage, stage.batch["rm_scores"].sum(-1).tolist())
         raw_rewards = keyed(raw, raw.batch["rm_scores"].sum(-1).tolist())
@@ -132,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
               f"differs on {differ} row(s)", flush=True)
         status = 0 if exact else 1
     finally:
+        ray.shutdown()
         local.stop()
     return status
 

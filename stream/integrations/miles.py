@@ -10,9 +10,11 @@ miles builds it with `DataBufferConstructorInput(args, unused_handler_fn)` and c
   `DefaultDataBuffer`; any other is published to the stage (`RolloutProducer.send_many`, siblings of a
   multi-sample trajectory numbered) and `put` returns once the broker has it;
 * `get(current_version=v)`: the next whole group from the train-data topic (validated, deduplicated,
-  shared rewards enforced by the stage), as miles `Sample`s carrying their **raw** rewards: miles' own reward
-  step then computes the stage's processed rewards bit for bit (the stage is that computation), which each
-  sample also carries as `metadata["rollout_stream_reward"]`. A group older than `args.max_weight_staleness`
+  shared rewards enforced by the stage), in the shape `put` received it (a rollout miles gave as a list
+  stays a list, even of one sample: miles flattens a step by the type of its first element; docs/miles.md),
+  as miles `Sample`s carrying their **raw** rewards: miles' own reward step then computes the stage's
+  processed rewards bit for bit (the stage is that computation), which each sample also carries as
+  `metadata["rollout_stream_reward"]`. A group older than `args.max_weight_staleness`
   versions goes to `unused_handler_fn` with its prompts, and the next one is taken;
 * `get_metrics()` once per rollout step.
 
@@ -41,7 +43,12 @@ import msgspec
 from rollout_stream.clients import Connection, default_client
 from rollout_stream.codec import Sample, TrainSample
 from rollout_stream.errors import ConfigurationError
-from rollout_stream.integrations.miles_prompts import GROUP_INDEX_KEY, StageDataSource
+from rollout_stream.integrations.miles_prompts import (
+    GROUP_INDEX_KEY,
+    TRAJECTORY_KEY,
+    StageDataSource,
+    wire_rollouts,
+)
 from rollout_stream.producer import RolloutProducer
 from rollout_stream.prompts import prompt_fence
 from rollout_stream.reader import BatchPosition, TrainDataReader
@@ -67,7 +74,8 @@ def _miles_sample_type() -> Any:
 
 def miles_group(group: Sequence[TrainSample], sample_type: Any) -> tuple[list[Any], list[Any]]:
     """miles' (prompt group, group) of a train-data group: one entry per rollout in rollout order, a
-    rollout of several samples as a list of them; the prompt group has one pending prompt per rollout."""
+    `Sample`, or a list of them where the rollout has several samples or miles put it as a list
+    (`TRAJECTORY_KEY`); the prompt group has one pending prompt per rollout."""
     rollouts: dict[Any, list[TrainSample]] = {}
     for train in group:
         s = train.sample
@@ -77,10 +85,11 @@ def miles_group(group: Sequence[TrainSample], sample_type: Any) -> tuple[list[An
     for members in rollouts.values():
         members.sort(key=lambda t: t.sample.sibling_index)
         samples = [_miles_sample(t, sample_type) for t in members]
-        out.append(samples[0] if len(samples) == 1 else samples)
+        listed = len(samples) > 1 or any(t.sample.metadata.get(TRAJECTORY_KEY) for t in members)
+        out.append(samples if listed else samples[0])
         first = members[0].sample
         prompts.append(sample_type(group_index=_group_index(first), index=first.index, prompt=first.prompt,
-                                   label=first.label, metadata=dict(first.metadata)))
+                                   label=first.label, metadata=_metadata(first)))
     return prompts, out
 
 
@@ -89,6 +98,10 @@ def _group_index(s: Sample) -> int | None:
     # group_index, so it gets back the admission's (unique in the run, where rows repeat every epoch)
     given = s.metadata.get(GROUP_INDEX_KEY)
     return given if isinstance(given, int) else s.group_index
+
+
+def _metadata(s: Sample) -> dict[str, Any]:
+    return {k: v for k, v in s.metadata.items() if k != TRAJECTORY_KEY}  # the shape is back in the group
 
 
 def _miles_sample(train: TrainSample, sample_type: Any) -> Any:
@@ -105,7 +118,7 @@ def _miles_sample(train: TrainSample, sample_type: Any) -> Any:
         weight_versions=list(s.weight_versions), rollout_log_probs=floats(s.rollout_log_probs),
         remove_sample=s.remove_sample, teacher_log_probs=floats(s.teacher_log_probs),
         opd_reverse_kl=floats(s.opd_reverse_kl), status=sample_type.Status(s.status),
-        metadata={**s.metadata, "rollout_stream_reward": train.reward}, train_metadata=s.train_metadata)
+        metadata={**_metadata(s), "rollout_stream_reward": train.reward}, train_metadata=s.train_metadata)
 
 
 def _samples_of(group: list[Any]) -> list[Any]:
@@ -163,14 +176,10 @@ class StageDataBuffer:
 
     def _publish(self, group: list[Any]) -> None:
         assert self._producer is not None
-        records: list[Sample] = []
-        for item in group:
-            members = [Sample.from_miles(s) for s in (item if isinstance(item, list) else [item])]
-            # a trajectory's samples are siblings: one rollout, whatever their own indices
-            rollout = members[0].rollout_id if members[0].rollout_id is not None else members[0].index
-            records += [msgspec.structs.replace(
-                s, rollout_id=rollout, group_size=len(group), sibling_count=len(members), sibling_index=i,
-                run_id=self.run_id if self.run_id is not None else s.run_id) for i, s in enumerate(members)]
+        records = [msgspec.structs.replace(
+            s, group_size=len(group), sibling_count=len(members), sibling_index=i,
+            run_id=self.run_id if self.run_id is not None else s.run_id)
+            for members in wire_rollouts(group) for i, s in enumerate(members)]
         for future in self._producer.send_group(records):
             future.get(60)
 

@@ -39,13 +39,33 @@ from rollout_stream.logs import log_event
 from rollout_stream.prompts import PromptLease, PromptSource
 from rollout_stream.prompts.dataset import DatasetError, Row, load_rows
 
-__all__ = ["ATTEMPT_KEY", "GROUP_INDEX_KEY", "RowError", "StageDataSource", "miles_prompt_sample",
-           "stage_data_source"]
+__all__ = ["ATTEMPT_KEY", "GROUP_INDEX_KEY", "TRAJECTORY_KEY", "RowError", "StageDataSource",
+           "miles_prompt_sample", "stage_data_source", "wire_rollouts"]
 
 log = logging.getLogger("rollout_stream.integrations.miles")
 
 ATTEMPT_KEY = "rollout_stream_attempt"  # metadata: the attempt a prompt group belongs to
 GROUP_INDEX_KEY = "rollout_stream_group_index"  # metadata: miles' group index (the wire's is the row)
+TRAJECTORY_KEY = "rollout_stream_trajectory"  # metadata: miles gave the sample's rollout as a list
+
+
+def wire_rollouts(group: Sequence[Any]) -> list[list[Sample]]:
+    """The stage's samples of a finished miles group, one list per rollout. miles' group holds a `Sample` per
+    rollout, or a list of them (a multi-sample trajectory, one sample or more): the samples of a list share
+    one rollout id (its first sample's, else its index), and carry `TRAJECTORY_KEY`, so that the data buffer
+    gives the group back in the shape miles put it (miles flattens a batch by the type of its first
+    element)."""
+    rollouts = []
+    for item in group:
+        listed = isinstance(item, list)
+        members = [Sample.from_miles(s) for s in (item if listed else [item])]
+        if listed:
+            rollout = members[0].rollout_id if members[0].rollout_id is not None else members[0].index
+            marked = {TRAJECTORY_KEY: True}
+            members = [msgspec.structs.replace(s, rollout_id=rollout, metadata={**s.metadata, **marked})
+                       for s in members]
+        rollouts.append(members)
+    return rollouts
 
 
 class RowError(DatasetError):
@@ -224,12 +244,7 @@ class StageDataSource:
         if lease is None:
             raise ConfigurationError(f"attempt {key} is not held by this data source (published or given "
                                      f"back already, or taken by another process)")
-        records: list[Sample] = []
-        for item in group:
-            members = [Sample.from_miles(s) for s in (item if isinstance(item, list) else [item])]
-            # a trajectory's samples are siblings: one rollout, whatever their own indices
-            rollout = members[0].rollout_id if members[0].rollout_id is not None else members[0].index
-            records += [msgspec.structs.replace(s, rollout_id=rollout) for s in members]
+        records = [s for rollout in wire_rollouts(group) for s in rollout]
         for future in self.source.publish(lease, records):
             future.get(60)
 

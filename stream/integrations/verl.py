@@ -28,7 +28,8 @@ from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 from rollout_stream.codec import Array, Sample, TrainSample
 from rollout_stream.integrations.rows import row_of
 
-__all__ = ["STAGE_ESTIMATOR", "Rewards", "data_proto", "rollout_sample", "samples_of", "stage_advantage"]
+__all__ = ["STAGE_ESTIMATOR", "Rewards", "data_proto", "register_estimator", "rollout_sample", "samples_of",
+           "stage_advantage"]
 
 STAGE_ESTIMATOR = "rollout_stream"
 Rewards = Literal["stage", "raw"]
@@ -42,8 +43,15 @@ def stage_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tens
     return scores, scores
 
 
-if ADV_ESTIMATOR_REGISTRY.get(STAGE_ESTIMATOR) is not stage_advantage:
-    register_adv_est(STAGE_ESTIMATOR)(stage_advantage)
+def register_estimator() -> None:
+    """Register `stage_advantage` as verl's `STAGE_ESTIMATOR` in this process (importing this module does);
+    verl computes advantages in its trainer's Ray actor, a process of its own: name this function as Ray's
+    `worker_process_setup_hook` to register it there."""
+    if ADV_ESTIMATOR_REGISTRY.get(STAGE_ESTIMATOR) is not stage_advantage:
+        register_adv_est(STAGE_ESTIMATOR)(stage_advantage)
+
+
+register_estimator()
 
 
 def data_proto(samples: Sequence[TrainSample], *, rewards: Rewards = "stage", pad_token_id: int = 0,

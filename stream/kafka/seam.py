@@ -126,6 +126,7 @@ class Written(NamedTuple):
     topic: str
     partition: int
     offset: int
+    timestamp_ms: int | None = None  # as stored (LogAppendTime: the broker's); None: the client does not say
 
 
 class SendFuture(Protocol):

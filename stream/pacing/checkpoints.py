@@ -117,5 +117,5 @@ def take_checkpoint(fold: PromptLog, part_bytes: int = PART_BYTES) -> list[Check
         return [Checkpoint(through=through, fold_version=FOLD_VERSION, state=state)]
     digest = value_digest(state)
     count = -(-len(state) // part_bytes)
-    return [Checkpoint(through=through, fold_version=FOLD_VERSION, state=state[i * part_bytes:(i + 1) * part_bytes],
-                       part=i, parts=count, digest=digest) for i in range(count)]
+    return [Checkpoint(through=through, fold_version=FOLD_VERSION, part=i, parts=count, digest=digest,
+                       state=state[i * part_bytes:(i + 1) * part_bytes]) for i in range(count)]

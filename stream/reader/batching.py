@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 from rollout_stream.core.assembly import (
     AssembledGroup,
@@ -74,17 +75,23 @@ class HeldGroups:
         self.items: list[Fetched] = []
         self._superseded: dict[str, str] = {}  # held groups the fence refused: key -> why
         self._parts: dict[str, StalenessDecision] = {}  # held groups past the bound that train in part
+        self._unjudged: dict[str, str] = {}  # held groups staleness could not judge: key -> why
         self._last_parts = StaleParts()  # of the last batch taken, for its log line
 
     def verdict(self, group: AssembledGroup, weight_version: int | None) -> Verdict | None:
         verdict = group_verdict(group, weight_version, self.max_weight_staleness)
         self._parts.pop(group.key, None)
+        self._unjudged.pop(group.key, None)
         if verdict == "stale" and self.staleness != "group":
             # its oldest version is past the bound: what of it is fresh may still train
-            decision = staleness_decision(group.samples, self.staleness, weight_version,
-                                          self.max_weight_staleness)
-            if not decision.skipped:
-                self._parts[group.key], verdict = decision, None
+            try:
+                decision = staleness_decision(group.samples, self.staleness, weight_version,
+                                              self.max_weight_staleness)
+            except ValueError as exc:  # versions beyond int64 by token: skipped, never a trainer crash
+                self._unjudged[group.key], verdict = str(exc), "invalid"
+            else:
+                if not decision.skipped:
+                    self._parts[group.key], verdict = decision, None
         if verdict is None and self.fence is not None and not self.fence.admit(group.key):
             # another attempt of its prompt trains: skipped like an invalid group, reported apart
             self._superseded[group.key] = self.fence.refusal(group.key) or "superseded"
@@ -133,10 +140,11 @@ class HeldGroups:
                 continue
             log_event(log, "group.skipped_invalid", logging.WARNING, group=group.key,
                       partition=group.partition, offset=group.first_offset,
-                      problem=group.problem or group.version_problem)
+                      problem=group.problem or group.version_problem or self._unjudged.get(group.key))
         for item in items:
             self._superseded.pop(item.group.key, None)
             self._parts.pop(item.group.key, None)
+            self._unjudged.pop(item.group.key, None)
         return plan, items, superseded, parts
 
     def log_stale(self, index: int, items: list[Fetched], verdicts: list[Verdict | None],
@@ -176,7 +184,7 @@ class WaitingLog:
         `uncovered`: train-data records no group head covers, per partition (`fetch="own"`), if any."""
         if now < self.next:
             return False
-        extra: dict[str, object] = {"uncovered_train_data": uncovered} if uncovered else {}
+        extra: dict[str, Any] = {"uncovered_train_data": uncovered} if uncovered else {}
         log_event(log, "batch.waiting", topic=self.topic, batch=batch, groups=f"{good}/{needed}", held=held,
                   partitions_at_end=",".join(map(str, at_end)) or "none", waited_s=round(now - self.started),
                   **extra)

@@ -55,10 +55,12 @@ def _outline(head: GroupHead, row: int) -> TrainSample:
 def outline_group(head: GroupHead, timestamp_ms: int) -> AssembledGroup:
     """The group a head describes, with outline samples (token counts as zero-filled uint8 rows, the loss mask
     as its count of ones): what ordering and batching read is the real group's, the payload is not there.
-    Its offsets are its train records' (as a whole-topic reader reports them), its timestamp the head's."""
+    Its offsets are its train records' (as a whole-topic reader reports them), its timestamp its last train
+    record's, as the head says (a head of an older stage: `timestamp_ms`, the head record's own)."""
     samples = [_outline(head, row) for row in range(len(head.samples))]
     offsets = sorted(o for s in head.samples for o in s.offsets)
-    group = assembled_group(head.group_key, head.partition, samples, offsets, timestamp_ms,
+    stamp = head.timestamp_ms if head.timestamp_ms is not None else timestamp_ms
+    group = assembled_group(head.group_key, head.partition, samples, offsets, stamp,
                             sum(s.nbytes for s in head.samples))
     return replace(group, problem=head.problem) if head.problem is not None else group
 

@@ -42,9 +42,13 @@ class PendingHead:
             offsets[sample].append(where.offset)
         partition = written[0].partition
         samples = [_replace(s, offsets=sorted(o)) for s, o in zip(self.head.samples, offsets, strict=True)]
+        # The timestamp of the record that completes the group for a whole-topic reader (its last): readers
+        # of heads and of train-data then merge partitions by the same key, into the same batches.
+        last = max(written, key=lambda w: w.offset)
         head = GroupHead(topic=self.head.topic, partition=partition, group_key=self.head.group_key,
                          rollout_count=self.head.rollout_count, mean=self.head.mean, std=self.head.std,
-                         zero_variance=self.head.zero_variance, samples=samples, problem=self.head.problem)
+                         zero_variance=self.head.zero_variance, samples=samples, problem=self.head.problem,
+                         timestamp_ms=last.timestamp_ms)
         # Same partition number as the train records: a reader folds heads partition by partition as it
         # would fold train-data's, so the global sequence keeps its rules.
         return OutgoingRecord(heads_topic(self.head.topic), head.group_key.encode(), encode_group_head(head),

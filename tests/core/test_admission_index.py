@@ -104,7 +104,8 @@ class Log:
                 self.requests.append((offset, producer, session))
                 return Request(producer=producer, session=session, trainer=f"t{t}",
                                weight_version=max(0, self.versions[t] - y % 4),
-                               max_policy_lag=[None, 0, 1, 2][x % 4], max_unconsumed_groups=[None, 2, 4, 8][y % 4],
+                               max_policy_lag=[None, 0, 1, 2][x % 4],
+                               max_unconsumed_groups=[None, 2, 4, 8][y % 4],
                                versions_per_batch=1 + (x // 4) % 2)
             case "cancel":
                 return Cancel(producer=by, session=of, request=pick[0])
@@ -126,7 +127,8 @@ class Log:
                 self.batches[t] += y % 2
                 self.versions[t] += (y // 2) % 2
                 return TrainerMark(
-                    trainer=f"t{t}", session=f"r{s}", weight_version=None if y % 11 == 0 else self.versions[t],
+                    trainer=f"t{t}", session=f"r{s}",
+                    weight_version=None if y % 11 == 0 else self.versions[t],
                     batch_version=[None, self.versions[t]][x % 2], batches=batch, groups_per_batch=1 + y % 3,
                     max_weight_staleness=[None, 0, 1, 2][(x // 3) % 4],
                     consumed={batch: keys} if y % 3 else {}, doomed=keys[:1] if x % 5 == 0 else [],
@@ -152,8 +154,8 @@ def test_the_indexed_fold_decides_and_holds_what_the_scanning_fold_does(ops: lis
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(ops=st.lists(st.tuples(st.integers(-3, 12), st.sampled_from([1, 1, -1]), st.none() | st.integers(-4, 14)),
-                    max_size=120))
+@given(ops=st.lists(st.tuples(st.integers(-3, 12), st.sampled_from([1, 1, -1]),
+                              st.none() | st.integers(-4, 14)), max_size=120))
 def test_versions_count_what_a_walk_over_the_groups_counts(ops: list[tuple[int, int, int | None]]) -> None:
     versions, groups = Versions(), []
     for w, n, floor in ops:

@@ -71,6 +71,7 @@ def test_a_sample_without_versions_has_no_token_versions() -> None:
     (["3", "4"], [0, 5], r"weight_version_offsets\[1\] is 5, past the response of 4 tokens"),
     (["3", "4", "5"], [0, 3, 2], r"decrease at version 2 \(3 then 2\)"),
     (["3"], [1], "must start at 0, got 1"),
+    (["1", "99999999999999999999"], None, "do not fit int64"),
 ])
 def test_token_versions_refuse_what_does_not_fit(versions: list[str], offsets: list[int] | None,
                                                  message: str) -> None:

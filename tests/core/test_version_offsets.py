@@ -1,12 +1,12 @@
-"""`weight_version_offsets` (the response token at which each weight version started): on the wire, in
-validation (`invalid_sample` with a readable message), through the stage (chunked or not, fast path or full
-decode, dead-lettered with its bytes), in the train sample, and in the miles layout, which ignores it."""
+"""`weight_version_offsets` (the response token at which each weight version started) in validation
+(`invalid_sample` with a readable message), through the stage (chunked or not, fast path or full decode,
+dead-lettered with its bytes), in the train sample, and in the miles layout, which ignores it. The wire:
+tests/codec/test_version_spans_wire.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import numpy as np
 import pytest
 
@@ -14,7 +14,6 @@ from rollout_stream.codec import (
     DeadLetterReason,
     Sample,
     TrainSample,
-    decode_sample,
     decode_train_sample,
     encode_sample,
     encode_train_samples,
@@ -26,7 +25,6 @@ from rollout_stream.core.miles import train_data
 from rollout_stream.core.records import DeadLettered, InputRecord, Published
 from rollout_stream.core.validate import SampleLimits, validate_sample
 from rollout_stream.core.windows import WindowConfig, WindowStore
-from tests.codec.test_miles_fields import old_records
 
 
 def _sample(**fields: Any) -> Sample:
@@ -46,33 +44,6 @@ def _train(sample: Sample) -> TrainSample:
 
 def _problem(sample: Sample) -> str | None:
     return validate_sample(sample, key=group_key(sample), reward_key=None, limits=SampleLimits())
-
-
-# ---------------------------------------------------------------- the wire
-
-
-def test_the_offsets_round_trip_in_their_dtype() -> None:
-    for offsets, dtype in (([0, 2], "<i4"), (np.array([0, 2], dtype="<i8"), "<i8"),
-                           (np.array([0, 2], dtype="<u2"), "<u2")):
-        back = decode_sample(encode_sample(_sample(weight_version_offsets=offsets)))
-        assert back.weight_version_offsets == [0, 2] and back.weight_version_offsets.dtype == np.dtype(dtype)
-    assert Sample().weight_version_offsets is None
-
-
-@pytest.mark.parametrize("name", sorted(old_records()))
-def test_records_from_before_the_offsets_decode_without_them(name: str) -> None:
-    kind, data = old_records()[name]
-    record = decode_sample(data) if kind == "sample" else decode_train_sample(data)
-    sample = record if isinstance(record, Sample) else record.sample
-    assert sample.weight_version_offsets is None
-    assert decode_sample(encode_sample(sample)) == sample
-
-
-def test_a_reader_that_does_not_know_the_field_ignores_it() -> None:
-    class Before(msgspec.Struct, kw_only=True, tag="rollout_sample", tag_field="type"):
-        weight_versions: list[str] = []
-
-    assert msgspec.msgpack.decode(encode_sample(_sample()), type=Before).weight_versions == ["3", "5"]
 
 
 # ---------------------------------------------------------------- validation

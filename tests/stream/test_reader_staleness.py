@@ -18,6 +18,7 @@ from rollout_stream.kafka.memory import MemoryCluster
 from rollout_stream.names import heads_topic
 from rollout_stream.producer import RolloutProducer
 from rollout_stream.reader import Batch, TrainDataReader
+from rollout_stream.reader.batching import StaleParts
 from tests.stream.helpers import joined, new_topics, read_topic, running_worker, train_samples
 from tests.stream.test_chunked_worker import TOPICS, produce, worker
 from tests.stream.test_reader_own import _Client, batches, same
@@ -192,3 +193,42 @@ def ranks_reading(bootstrap: str, topic: str, mode: str, fetch: str) -> list[lis
         t.join(120)
     assert not errors, errors
     return results
+
+
+# ---- batching, pure ------------------------------------------------------------------------------
+def _group(gi: int, versions: list[list[str]], key: str | None = None) -> Any:
+    from rollout_stream.core.assembly import assembled_group
+
+    samples = [TrainSample(sample=Sample(group_index=gi, rollout_id=r, tokens=[1] * 4, response_length=2,
+                                         loss_mask=[1, 1], weight_versions=v, run_id="st"),
+                           raw_reward=float(r), reward=float(r) - 0.5, group_key=key or f"st/{gi}",
+                           group_rollout_count=len(versions), group_sample_count=len(versions),
+                           group_mean=0.5, group_std=0.5, zero_variance=False, advantage_estimator="grpo",
+                           rewards_normalization=True, grpo_std_normalization=True, reward_key=None,
+                           source_topic="in", source_partition=0, source_offset=gi * 10 + r)
+               for r, v in enumerate(versions)]
+    offsets = [gi * 10 + r for r in range(len(versions))]
+    return assembled_group(key or f"st/{gi}", 0, samples, offsets, gi, 100)
+
+
+def test_held_groups_train_the_fresh_part_and_plan_over_it() -> None:
+    from rollout_stream.reader.batching import HeldGroups
+    from rollout_stream.reader.sources import Fetched
+
+    held = HeldGroups(groups_per_batch=2, rank=0, world_size=1, balance_tokens=False,
+                      max_weight_staleness=BOUND, fence=None, staleness="rollout")
+    held.items = [Fetched(_group(0, [["1"], ["1"]]), {}), Fetched(_group(1, [["1"], ["5"], ["6"]]), {}),
+                  Fetched(_group(2, [["5"], ["5"]]), {}),
+                  Fetched(_group(3, [["1"], ["5"]]), {})]
+    verdicts = [held.verdict(f.group, VERSION) for f in held.items]
+    assert verdicts == ["stale", None, None, None]
+    plan, items, superseded, parts = held.take(verdicts, VERSION)
+    assert (plan.taken, len(items), superseded, parts) == (3, 3, 0, StaleParts(1, 2, None))
+    assert [len(g.samples) for g in plan.groups] == [2, 2] and plan.global_samples == 4
+    assert plan.global_loss_tokens == 8 and [s.reward for s in plan.groups[0].samples] == [0.5, 1.5]
+
+    by_token = HeldGroups(groups_per_batch=1, rank=0, world_size=1, balance_tokens=False,
+                          max_weight_staleness=BOUND, fence=None, staleness="token")
+    group = _group(3, [["1", "99999999999999999999"], ["5"]])
+    assert held.verdict(group, VERSION) is None  # by rollout: rollout 0 leaves
+    assert by_token.verdict(group, VERSION) == "invalid"  # by token its versions do not fit int64

@@ -37,7 +37,8 @@ def world(bootstrap: str, topic: str, group: str, size: int, batches: int, **kw:
     def rank(r: int) -> None:
         try:
             with TrainDataReader(bootstrap, topic, group, groups_per_batch=GROUPS_PER_BATCH, rank=r,
-                                 world_size=size, partition_idle_ms=100, publish_progress=False, **kw) as reader:
+                                 world_size=size, partition_idle_ms=100, publish_progress=False,
+                                 **kw) as reader:
                 for _ in range(batches):
                     batch = reader.next_batch(timeout=30)
                     assert batch is not None, f"rank {r}: batch {len(out[r])} did not come"
@@ -91,7 +92,8 @@ def test_a_rank_with_another_world_size_refuses_and_the_group_trains_every_sampl
     assert "world_size" not in line.split(";")[0].split(":")[1]  # only what differs is named
     assert "world_size is 3 here but 2" in refused(lambda: rank(0, 3))  # rank 0 itself, restarted wrong
     rest = world(kafka_bootstrap, topic, unique_group_id, 2, 3)  # the group resumes: batches 3..5
-    trained = Counter(sid(s) for ranks in (first, rest) for batches in ranks for b in batches for s in b.samples)
+    trained = Counter(sid(s) for ranks in (first, rest) for batches in ranks for b in batches
+                      for s in b.samples)
     assert trained == Counter({sid(s): 1 for s in samples})
     assert [b.index for b in rest[0]] == [3, 4, 5]
 
@@ -132,8 +134,8 @@ def cluster() -> MemoryCluster:
 
 def memory_reader(cluster: MemoryCluster, rank: int, size: int, **kw: Any) -> TrainDataReader:
     kw.setdefault("groups_per_batch", GROUPS_PER_BATCH)
-    return TrainDataReader("memory:9092", "train", "trainer", rank=rank, world_size=size, partition_idle_ms=50,
-                           publish_progress=False, kafka_client=cluster.client(), **kw)
+    return TrainDataReader("memory:9092", "train", "trainer", rank=rank, world_size=size,
+                           partition_idle_ms=50, publish_progress=False, kafka_client=cluster.client(), **kw)
 
 
 def test_a_rescale_waits_for_a_batch_boundary(cluster):
@@ -174,5 +176,6 @@ def test_world_text_round_trips_and_names_what_differs():
     meta = "rollout-stream-reader/1 batch=5 end=9 keep=0,2 " + w.text()
     assert World.parse(meta) == w and World.parse("rollout-stream-reader/1 batch=5 end=9 keep=") is None
     assert World.parse("something else world_size=2 generation=0") is None
-    assert w.differences(World(8, 4, True, "miles", True, "own", None)) == [("max_weight_staleness", "2", "none")]
+    assert w.differences(World(8, 4, True, "miles", True, "own", None)) == [
+        ("max_weight_staleness", "2", "none")]
     assert w.same_settings(World(8, 4, True, "miles", True, "own", 2, generation=0))

@@ -64,7 +64,8 @@ class _Future:
         assert m is not None  # delivered without an error
         topic, partition, offset = m.topic(), m.partition(), m.offset()
         assert topic is not None and partition is not None and offset is not None  # as for every delivery
-        return Written(topic, partition, offset)
+        kind, stamp = m.timestamp()
+        return Written(topic, partition, offset, stamp if kind != 0 and stamp >= 0 else None)
 
 
 class _Producer:

@@ -46,7 +46,8 @@ class _Future:
     def get(self, timeout: float | None = None) -> Written:
         with _translated:
             md = self._f.get(timeout)
-        return Written(md.topic, md.partition, md.offset)
+        stamp = getattr(md, "timestamp", None)
+        return Written(md.topic, md.partition, md.offset, stamp if stamp is not None and stamp >= 0 else None)
 
 
 class _Producer:

@@ -88,12 +88,12 @@ class MemoryProducer:
             failure = cluster._take_send_failure(topic) or self._too_large(topic, key, value, headers)
             if failure is not None and failure.at_once:
                 raise failure.error
-            future = _Future(None if failure is None else failure.error,
-                             Written(topic, tp.partition, len(part.entries)) if failure is None else None)
+            configs = cluster._log.topics[topic].configs
+            log_time = configs.get("message.timestamp.type") == "LogAppendTime"
+            stamp = cluster.clock_ms if timestamp_ms is None or log_time else timestamp_ms
+            written = Written(topic, tp.partition, len(part.entries), stamp)
+            future = _Future(None if failure is None else failure.error, written if failure is None else None)
             if failure is None:
-                configs = cluster._log.topics[topic].configs
-                log_time = configs.get("message.timestamp.type") == "LogAppendTime"
-                stamp = cluster.clock_ms if timestamp_ms is None or log_time else timestamp_ms
                 record = MemoryRecord(topic, tp.partition, len(part.entries), stamp, key, value,
                                       tuple(headers or ()))
                 cluster._log.append(tp, record, txn)

@@ -1,13 +1,14 @@
 """miles' fully-async data buffer on the stage, driven by the calls miles' `FullyAsyncRolloutFn` makes
 (radixark/miles at 31f1ca9, `miles/rollout/fully_async_rollout.py`; quoted where the test follows it).
 miles is not on PyPI: its `Sample` is the transcription of tests/core/miles_reference.py, its reward step
-that of tests/core/reference_impl.py."""
+that of tests/core/reference_impl.py; the shape test also runs miles' own code where `miles` is importable
+(tests/stream/integrations/miles_rollout.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from argparse import Namespace
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,33 +17,18 @@ import torch
 
 from rollout_stream.config import WorkerConfig
 from rollout_stream.integrations.miles import stage_data_buffer
-from tests.core.miles_reference import MilesSample as TranscribedSample
 from tests.core.reference_impl import post_process_rewards as reference_rewards
 from tests.stream.helpers import new_topics, running_worker, wait_until
 from tests.stream.integrations.groups import committed_batch
-
-
-@dataclass
-class MilesSample(TranscribedSample):
-    """The transcription plus `reset_for_retry` (miles/utils/types.py at 31f1ca9, the fields it has)."""
-
-    def reset_for_retry(self) -> None:
-        self.tokens, self.response, self.response_length, self.reward = [], "", 0, None
-        self.loss_mask, self.weight_versions, self.rollout_log_probs = None, [], None
-        self.status = MilesSample.Status.ABORTED  # `self.status = Sample.Status.ABORTED`
-        self.remove_sample, self.train_metadata = False, None
-
-
-@dataclass(frozen=True)
-class DataBufferConstructorInput:  # miles/rollout/fully_async_data_buffer.py at 31f1ca9
-    args: Namespace
-    unused_handler_fn: Callable[[list[Any]], None]
-
-
-@dataclass
-class DataBufferInput:  # miles/rollout/fully_async_data_buffer.py at 31f1ca9
-    prompt_group: list[Any]
-    group: list[Any]
+from tests.stream.integrations.miles_rollout import (
+    TRANSCRIBED,
+    DataBufferConstructorInput,
+    DataBufferInput,
+    Miles,
+    MilesSample,
+    first_sample,
+    upstream,
+)
 
 
 @dataclass
@@ -53,10 +39,6 @@ class ListDataSource:
 
     def add_samples(self, samples: list[list[Any]]) -> None:
         self.added += samples
-
-
-def first_sample(group: list[Any]) -> Any:  # fully_async_data_buffer.first_sample
-    return group[0][0] if isinstance(group[0], list) else group[0]
 
 
 def rollout(g: int, r: int, reward: float, version: str, *, siblings: int = 1,
@@ -156,3 +138,103 @@ def test_miles_fully_async_rollout_trains_through_the_stage(kafka_bootstrap, uni
             _, reference = reference_rewards(args, flat, [len(flat)])
             stage = [s.metadata["rollout_stream_reward"] for s in flat]
             assert [bits(float(r)) for r in reference] == [bits(r) for r in stage]
+
+
+# Shapes a miles generate function returns per prompt: a `Sample` per rollout (an int here), or a list of
+# samples per rollout (a list of its length), one sample or more (multi-turn, multi-agent).
+SHAPES = {
+    10: [[1], [2], [1], [2]],  # one-sample trajectories beside two-sample ones
+    11: [[3], [1], [1], [2]],
+    12: [[1], [1], [1], [1]],  # lists of one sample only
+    13: [1, 1, 1, 1],  # plain samples
+    14: [1, 1, 1, 1],
+}
+IMPLEMENTATIONS = [pytest.param(TRANSCRIBED, id="transcribed"),
+                   pytest.param(upstream(), id="miles", marks=pytest.mark.skipif(
+                       upstream() is None, reason="miles is not importable (not on PyPI)"))]
+
+
+def shaped_group(miles: Miles, g: int, shape: list[Any]) -> DataBufferInput:
+    """A finished group of `shape`: a trajectory's samples share its reward and rollout id (miles requires
+    both of siblings); plain samples of group 13 have no rollout id, as miles' single-turn rollouts."""
+    group: list[Any] = []
+    for r, size in enumerate(shape):
+        n = size[0] if isinstance(size, list) else 1
+        samples = [miles.Sample(
+            group_index=g, index=g * 10 + r, rollout_id=None if g == 13 else g * 10 + r, prompt=f"prompt {g}",
+            tokens=[1, g, r, s, 9, 9][:4 + s % 3], response=f"r{r}.{s}", response_length=1 + s % 3,
+            label=str(g), reward=float((g * 7 + r * 3) % 5) / 4, loss_mask=[1] * (1 + s % 3),
+            weight_versions=["5"], rollout_log_probs=[-0.5 * (s + 1)] * (1 + s % 3),
+            status=miles.Sample.Status.COMPLETED) for s in range(n)]
+        group.append(samples if isinstance(size, list) else samples[0])
+    prompts = [miles.Sample(group_index=g, index=g * 10 + r, prompt=f"prompt {g}") for r in range(len(shape))]
+    return miles.DataBufferInput(prompt_group=prompts, group=group)
+
+
+def shape_of(group: list[Any]) -> list[Any]:
+    return [[len(item)] if isinstance(item, list) else 1 for item in group]
+
+
+def fields(sample: Any) -> tuple[Any, ...]:
+    metadata = {k: v for k, v in sample.metadata.items() if k != "rollout_stream_reward"}
+    return (sample.group_index, sample.index, sample.rollout_id, sample.tokens, sample.response_length,
+            sample.reward, sample.loss_mask, sample.rollout_log_probs, sample.weight_versions, metadata)
+
+
+def train_data(miles: Miles, args: Namespace, batch: list[list[Any]]) -> dict[str, Any]:
+    """What miles' RolloutManager makes of a step's groups: `postprocess_rollout_data` (flattening by the type
+    of the first element), then `convert_samples_to_train_data` (reading each sample's reward)."""
+    samples, metadata = miles.postprocess_rollout_data(args, copy.deepcopy(batch), None)
+    return miles.convert_samples_to_train_data(args, samples, metadata)
+
+
+@pytest.mark.parametrize("miles", IMPLEMENTATIONS)
+@pytest.mark.any_client
+@pytest.mark.kafka(timeout=120)
+def test_get_returns_each_group_in_the_shape_put_gave_it(kafka_bootstrap, unique_group_id, miles):
+    """Groups of mixed trajectory lengths come back from `get` as `put` received them (a one-sample
+    trajectory stays a list), so miles flattens and converts them as it would have without the stage; the
+    reshaped form (`[s, [a, b], s, [a, b]]`) is what miles' own code refuses."""
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="miles-shape")
+    args = Namespace(async_unused_samples_handler="drop", rollout_batch_size=len(SHAPES),
+                     n_samples_per_prompt=4, max_weight_staleness=1, rollout_global_dataset=True,
+                     advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
+                     reward_key=None, disable_rollout_trim_samples=False, global_batch_size=4,
+                     use_dynamic_global_batch_size=False)
+    put = {g: shaped_group(miles, g, shape) for g, shape in SHAPES.items()}
+    buffer_cls = stage_data_buffer(kafka_bootstrap, input_topic=topics.input, output_topic=topics.output,
+                                   group_id=unique_group_id, run_id="shape", sample_type=miles.Sample,
+                                   start="earliest", partition_idle_ms=200)
+    config = WorkerConfig(bootstrap_servers=kafka_bootstrap, topics=topics, group_id=f"w-{topics.input}",
+                          group_timeout_s=5.0, commit_interval_s=0.2)
+
+    async def run(output: Any) -> list[list[Any]]:
+        for entry in put.values():
+            await output.put(copy.deepcopy(entry))
+        data = [(await output.get(current_version=5)).group for _ in put]
+        data.sort(key=lambda group: miles.first_sample(group).index)  # _drain's order
+        return data
+
+    with running_worker(config):
+        output = buffer_cls(miles.DataBufferConstructorInput(args=args, unused_handler_fn=lambda _: None))
+        try:
+            got = dict(zip(put, asyncio.run(run(output)), strict=True))
+        finally:
+            output.close()
+
+    for g, group in got.items():
+        assert shape_of(group) == shape_of(put[g].group) == SHAPES[g], g
+        flat = [s for item in group for s in (item if isinstance(item, list) else [item])]
+        sent = [s for item in put[g].group for s in (item if isinstance(item, list) else [item])]
+        assert [fields(s) for s in flat] == [fields(s) for s in sent]
+    # a step of list-shaped groups and one of plain ones (one generate function returns one kind): miles'
+    # path gives the same train data for what came through the stage as for what was put
+    for step in ([10, 11, 12], [13, 14]):
+        assert train_data(miles, args, [got[g] for g in step]) == \
+            train_data(miles, args, [put[g].group for g in step])
+    # what `get` returned before: one-sample trajectories unwrapped, which miles cannot flatten
+    reshaped = [[item[0] if isinstance(item, list) and len(item) == 1 else item for item in got[g]]
+                for g in (10, 11)]
+    assert shape_of(reshaped[0]) == [1, [2], 1, [2]]
+    with pytest.raises(AttributeError, match="'list' object has no attribute"):
+        train_data(miles, args, reshaped)
