@@ -2,9 +2,9 @@
 
 Ranks never talk to each other; each takes its share of one global sequence of batches. Two ranks that
 disagree on how a batch is made or split (`world_size`, `groups_per_batch`, `balance_tokens`, `layout`,
-`balance_data`, `fetch`, `max_weight_staleness`) train some samples twice and others never, silently. So
-every commit carries the world it was made in (`World.text`, after the read mark's metadata), rank 0
-records it before its first batch, and a rank whose settings differ refuses to start (docs/reader.md,
+`balance_data`, `fetch`, `max_weight_staleness`, `staleness`) train some samples twice and others never,
+silently. So every commit carries the world it was made in (`World.text`, after the read mark's metadata),
+rank 0 records it before its first batch, and a rank whose settings differ refuses to start (docs/reader.md,
 "One world per trainer group").
 
 A deliberate change of settings is a rescale: it starts a new `generation` at a batch every rank of the
@@ -23,7 +23,7 @@ from rollout_stream.core.assembly import COMMIT_METADATA_PREFIX, Mark
 __all__ = ["SETTINGS", "World", "committed_batches", "newest_world", "of_generation"]
 
 SETTINGS = ("world_size", "groups_per_batch", "balance_tokens", "layout", "balance_data", "fetch",
-            "max_weight_staleness")
+            "max_weight_staleness", "staleness")
 """What changes what a rank trains, in the order a refusal names them."""
 
 
@@ -46,6 +46,7 @@ class World:
     balance_data: bool = False
     fetch: str = "all"
     max_weight_staleness: int | None = None
+    staleness: str = "group"  # the bound's grain: group, rollout or token
     generation: int = 0
 
     def text(self) -> str:
@@ -67,7 +68,7 @@ class World:
                 balance_tokens=found.get("balance_tokens") == "true", layout=found.get("layout", "tensors"),
                 balance_data=found.get("balance_data") == "true", fetch=found.get("fetch", "all"),
                 max_weight_staleness=None if staleness == "none" else int(staleness),
-                generation=int(found["generation"]))
+                staleness=found.get("staleness", "group"), generation=int(found["generation"]))
         except ValueError:
             return None
 

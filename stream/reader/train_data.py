@@ -178,7 +178,7 @@ class TrainDataReader:
         self._fetch = FetchThread(
             self.client, self.conn, self.source, group_id=group_id, rank=rank, rescale=rescale, start=start,
             world=World(world_size, groups_per_batch, balance_tokens, layout,
-                        balance_data and layout == "miles", fetch, max_weight_staleness),
+                        balance_data and layout == "miles", fetch, max_weight_staleness, staleness),
             partition_idle_ms=partition_idle_ms, max_record_bytes=max_record_bytes,
             max_backlog=max(16, 2 * prefetch * groups_per_batch), queue_size=prefetch * groups_per_batch,
             progress=self.progress)
