@@ -9,7 +9,7 @@ Setup (one run):
     exactly-once), --metrics-port to know when it is ready;
   * one trainer subprocess: TrainDataReader(groups_per_batch=4, max_weight_staleness=1, partition_idle_ms=X,
     everything else default), 1 s per step, weight version +1 per step (set after the step, then commit, as
-    tests/stream/test_pacing_simulation.py does); it publishes its current version to a file;
+    tests/stream/pacing/test_pacing_simulation.py does); it publishes its current version to a file;
   * three producer subprocesses: each a RolloutProducer (paced: max_policy_lag=1, max_unconsumed_groups=12);
     loop: read the trainer's current version w from the file, admit(w) (paced; WeightsTooOld -> reread),
     sleep 0.1 s (generation), send_many one group of 4 rollouts.

@@ -48,7 +48,7 @@ def train_records(
     first = members[0].record
     # What every member of the group shares, built once: each member's record is a copy with its own
     # sample bytes, rewards and source (one struct copy instead of a 17-field construction and the copy
-    # encode_train_sample makes to embed the raw bytes; tests/stream/test_train_records.py checks the
+    # encode_train_sample makes to embed the raw bytes; tests/stream/worker/test_train_records.py checks the
     # bytes against that path).
     shared = TrainSample(
         sample=_NO_SAMPLE,  # type: ignore[arg-type]  # replaced in every copy

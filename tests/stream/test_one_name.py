@@ -21,8 +21,8 @@ from rollout_stream.core.records import DeadLettered, InputRecord
 from rollout_stream.kafka.kafka_python import raw_producer
 from rollout_stream.ops.dlq.record import readable_header
 from rollout_stream.worker.outputs import dead_letter_records
+from tests.stream.commands.test_cli_help import COMMANDS, options_of
 from tests.stream.helpers import new_topics, running_worker, wait_until
-from tests.stream.test_cli_help import COMMANDS, options_of
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
