@@ -293,9 +293,14 @@ def kafka_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 # broker, a 3-node cluster, a published backlog) is set up once. The files that take longest go first so
 # that no worker starts one of them when the others are nearly done; a stale list only costs speed.
 _LONGEST_FILES_FIRST = (
-    "tests/stream/broker/test_cluster.py", "tests/stream/test_security.py", "tests/stream/worker/test_broker_faults.py",
-    "tests/stream/worker/test_worker_process.py", "tests/stream/ops/test_dlq.py", "tests/stream/worker/test_chaos.py",
-    "tests/stream/worker/test_worker.py", "tests/codec/test_head.py",
+    "tests/stream/broker/test_cluster.py",
+    "tests/stream/test_security.py",
+    "tests/stream/worker/test_broker_faults.py",
+    "tests/stream/worker/test_worker_process.py",
+    "tests/stream/ops/test_dlq.py",
+    "tests/stream/worker/test_chaos.py",
+    "tests/stream/worker/test_worker.py",
+    "tests/codec/test_head.py",
 )
 
 
