@@ -66,8 +66,8 @@ def rank(bootstrap: str, topic: str, group: str, client: str, r: int, batches: i
          ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.stream.reader.own_rank", "--bootstrap", bootstrap, "--topic", topic,
-         "--group", group, "--client", client, "--barrier", str(barrier), "--rank", str(r), "--world", str(WORLD),
-         "--batches", str(batches),
+         "--group", group, "--client", client, "--barrier", str(barrier), "--rank", str(r),
+         "--world", str(WORLD), "--batches", str(batches),
          "--groups-per-batch", str(PER_BATCH)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
 
