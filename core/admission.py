@@ -456,12 +456,23 @@ class AdmissionLog:
         start = r.weight_version if newest is None or (floor is not None and newest < floor) else max(
             newest, r.weight_version)  # a trainer without a version yet: assumed at the newest
         behind = (live - 1) // t.groups_per_batch  # batches after the next one, for the last in line
-        # per bound, its oldest group that can still train is the one closest to breaking it
+        # per bound, its oldest group that can still train within it is the one closest to breaking it. One
+        # already past it at the next batch (a batch trained groups not admitted here) stays past it, as
+        # versions only move on: holding admissions back cannot help it, and without a staleness bound it
+        # never joins H, so it would stop every admission for good. It still takes its place in `live`.
         checks = [(w, vpb, lag) for (vpb, lag), versions in bounds.items()
-                  if (w := versions.lowest_from(floor)) is not None]
+                  if (w := versions.lowest_from(self._within(t, vpb, lag, start, floor))) is not None]
         if r.max_policy_lag is not None:
             checks.append((r.weight_version, r.versions_per_batch, r.max_policy_lag))
         return all(self._base(t, vpb, start) + behind * vpb - w <= lag for w, vpb, lag in checks)
+
+    def _within(self, t: _Trainer, vpb: int, lag: int, start: int, floor: int | None) -> int | None:
+        """The lowest version a group under bound (`vpb`, `lag`) can have and still train within it (and
+        outside H); None: any (a trainer without a version yet is assumed at the newest: none is past)."""
+        if t.weight_version is None:
+            return floor
+        lowest = self._base(t, vpb, start) - lag
+        return lowest if floor is None else max(lowest, floor)
 
     # ---- what is shown -------------------------------------------------------------------------
     def snapshot(self) -> AdmissionSnapshot:

@@ -32,7 +32,8 @@ __all__ = ["FOLD_VERSION", "CheckpointMismatch", "dump_fold", "load_fold"]
 
 # 5: an epoch's order from numpy's frozen RandomState; settled prompts past the newest KEEP_SETTLED of an open
 # epoch shrink to a code; epochs travel as `_EpochState`
-FOLD_VERSION = 5
+# 6: a take of a session whose lease ran out is handed no prompt; exhaustion waits on lapsed sent groups
+FOLD_VERSION = 6
 
 
 class CheckpointMismatch(ValueError):

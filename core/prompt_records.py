@@ -64,6 +64,8 @@ class Attempt:
     trainer: str | None = None  # the trainer and batch that trained it
     batch: int | None = None
     error: str | None = None  # `Type: message` of what the rollout process raised while it held it
+    # its group's fate came after the attempt had ended (resolved or skipped): it can no longer train
+    group_ended: bool = False
 
 
 def attempt_history(attempts: list[Attempt]) -> list[dict[str, object]]:
@@ -206,6 +208,9 @@ class SourceState:
     # (a prompt source writes it with a marker in this log: rollout_stream.prompts.exhausted).
     unrecorded: list[Exhausted] = field(default_factory=list)
     recorded: int = 0  # markers folded: dead-letter records written
+    # [epoch, prompt, due ms]: attempts spent, but a lapsed attempt's sent group may still train; exhausted
+    # once none can, or at the due time (the sent expiry), oldest first
+    deferred: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

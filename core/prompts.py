@@ -9,10 +9,12 @@ same prompt for the same request, and the log is the checkpoint.
 A prompt is in exactly one `PromptState`. An attempt that ends without a result (its lease ended before
 delivery, its process failed while holding it, its group timed out at the stage, a committed batch skipped
 it, nobody consumed it for the sent expiry) puts its prompt back to waiting, until `max_attempts` such ends
-make it exhausted. A final state is never replaced, with one exception that is counted: an exhausted prompt
-whose lapsed attempt still trains becomes trained (`late_trained`). A second training of a trained prompt
-is counted (`duplicates`): the reader's fence (`rollout_stream.core.prompt_keys.PromptFence`) is what keeps
-it at zero.
+make it exhausted. A lapse is the process's, not the prompt's: a take of a process whose lease has run out is
+handed nothing until it renews, so a frozen process's own waiting takes cannot spend the prompt it lost.
+Exhaustion waits while a lapsed attempt's sent group may still train, so an exhausted prompt does not train
+after all; the one exception, a group trained past the sent expiry, is counted (`late_trained`) and the
+prompt becomes trained. A second training of a trained prompt is counted (`duplicates`): the reader's fence
+(`rollout_stream.core.prompt_keys.PromptFence`) is what keeps it at zero.
 """
 
 from __future__ import annotations
@@ -85,8 +87,10 @@ class PromptLog(AdmissionLog):
             finally:
                 self._failing = {}
             self._failed_sent(record)
+            self._deferred_due()
             return decisions
         decisions = super().apply(offset, log_ms, record)
+        self._deferred_due()
         if isinstance(record, Sent | Delivered):
             attempt = self._live_attempt(record.request)
             if attempt is not None and attempt.session == record.session:
@@ -98,6 +102,11 @@ class PromptLog(AdmissionLog):
             self._trainer_mark(record)
         elif isinstance(record, Checkpoint):
             self.checkpointed_through = max(self.checkpointed_through, record.through)
+        return decisions
+
+    def tick(self, offset: int, log_ms: int) -> list[Decision]:
+        decisions = super().tick(offset, log_ms)
+        self._deferred_due()
         return decisions
 
     def _declare(self, d: Dataset) -> None:
@@ -116,6 +125,11 @@ class PromptLog(AdmissionLog):
         src = self.sources.get(r.source)
         if src is None:
             return False  # its source is not declared yet
+        if r.producer in self._suspected:
+            # its lease ran out (frozen, starved): what it was granted now would be revoked at the next record
+            # and charged to the prompt, so a frozen process's waiting takes would spend the prompt it just
+            # lost. It waits until its session renews, or ends with it.
+            return False
         picked = self._next(r.source, src)
         if picked is None:
             return False  # nothing to hand out now: it waits for a re-issue (or is cancelled)
@@ -191,7 +205,8 @@ class PromptLog(AdmissionLog):
                 continue
             parsed, rec, attempt = found
             if attempt.ended is not None or rec.state.final:
-                continue  # an attempt that already ended says nothing more
+                self._group_ended(parsed, rec, attempt)
+                continue  # an attempt that already ended says nothing more, but its group cannot train
             request = attempt.request
             if record.reason in RETRY_REASONS:
                 self._end(request, AttemptEnd.INCOMPLETE)
@@ -240,6 +255,8 @@ class PromptLog(AdmissionLog):
             if skipped:
                 if attempt.ended is None:
                     self._end(attempt.request, AttemptEnd.SKIPPED)
+                else:
+                    self._group_ended(parsed, rec, attempt)
                 continue
             if rec.state is PromptState.TRAINED:
                 self.duplicates += 1
@@ -267,6 +284,8 @@ class PromptLog(AdmissionLog):
         rec.state, rec.reason = state, reason
         if not was_final:
             src = self.sources[key.source]
+            if src.deferred:
+                src.deferred = [d for d in src.deferred if (d[0], d[1]) != (key.epoch, key.prompt)]
             src.epochs[key.epoch].finalized(key.prompt, src.dataset.prompts)
 
     def _end(self, request: int, end: AttemptEnd) -> None:
@@ -279,10 +298,12 @@ class PromptLog(AdmissionLog):
         if rec.state.final:
             return
         if sum(a.ended in COUNTED for a in rec.attempts) >= src.dataset.max_attempts:
-            rec.state, rec.reason = PromptState.EXHAUSTED, EXHAUSTED_REASON
-            src.unrecorded.append(Exhausted(epoch, prompt, list(rec.attempts), self.next_offset - 1,
-                                            self.clock_ms))
-            src.epochs[epoch].finalized(prompt, src.dataset.prompts)
+            if any(_may_train(a) for a in rec.attempts):
+                # a lapsed attempt's group is out there: exhausted now, it could still train after its
+                # dead-letter record; in flight until its fate is known, or until the sent expiry
+                src.deferred.append([epoch, prompt, self.clock_ms + self.sent_expiry_ms])
+                return
+            self._exhaust(src, epoch, prompt, rec)
             return
         rec.state = PromptState.WAITING
         if end is AttemptEnd.RELEASED:
@@ -293,6 +314,33 @@ class PromptLog(AdmissionLog):
             e = src.epochs[epoch]
             e.reissued += 1
             e.reissued_by[end.value] = e.reissued_by.get(end.value, 0) + 1
+
+    def _exhaust(self, src: SourceState, epoch: int, prompt: int, rec: PromptRecord) -> None:
+        rec.state, rec.reason = PromptState.EXHAUSTED, EXHAUSTED_REASON
+        src.unrecorded.append(Exhausted(epoch, prompt, list(rec.attempts), self.next_offset - 1,
+                                        self.clock_ms))
+        src.epochs[epoch].finalized(prompt, src.dataset.prompts)
+
+    def _group_ended(self, key: AttemptKey, rec: PromptRecord, attempt: Attempt) -> None:
+        """An ended attempt's group was resolved or skipped: it cannot train. A prompt whose exhaustion waited
+        on it is exhausted once no attempt's group can train."""
+        if not _may_train(attempt):
+            return
+        attempt.group_ended = True
+        src = self.sources[key.source]
+        if rec.state.final or any(_may_train(a) for a in rec.attempts):
+            return
+        before = len(src.deferred)
+        src.deferred = [d for d in src.deferred if (d[0], d[1]) != (key.epoch, key.prompt)]
+        if len(src.deferred) < before:
+            self._exhaust(src, key.epoch, key.prompt, rec)
+
+    def _deferred_due(self) -> None:
+        """Deferred exhaustions whose lapsed groups had the sent expiry to arrive: given up on."""
+        for src in self.sources.values():
+            while src.deferred and src.deferred[0][2] <= self.clock_ms:  # due times grow with the clock
+                epoch, prompt, _ = src.deferred.pop(0)
+                self._exhaust(src, epoch, prompt, src.epochs[epoch].prompts[prompt])
 
     # ---- the exhausted prompts' dead-letter records -----------------------------------------------
     def _recorded(self, keys: list[str]) -> None:
@@ -382,3 +430,7 @@ class PromptLog(AdmissionLog):
                                    dict(sorted(ep.reissued_by.items()))))
         return out
 
+
+def _may_train(attempt: Attempt) -> bool:
+    """An attempt ended by its lease whose group was sent, and whose group's fate is not known yet."""
+    return attempt.ended is AttemptEnd.LEASE and attempt.sent and not attempt.group_ended

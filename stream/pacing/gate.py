@@ -50,6 +50,8 @@ RENEW_S = 1.0
 # producer stops sending that much earlier by its own, for the clocks' skew and the renewal's trip.
 LEASE_MARGIN_S = 1.0
 CANCEL_WAIT_S = 10.0  # how long a timed-out admit waits to learn whether its grant or its cancel came first
+# how long a send past the lease (by this producer's clock) waits for a renewal and the log's verdict on it
+VERDICT_WAIT_S = 10.0
 DELIVERY_CHECK_S = 0.05  # how soon a group whose records are all acknowledged is reported Delivered
 
 
@@ -66,8 +68,9 @@ class WeightsTooOld(PacingError, ValueError):
 
 
 class AdmissionRevoked(PacingError):
-    """The group's admission lapsed before its first record was sent (this producer stopped renewing its
-    lease for seconds, e.g. a long pause): the log no longer holds its place. Admit it again."""
+    """The group's admission ended before its first record was sent (the log ended this producer's lease:
+    a long pause, a broker silent for seconds), or it was given back: its place and prompt are the log's
+    again. Admit it again."""
 
 
 @dataclass
@@ -127,12 +130,14 @@ class AdmissionGate:
         client = client or client_for(conn)
         ensure_admission_topic(conn, admission_topic, client)
         self._lock = threading.RLock()
+        self._lease = threading.Condition(self._lock)  # notified when a renewal moves `_valid_until`
         self._tickets: deque[int] = deque()  # admitted requests no group has taken yet, oldest first
         # tickets dropped when the lease ran out (by this producer's clock): the groups that would have
         # taken them are refused
         self._lapsed: deque[int] = deque(maxlen=10_000)
         self._keys: dict[str, int] = {}  # the request each group key took (the newest 10,000)
         self._bound: dict[str, int] = {}  # group keys told which admission they take (`bind`)
+        self._naming: set[int] = set()  # tickets a group is being named under (`before_send`)
         self._sending: dict[str, _Group] = {}  # groups named in the log and not yet Delivered
         self._newest: int | None = None
         self._waiting = False
@@ -154,20 +159,23 @@ class AdmissionGate:
     def _renewed(self, sent_at: float, future: SendFuture, timeout: float = 10.0) -> None:
         offset = future.get(timeout).offset
         with self._lock:
-            late = sent_at >= self._valid_until and bool(self._tickets)
+            # acknowledged after the lease ran out by this producer's clock (sent late, or the broker was slow
+            # to answer): the log may have suspected the session before this renewal reached it
+            late = time.monotonic() >= self._valid_until and bool(self._tickets)
         # a late renewal makes the lease good again only once the log has said which admissions it kept:
-        # until then a send still finds the lease run out
+        # until then a send waits (before_send)
         if late and not self._drop_lapsed(offset):
             return
         with self._lock:
             self._valid_until = max(self._valid_until, sent_at + SUSPECT_MS / 1000 - LEASE_MARGIN_S)
+            self._lease.notify_all()
 
     def _drop_lapsed(self, renewal: int) -> bool:
-        """This renewal came after the lease ran out by this producer's clock (the process was paused, or
-        starved): the log may have ended admissions it holds, and handed their prompts out again. A renewal
-        must not make those good: once the log has folded it, the admissions the log no longer holds are
-        dropped, and a group that would have taken one is refused (AdmissionRevoked). The log decides, so a
-        renewal that was merely late keeps them all."""
+        """This renewal was acknowledged after the lease ran out by this producer's clock (the process was
+        paused or starved, or the broker answered late): the log may have ended admissions it holds, and
+        handed their prompts out again. A renewal must not make those good: once the log has folded it, the
+        admissions the log no longer holds are dropped, and a group that would have taken one is refused
+        (AdmissionRevoked). The log decides, so a renewal that was merely late keeps them all."""
         if not self._follower.wait_folded(renewal, RENEW_S * 2):
             return False  # the fold is catching up after the pause: the next renewal, late too, looks again
         with self._lock:
@@ -178,6 +186,7 @@ class AdmissionGate:
             for request in lapsed:
                 self._tickets.remove(request)
                 self._lapsed.append(request)
+            self._lease.notify_all()
         if lapsed:
             log_event(log, "admission.lapsed", logging.WARNING, topic=self.admission_topic,
                       admissions=len(lapsed), producer=self.producer_id)
@@ -240,29 +249,59 @@ class AdmissionGate:
                                            f"producer no longer holds (sent, given back or lapsed)")
                 self._tickets.remove(bound)
                 self._tickets.appendleft(bound)
-            if not self._tickets and self._lapsed:
+            # a ticket another thread's group is naming (it waits in `_hold`, the lock let go) is taken
+            free = [r for r in self._tickets if r not in self._naming]
+            if not free and self._lapsed:
                 request = self._lapsed.popleft()
                 raise AdmissionRevoked(
                     f"the admission of group {name!r} (request {request}) lapsed: this producer's lease on "
                     f"{self.admission_topic} ran out before it was renewed; admit the group again")
-            if not self._tickets:
+            if not free:
                 self.stats.unpaced_groups += 1  # sent without admit(): the log does not count it
                 self._keys[name] = -1
                 return
-            request = self._tickets[0]
-            if time.monotonic() >= self._valid_until:
-                self._tickets.popleft()
-                self._writer.send(Release(**self._me, requests=[request]))
-                raise AdmissionRevoked(
-                    f"the admission of group {name!r} lapsed: this producer's lease on "
-                    f"{self.admission_topic} was not renewed for {SUSPECT_MS / 1000 - LEASE_MARGIN_S:.0f} s; "
-                    f"admit the group again")
-            self._writer.append(Sent(**self._me, request=request, key=name))
-            self._tickets.popleft()
+            request = free[0]
+            self._naming.add(request)
+            try:
+                self._hold(name, request)
+                self._writer.append(Sent(**self._me, request=request, key=name))
+                self._hold(name, request)  # the append may have waited on the broker past the lease
+            finally:
+                self._naming.discard(request)
+            self._tickets.remove(request)
             self._keys[name] = request
             self._sending[name] = _Group(request, [], {})
             if len(self._keys) > 10_000:
                 del self._keys[next(iter(self._keys))]
+
+    def _hold(self, name: str, request: int) -> None:
+        """Return once the group `name` may go out under `request`, else raise AdmissionRevoked. Past the
+        lease by this producer's clock, a renewal late to be acknowledged is not a revocation: wait (the lock
+        let go) for one, and for the log's verdict on the admissions it holds (`_renewed`)."""
+        if time.monotonic() >= self._valid_until:
+            deadline = time.monotonic() + VERDICT_WAIT_S
+            log_event(log, "admission.lease_late", logging.INFO, topic=self.admission_topic,
+                      producer=self.producer_id, request=request)
+            while time.monotonic() >= self._valid_until and request in self._tickets:
+                left = deadline - time.monotonic()
+                if left <= 0:  # the broker has not answered for seconds: give it back (the log may hold it)
+                    self._tickets.remove(request)
+                    self._writer.send(Release(**self._me, requests=[request]))
+                    raise AdmissionRevoked(
+                        f"the admission of group {name!r} (request {request}) lapsed: no renewal of this "
+                        f"producer's lease on {self.admission_topic} was acknowledged in time for "
+                        f"{VERDICT_WAIT_S:.0f} s; admit the group again")
+                self._lease.wait(min(left, RENEW_S))
+        # by the fold as far as it has read: after a late renewal, at least through that renewal
+        if request in self._tickets and not self._follower.read(
+                lambda fold: _still_held(fold, request, self.session)):
+            self._tickets.remove(request)
+        if request not in self._tickets:  # the log ended it (or it was given back meanwhile)
+            if request in self._lapsed:
+                self._lapsed.remove(request)
+            raise AdmissionRevoked(
+                f"the admission of group {name!r} (request {request}) lapsed: the log ended this producer's "
+                f"lease on {self.admission_topic} before a renewal reached it; admit the group again")
 
     def after_send(self, key: bytes, sample: Sample, future: SendFuture) -> None:
         with self._lock:

@@ -3,7 +3,10 @@
     >>> with PromptSource("localhost:9092", "gsm8k.jsonl", name="gsm8k", trainer_group_id="trainer") as src:
     ...     while True:
     ...         lease = src.take(weight_version=version, timeout=600)
-    ...         src.publish(lease, generate(lease.row, weights=version))
+    ...         try:
+    ...             src.publish(lease, generate(lease.row, weights=version))
+    ...         except AdmissionRevoked:  # the log ended the lease first: the prompt is handed out again
+    ...             continue
 
 An exception that leaves the `with` block while this process holds leases (taken, nothing of them
 published) ends those attempts as failed, with the exception in the log: they count toward `max_attempts`,

@@ -225,6 +225,9 @@ class ScanAdmissionLog(AdmissionLog):
             if g.max_policy_lag is None:
                 continue
             vpb = g.versions_per_batch
+            past = self._base(t, vpb, start) - g.weight_version > g.max_policy_lag
+            if g is not new and t.weight_version is not None and past:
+                continue  # past its bound at the next batch already: nothing admitted can help it
             if self._base(t, vpb, start) + behind * vpb - g.weight_version > g.max_policy_lag:
                 return False
         return True

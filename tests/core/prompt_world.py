@@ -38,6 +38,7 @@ class Producer:
     session: int = 0
     frozen: bool = False
     holding: list[tuple[int, AttemptKey, bool]] = field(default_factory=list)  # request, attempt, sent
+    waiting: list[int] = field(default_factory=list)  # takes asked and not decided yet (a take's threads)
 
     @property
     def sid(self) -> str:
@@ -76,6 +77,15 @@ class World:
         self.records.append((self.offset, self.clock, record))
         self.fold.apply(self.offset, self.clock, record)
         self.offset += 1
+        for p in self.producers:
+            for request in list(p.waiting):
+                decision = self.fold.decided.get(request)
+                if decision is None:
+                    continue
+                p.waiting.remove(request)
+                attempt = self.fold.attempt_of(request)
+                if decision.outcome is Outcome.ADMITTED and attempt is not None:
+                    p.holding.append((request, attempt, False))
         return self.offset - 1
 
     # ---- time ------------------------------------------------------------------------------------
@@ -89,7 +99,9 @@ class World:
                     self.log(Renew(producer=p.name, session=p.sid))
 
     # ---- producers -------------------------------------------------------------------------------
-    def take(self, i: int) -> None:
+    def take(self, i: int, *, wait: bool = False) -> None:
+        """A take; `wait`: one not granted at once stays asked (another thread of the process waits on it)
+        and is granted when the fold hands it a prompt."""
         p = self.producers[i]
         if p.frozen:
             return
@@ -100,6 +112,8 @@ class World:
             attempt = self.fold.attempt_of(request)
             assert attempt is not None
             p.holding.append((request, attempt, False))
+        elif decision is None and wait:
+            p.waiting.append(request)
         elif decision is None:  # nothing to hand out now
             self.log_cancel(p, request)
 
@@ -136,7 +150,13 @@ class World:
         p.holding[0] = (request, attempt, True)
         p.frozen = True
 
-    def resume(self, i: int) -> None:
+    def freeze(self, i: int) -> None:
+        """SIGSTOP: it holds what it took and its takes stay asked; it renews nothing."""
+        self.producers[i].frozen = True
+
+    def resume(self, i: int, *, same_session: bool = False) -> None:
+        """SIGCONT. `same_session`: its late renewal goes on with the session (the gate drops what the log
+        no longer holds); else it restarts its session."""
         p = self.producers[i]
         if not p.frozen:
             return
@@ -145,8 +165,13 @@ class World:
             request, attempt, _ = p.holding.pop(0)
             self.stage.append((str(attempt), True))
             self.log(Delivered(producer=p.name, session=p.sid, request=request))
+        if same_session:
+            self.log(Renew(producer=p.name, session=p.sid))
+            p.holding = [h for h in p.holding if self.fold.attempt_of(h[0]) == h[1]]
+            return
         # what it held unsent: its gate refuses to send on a lapsed lease (AdmissionRevoked)
         p.holding.clear()
+        p.waiting.clear()
         p.session += 1
         self.log(Hello(producer=p.name, session=p.sid))
 
@@ -156,6 +181,7 @@ class World:
         if p.holding and p.holding[0][2]:
             self.stage.append((str(p.holding[0][1]), False))
         p.holding.clear()
+        p.waiting.clear()
         p.frozen = False
         p.session += 1
         self.log(Hello(producer=p.name, session=p.sid))

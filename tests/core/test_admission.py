@@ -381,3 +381,23 @@ def test_a_group_half_sent_when_its_producer_went_away_takes_no_place_but_counts
     assert third not in log.decided  # ... and still counts toward n until the stage resolves it
     log.append(Resolved(keys=[f"k{half}"], reason="missing_members"))
     assert half not in log.fold.groups and log.fold.snapshot().outstanding == {"t": 1}
+
+
+@pytest.mark.parametrize("staleness", [None, 3])
+def test_a_group_already_past_its_bound_no_longer_holds_admissions_back(staleness):
+    # Groups nobody admitted here (a late twin, an unpaced producer) fill the trainer's batches while an
+    # admitted group waits: it falls past its own bound. Versions only move on, so it never comes back
+    # within it; without a staleness bound it never joins H either. It must not stop every admission
+    # (the trainer, one group short of a batch, would wait for good).
+    log = Log()
+    log.append(mark(v=0, g=2, s=staleness))
+    behind = log.append(request(w=0, k=2))
+    assert log.decided[behind] is Outcome.ADMITTED
+    for batch in range(3):
+        log.append(mark(v=batch + 1, b=batch, batches=batch + 1, g=2, s=staleness,
+                        consumed={batch: [f"other{batch}.{i}" for i in range(2)]}))
+    fresh = log.append(request(w=3, k=2))
+    assert log.decided[fresh] is Outcome.ADMITTED
+    # the late group still takes its place in line: the others' bounds count it
+    more = [log.append(request(w=3, k=0)) for _ in range(2)]
+    assert [log.decided.get(r) for r in more] == [None, None]

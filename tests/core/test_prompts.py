@@ -198,7 +198,7 @@ def test_an_uncommitted_batch_is_not_trained_until_it_is() -> None:
 VERDICTS = {"stage": "publish", "dead": "invalid_sample", "filter": "zero_variance"}
 STEPS = st.lists(st.tuples(
     st.sampled_from(["take", "send", "half", "freeze", "resume", "kill", "stage", "dead", "filter",
-                     "train", "stale", "commit", "restart", "tick", "fail"]),
+                     "train", "stale", "commit", "restart", "tick", "fail", "wait", "stop", "wake"]),
     st.integers(0, 2)), max_size=80)
 
 
@@ -208,6 +208,12 @@ def play(steps: list[tuple[str, int]], prompts: int, epochs: int) -> World:
         match action:
             case "take":
                 w.take(i)
+            case "wait":
+                w.take(i, wait=True)
+            case "stop":
+                w.freeze(i)
+            case "wake":
+                w.resume(i, same_session=True)
             case "send":
                 w.send(i)
             case "half":
@@ -232,6 +238,7 @@ def play(steps: list[tuple[str, int]], prompts: int, epochs: int) -> World:
                 w.tick(1000 * (i * 20 + 1))
         counts = Counter(states(w).values())
         assert sum(counts.values()) == prompts * epochs  # exactly one state each, at every step
+        check_one_truth(w)
     return w
 
 
@@ -321,17 +328,153 @@ def test_an_exhausted_prompt_waits_for_its_dead_letter_record_until_a_marker_say
     assert w.fold.status(SOURCE)[0].exhausted == 1  # the marker changes no state
 
 
-def test_an_exhausted_prompt_that_trains_after_all_needs_no_dead_letter_record() -> None:
-    w = World(prompts=2, max_attempts=1, groups_per_batch=1)
+def check_one_truth(w: World) -> None:
+    """Trained and exhausted exclude each other in every view: the fold's state, `status`, the dead-letter
+    records due or written (unrecorded, recorded) and the trainer's truth."""
+    listed = {(x.epoch, x.prompt) for x in w.fold.unrecorded(SOURCE)}
+    for (epoch, prompt), state in states(w).items():
+        truth = w.trained[(SOURCE, epoch, prompt)]
+        if (epoch, prompt) in listed:
+            assert state is PromptState.EXHAUSTED and truth == 0, (epoch, prompt, state, truth)
+        if state is PromptState.EXHAUSTED:
+            assert truth == 0, (epoch, prompt)
+    assert w.fold.late_trained == 0
+    src = w.fold.sources[SOURCE]
+    exhausted = sum(s.exhausted for s in w.fold.status(SOURCE))
+    assert exhausted == src.recorded + len(src.unrecorded)
+
+
+def late_group_world(max_attempts: int) -> World:
+    """Prompt 0 (of 2) handed out `max_attempts` times; its first attempt half sent, then its process frozen
+    past its lease; every later attempt killed before sending."""
+    w = World(prompts=2, max_attempts=max_attempts, groups_per_batch=1)
     w.take(0)
-    w.freeze_mid_send(0)  # half sent, then frozen past its lease: exhausted (one attempt allowed)
+    assert w.producers[0].holding[0][1].prompt == epoch_order(2, 7, 0)[0]
+    w.freeze_mid_send(0)
     w.tick(31_000)
-    assert len(w.fold.unrecorded(SOURCE)) == 1
+    for _ in range(max_attempts - 1):
+        w.take(1)
+        w.kill(1)
+    return w
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2])
+def test_a_prompt_whose_lapsed_group_may_still_train_is_not_exhausted_until_it_cannot(
+        max_attempts: int) -> None:
+    """Its attempts are spent, but the frozen process's sent group may still arrive: the prompt stays in
+    flight (no dead-letter record due); the group arrives and trains, and the prompt is trained, never
+    exhausted."""
+    w = late_group_world(max_attempts)
+    prompt = epoch_order(2, 7, 0)[0]
+    rec = w.fold.prompt(SOURCE, 0, prompt)
+    assert rec is not None and rec.state is PromptState.IN_FLIGHT
+    assert [a.ended for a in rec.attempts] == [AttemptEnd.LEASE] * max_attempts
+    assert w.fold.unrecorded(SOURCE) == [] and w.fold.status(SOURCE)[0].exhausted == 0
+    check_one_truth(w)
     w.resume(0)  # the rest of its group arrives; it trains
     w.stage_step()
     w.train_batch([])
     w.commit()
-    assert w.fold.late_trained == 1 and w.fold.unrecorded(SOURCE) == []
+    rec = w.fold.prompt(SOURCE, 0, prompt)
+    assert rec is not None and rec.state is PromptState.TRAINED
+    assert w.fold.unrecorded(SOURCE) == [] and w.fold.late_trained == 0
+    status = w.fold.status(SOURCE)[0]
+    assert (status.trained, status.exhausted) == (1, 0)
+    check_one_truth(w)
+    w.drain()
+    check_settled(w)
+    check_one_truth(w)
+
+
+@pytest.mark.parametrize("fate", ["incomplete_group", "stale"])
+def test_a_lapsed_group_that_cannot_train_exhausts_its_prompt_once(fate: str) -> None:
+    w = late_group_world(2)
+    prompt = epoch_order(2, 7, 0)[0]
+    if fate == "stale":
+        w.resume(0)
+        w.stage_step()
+        w.train_batch([True])
+        w.commit()
+    else:
+        w.kill(0)  # its half group never completes: the stage times it out
+        w.stage_step()
+    rec = w.fold.prompt(SOURCE, 0, prompt)
+    assert rec is not None and rec.state is PromptState.EXHAUSTED
+    [x] = w.fold.unrecorded(SOURCE)
+    assert (x.epoch, x.prompt) == (0, prompt)
+    check_one_truth(w)
+    w.drain()
+    check_settled(w)
+    check_one_truth(w)
+
+
+def test_a_lapsed_group_that_never_comes_back_exhausts_its_prompt_at_the_sent_expiry() -> None:
+    w = late_group_world(1)
+    prompt = epoch_order(2, 7, 0)[0]
+    w.tick(14 * 60_000)
+    assert w.fold.unrecorded(SOURCE) == []
+    w.tick(60_000)
+    [x] = w.fold.unrecorded(SOURCE)
+    assert x.prompt == prompt
+    tail = load_fold(dump_fold(w.fold), FOLD_VERSION)
+    assert tail.status(SOURCE) == w.fold.status(SOURCE)
+
+
+@pytest.mark.parametrize("same_session", [False, True])
+def test_a_freeze_spends_only_the_attempts_that_lapsed(same_session: bool) -> None:
+    """A process holding both prompts, with two more takes waiting, is frozen past its lease: its waiting
+    takes are handed nothing while its lease is out, so each prompt is charged the one attempt that lapsed
+    and goes to the other processes (or, were they idle, to the frozen one once it renews)."""
+    w = World(prompts=2, max_attempts=2, groups_per_batch=1)
+    w.take(0)
+    w.take(0)
+    w.take(0, wait=True)
+    w.take(0, wait=True)
+    assert len(w.producers[0].holding) == 2 and len(w.producers[0].waiting) == 2
+    w.freeze(0)
+    w.tick(5_000)  # past its lease (3 s), its session not ended (30 s)
+    for prompt in range(2):
+        rec = w.fold.prompt(SOURCE, 0, prompt)
+        assert rec is not None and rec.state is PromptState.WAITING
+        assert [a.ended for a in rec.attempts] == [AttemptEnd.LEASE]
+    assert len(w.producers[0].waiting) == 2  # asked, granted nothing
+    if same_session:
+        w.resume(0, same_session=True)  # it renews: now its waiting takes get the prompts, as attempt 2
+        taker = 0
+    else:
+        w.take(1)
+        w.take(2)
+        taker = 1
+    granted = [h[1] for p in w.producers if not p.frozen for h in p.holding]
+    assert sorted((a.prompt, a.attempt) for a in granted) == [(0, 2), (1, 2)]
+    assert w.producers[taker].holding
+    for i, p in enumerate(w.producers):
+        while p.holding and not p.frozen:
+            w.send(i)
+    while w.stage:
+        w.stage_step()
+    while w.train_data:
+        w.train_batch([])
+    w.commit()
+    status = w.fold.status(SOURCE)[0]
+    assert (status.trained, status.exhausted, status.reissued) == (2, 0, 2)
+    w.drain()
+    check_settled(w)
+    check_one_truth(w)
+
+
+def test_a_frozen_process_s_waiting_takes_are_ended_with_its_session() -> None:
+    w = World(prompts=1, max_attempts=2, groups_per_batch=1)
+    w.take(0)
+    w.take(0, wait=True)
+    w.freeze(0)
+    w.tick(31_000)  # its session ends: the waiting take is revoked, nothing charged for it
+    assert w.producers[0].waiting == [] or w.fold.decided[w.producers[0].waiting[0]] is not None
+    rec = w.fold.prompt(SOURCE, 0, 0)
+    assert rec is not None and rec.state is PromptState.WAITING
+    assert [a.ended for a in rec.attempts] == [AttemptEnd.LEASE]
+    w.drain()
+    check_settled(w)
 
 
 def test_a_poison_row_fails_its_attempts_and_is_exhausted_with_its_errors_while_the_run_goes_on() -> None:
