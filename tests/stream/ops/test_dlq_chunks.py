@@ -29,7 +29,7 @@ CHUNK = 1000
 
 
 def big_sample(gi: int = 1, rid: int = 10) -> Sample:
-    return s(gi, rid, 1.0, run="c", prompt="p" * 3500)
+    return s(gi, rid, 1.0, run="c", prompt="p" * 3400)  # four chunk records of CHUNK bytes
 
 
 def record(offset: int, value: bytes, headers=(), *, key=b"c/1", reason="incomplete_group"):
