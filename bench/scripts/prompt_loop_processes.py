@@ -8,17 +8,19 @@ One run:
   * fresh topics (`rollout-stream topics create`, 3 partitions); the stage as `rollout-stream run`
     (exactly-once, --group-timeout 10);
   * --rollout-processes rollout processes (OS processes): each a `PromptSource` over the dataset (2 epochs
-    declared), holding up to IN_FLIGHT prompts at once like an inference engine, each group of ROLLOUTS
-    rollouts published when its rollout time has passed, taken at the weight version the trainer last
-    wrote; paced (max_policy_lag = the trainer's staleness bound) unless --pacing off;
+    declared), holding up to IN_FLIGHT prompts at once like an inference engine, asking with TAKERS takes
+    at once, each group of ROLLOUTS rollouts published when its rollout time has passed, taken at the
+    weight version the trainer last wrote; paced (max_policy_lag = the trainer's staleness bound) unless
+    --pacing off;
   * a 2-rank trainer: two processes, each a `TrainDataReader(rank=r, world_size=2, fence=prompt_fence(...))`,
     STEP_S per step, the weight version +1 per step, a commit once both ranks hold the batch (a file
     barrier, as a step's all-reduce); each rank appends every batch it receives to its own file before
     committing, so a batch trained again after a kill is seen twice.
   The trainer stops after one and a half epochs of groups. Along the way, at fractions of that progress:
   a rollout process sends half a group and kills itself (-9) and is started again; one is SIGSTOPped past
-  its lease and resumed; the stage is killed -9 and started again; both trainer ranks are killed -9 and
-  started again.
+  its lease, while two or more of its takes wait in the log for a prompt (the trainer pauses a moment
+  first, so that pacing has no room), and resumed; the stage is killed -9 and started again; both trainer
+  ranks are killed -9 and started again.
 
 Checked at the end (`verdict`), from the trainer ranks' files, the dead-letter topic and the admission log
 folded to its end: every prompt of the first epoch trained exactly once (in one batch index; a batch trained
@@ -50,7 +52,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-MAIN = Path(__file__).resolve().parents[4]  # the checkout
+MAIN = Path(__file__).resolve().parents[2]  # the checkout
 CLI = str(Path(sys.executable).parent / "rollout-stream")
 PY = sys.executable
 DATA_DIR = "/tmp/loop-kafka"
@@ -59,6 +61,7 @@ SOURCE = "loop"
 
 ROLLOUTS = 4  # per group
 IN_FLIGHT = 8  # prompts a rollout process holds at once
+TAKERS = 3  # a rollout process's takes at once
 SHORT_S = 0.04  # a short prompt's rollout time; a long one's is LONG_FACTOR times it
 LONG_FACTOR = 5
 LONG_SHARE = 0.2
@@ -87,13 +90,18 @@ def read_version(rundir: Path) -> int:
 
 
 def rollout_main(a: argparse.Namespace) -> int:
-    """Take prompts, generate (sleep the prompt's rollout time), publish; until the stop file appears."""
+    """Take prompts (TAKERS threads at once, as an engine's free slots ask), generate (sleep the prompt's
+    rollout time), publish; until the stop file appears. Every 20 ms the process writes down how many of
+    its takes have been waiting for a prompt for 0.2 s or more (`takes-<producer>.json`): the orchestrator
+    freezes it only while two or more wait."""
     arm_deadline(a.hard_deadline)
+    import threading
+
     import msgspec
 
     from rollout_stream.codec import Array, Sample
     from rollout_stream.pacing import AdmissionRevoked, PacingTimeout, WeightsTooOld
-    from rollout_stream.prompts import PromptSource, SourceFinished
+    from rollout_stream.prompts import NothingToTake, PromptSource, SourceFinished
 
     rundir = Path(a.rundir)
     paced = a.pacing == "on"
@@ -105,52 +113,93 @@ def rollout_main(a: argparse.Namespace) -> int:
                           max_unconsumed_groups=MAX_UNCONSUMED if paced else None)
     (rundir / f"ready-{a.producer_id}").touch()
     out = Counter[str]()
+    lock = threading.Lock()
     inflight: list[tuple[float, int, Any, int]] = []  # (due, tie, lease, weight version)
+    taking: dict[int, float] = {}  # taker thread -> when its current take began (monotonic)
+    failed: list[BaseException] = []
+    stop = rundir / "stop"
     die = rundir / f"die-{a.producer_id}"
-    try:
-        while not (rundir / "stop").exists():
-            now = time.monotonic()
-            while inflight and inflight[0][0] <= now:
-                _, _, lease, version = heapq.heappop(inflight)
-                group = [Sample(group_index=0, index=i, rollout_id=i, reward=float(i % 2),
-                                tokens=Array([1, 2, 3, 4]), response_length=2, weight_versions=[str(version)])
-                         for i in range(ROLLOUTS)]
-                if die.exists():  # half a group, then gone without a word
-                    source.gate.bind(str(lease.key), lease.request)
-                    for sample in group[:ROLLOUTS // 2]:
-                        source.producer.send(msgspec.structs.replace(
-                            sample, group_index=lease.group_index, run_id=lease.run_id, group_size=ROLLOUTS,
-                            sibling_count=1, sibling_index=0))
-                    source.producer.flush()
-                    (rundir / f"died-{a.producer_id}").write_text(str(lease.key))
-                    os.kill(os.getpid(), signal.SIGKILL)
+    takes_file = rundir / f"takes-{a.producer_id}.json"
+
+    def taker(slot: int) -> None:
+        try:
+            while not stop.exists():
+                with lock:
+                    full = len(inflight) >= IN_FLIGHT
+                if full:
+                    time.sleep(0.01)
+                    continue
+                version = read_version(rundir)
+                with lock:
+                    taking[slot] = time.monotonic()
                 try:
-                    source.publish(lease, group)
-                    out["published"] += 1
-                except AdmissionRevoked:  # frozen past its lease: the prompt was handed out again
-                    out["revoked"] += 1
-            if len(inflight) >= IN_FLIGHT:
-                time.sleep(max(0.0, min(0.05, inflight[0][0] - time.monotonic())))
+                    lease = source.take(weight_version=version, timeout=2.0)
+                except (PacingTimeout, NothingToTake):
+                    with lock:
+                        out["take_timeouts"] += 1
+                    continue
+                except WeightsTooOld:
+                    with lock:
+                        out["too_old"] += 1
+                    continue
+                except SourceFinished:
+                    time.sleep(0.2)
+                    continue
+                finally:
+                    with lock:
+                        taking.pop(slot, None)
+                long = bool(lease.row["long"])
+                rollout_s = SHORT_S * (LONG_FACTOR if long else 1)
+                with lock:
+                    heapq.heappush(inflight, (time.monotonic() + rollout_s, lease.request, lease, version))
+                    out["taken"] += 1
+                    out["taken_long" if long else "taken_short"] += 1
+        except BaseException as exc:  # the main thread ends the process with it
+            failed.append(exc)
+
+    takers = [threading.Thread(target=taker, args=(i,), daemon=True) for i in range(TAKERS)]
+    for t in takers:
+        t.start()
+    try:
+        reported = 0.0
+        while not stop.exists():
+            if failed:
+                raise failed[0]
+            now = time.monotonic()
+            if now - reported >= 0.02:
+                reported = now
+                with lock:
+                    waiting = sum(now - began >= 0.2 for began in taking.values())
+                takes_file.with_suffix(".tmp").write_text(json.dumps({"at": time.time(), "waiting": waiting}))
+                os.replace(takes_file.with_suffix(".tmp"), takes_file)
+            with lock:
+                due = heapq.heappop(inflight) if inflight and inflight[0][0] <= now else None
+            if due is None:
+                time.sleep(0.005)
                 continue
-            version = read_version(rundir)
-            wait = 0.2 if not inflight else max(0.005, min(0.2, inflight[0][0] - time.monotonic()))
+            _, _, lease, version = due
+            group = [Sample(group_index=0, index=i, rollout_id=i, reward=float(i % 2),
+                            tokens=Array([1, 2, 3, 4]), response_length=2, weight_versions=[str(version)])
+                     for i in range(ROLLOUTS)]
+            if die.exists():  # half a group, then gone without a word
+                source.gate.bind(str(lease.key), lease.request)
+                for sample in group[:ROLLOUTS // 2]:
+                    source.producer.send(msgspec.structs.replace(
+                        sample, group_index=lease.group_index, run_id=lease.run_id, group_size=ROLLOUTS,
+                        sibling_count=1, sibling_index=0))
+                source.producer.flush()
+                (rundir / f"died-{a.producer_id}").write_text(str(lease.key))
+                os.kill(os.getpid(), signal.SIGKILL)
             try:
-                lease = source.take(weight_version=version, timeout=wait)
-            except PacingTimeout:
-                out["take_timeouts"] += 1
-                continue
-            except WeightsTooOld:
-                out["too_old"] += 1
-                continue
-            except SourceFinished:
-                time.sleep(0.2)
-                continue
-            long = bool(lease.row["long"])
-            rollout_s = SHORT_S * (LONG_FACTOR if long else 1)
-            heapq.heappush(inflight, (time.monotonic() + rollout_s, lease.request, lease, version))
-            out["taken"] += 1
-            out["taken_long" if long else "taken_short"] += 1
+                source.publish(lease, group)
+                with lock:
+                    out["published"] += 1
+            except AdmissionRevoked:  # frozen past its lease: the prompt was handed out again
+                with lock:
+                    out["revoked"] += 1
     finally:
+        for t in takers:
+            t.join(timeout=10)
         source.close()
         (rundir / f"result-{a.producer_id}-{os.getpid()}.json").write_text(json.dumps(out))
     return 0
@@ -258,6 +307,27 @@ def trained_groups(rundir: Path) -> int:
     return len(seen) * GROUPS_PER_BATCH
 
 
+def freeze_while_taking(proc: subprocess.Popen[bytes], takes: Path, least: int = 2,
+                        within_s: float = 8.0) -> int:
+    """SIGSTOP `proc` at a moment when `least` of its takes have been waiting for a prompt, by the report
+    it writes every 20 ms (read once it is stopped, so it is the state it froze in); the number waiting."""
+    give_up = time.monotonic() + within_s
+    while True:
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.05)
+        try:
+            report = json.loads(takes.read_text())
+        except (OSError, ValueError):
+            report = {"at": 0.0, "waiting": 0}
+        if report["waiting"] >= least and time.time() - report["at"] < 0.25:
+            return int(report["waiting"])
+        proc.send_signal(signal.SIGCONT)
+        if time.monotonic() > give_up:
+            raise TimeoutError(f"the process to freeze never had {least} takes waiting within {within_s:g}s "
+                               f"(last report {report})")
+        time.sleep(0.1)
+
+
 def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
     rundir = Path(a.out) / "logs" / f"{label}-{tag}"
@@ -339,10 +409,20 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
         retire("rollout0", "dead")
         spawn("rollout0", rollout_cmd(0))
         event("rollout_killed")
-        # 2. one frozen past its lease, then resumed
+        # 2. one frozen past its lease while two or more of its takes wait in the log, then resumed: the
+        #    trainer pauses first (a long step), so that pacing has no room and takes wait
         at(FREEZE_AT)
         frozen = procs[f"rollout{1 % a.rollout_processes}"]
-        frozen.send_signal(signal.SIGSTOP)
+        trainers = [procs[f"trainer{rank}"] for rank in range(2)]
+        for p in trainers:
+            p.send_signal(signal.SIGSTOP)
+        event("trainer_paused")
+        try:
+            result["frozen_waiting_takes"] = freeze_while_taking(
+                frozen, rundir / f"takes-{rollout_ids[1 % a.rollout_processes]}.json")
+        finally:
+            for p in trainers:
+                p.send_signal(signal.SIGCONT)
         event("rollout_stopped")
         time.sleep(FREEZE_S)
         frozen.send_signal(signal.SIGCONT)
@@ -541,7 +621,8 @@ def orchestrate(a: argparse.Namespace) -> int:
             with (out / "results.jsonl").open("a") as f:
                 f.write(json.dumps(r) + "\n")
             failed += not r.get("ok")
-            shown = ("label", "ok", "run_s", "error", "problems", "epoch0", "trained_share", "rollouts",
+            shown = ("label", "ok", "run_s", "error", "problems", "frozen_waiting_takes", "epoch0",
+                     "trained_share", "rollouts",
                      "batches_trained_twice", "skipped_stale", "skipped_superseded", "dead_letters", "events")
             print(json.dumps({k: r.get(k) for k in shown}), flush=True)
     finally:

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from rollout_stream.codec import DecodeError, Sample
 from rollout_stream.codec.chunks import CHUNK_HEADER
+from rollout_stream.codec.reasons import DeadLetterReason
 from rollout_stream.layout import Fit, Flow, titled
 from rollout_stream.ops.dlq.inspect import RolloutRewards, hexdump, sample_fields
 from rollout_stream.ops.dlq.lineage import ReplayAction
@@ -258,7 +259,10 @@ def show_document(
     if chunks is not None:
         doc["value_bytes"] = chunks["total_bytes"]
         doc["chunks"] = chunks
-    if isinstance(decoded, DecodeError):
+    prompt = _exhausted_prompt(record, value)
+    if prompt is not None:
+        doc["prompt"] = prompt
+    elif isinstance(decoded, DecodeError):
         doc["decode_error"] = decoded.message
         doc["hex_preview"] = hexdump((value.value if value is not None else None) or record.value or b"")
     elif decoded is not None:
@@ -287,6 +291,26 @@ def show_document(
     return doc
 
 
+def _exhausted_prompt(record: DeadLetterRecord, value: DeadLetterValue | None) -> dict[str, Any] | None:
+    """An exhausted prompt's record is not a sample: its value is the prompt and its attempts, as JSON (a
+    prompt source writes it, docs/loop.md), shown as such with its times in ISO-8601."""
+    if record.reason != DeadLetterReason.PROMPT_ATTEMPTS_EXHAUSTED.value:
+        return None
+    raw = (value.value if value is not None else None) or record.value
+    try:
+        doc = msgspec.json.decode(raw or b"")
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("attempts"), list):
+        return None
+    for attempt in doc["attempts"]:
+        if isinstance(attempt, dict):
+            for name in ("taken_ms", "ended_ms"):
+                if isinstance(attempt.get(name), int):
+                    attempt[name.removesuffix("_ms") + "_at"] = iso_ms(attempt.pop(name))
+    return doc
+
+
 def _header_text(record: DeadLetterRecord, name: str, value: bytes) -> str:
     """A header's value as text; the chunk header is binary, so it is said in words."""
     chunk = record.chunk
@@ -294,6 +318,20 @@ def _header_text(record: DeadLetterRecord, name: str, value: bytes) -> str:
         return (f"chunk {chunk.index} of {chunk.count}, value of {chunk.total_bytes} bytes, "
                 f"digest {chunk.digest.hex()}")
     return value.decode("utf-8", "backslashreplace")
+
+
+def _prompt_view(prompt: dict[str, Any]) -> RenderableType:
+    where = (f"prompt {prompt.get('source')}@{prompt.get('epoch')}/{prompt.get('prompt')}: "
+             f"{prompt.get('state')}")
+    attempts = Table()
+    for name in ("attempt", "producer", "taken at", "ended", "ended at", "error"):
+        attempts.add_column(name, overflow="fold", no_wrap=name in ("attempt", "taken at", "ended at"))
+    for a in prompt["attempts"]:
+        if isinstance(a, dict):
+            attempts.add_row(str(a.get("attempt")), escape(str(a.get("producer"))),
+                             str(a.get("taken_at", "")), str(a.get("ended") or ""),
+                             str(a.get("ended_at", "")), escape(a.get("error") or ""))
+    return Group(Flow(where, indent=4), titled("attempts", attempts))
 
 
 def _chunks_line(chunks: dict[str, Any]) -> str:
@@ -324,6 +362,8 @@ def show_view(doc: dict[str, Any]) -> RenderableType:
         for k, v in doc["sample"].items():
             fields.add_row(k, escape(_array_text(v)))
         parts.append(titled("decoded sample", fields))
+    elif "prompt" in doc:
+        parts.append(_prompt_view(doc["prompt"]))
     elif "decode_error" in doc:
         parts.append(Flow(f"does not decode: {doc['decode_error']}", indent=4, style="yellow"))
         parts.append(Text(f"{doc['value_bytes'] or 0} bytes:\n" + "\n".join(doc["hex_preview"])))

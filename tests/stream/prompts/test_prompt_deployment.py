@@ -1,7 +1,8 @@
 """The loop at a deployment's shape, on the real broker and each client: 2,000 prompts for one and a half
 epochs, a fifth of them with rollouts 5x longer, 4 rollout processes, the stage and a 2-rank trainer, each
-its own OS process; a rollout process killed -9 mid-group, one SIGSTOPped past its lease and resumed, the
-stage killed -9 and the trainer killed -9, each started again (docs/loop.md, "Through any crash").
+its own OS process; a rollout process killed -9 mid-group, one SIGSTOPped past its lease with two or more
+takes waiting and resumed, the stage killed -9 and the trainer killed -9, each started again (docs/loop.md,
+"Through any crash").
 
 One run per client here; `bench/scripts/prompt_loop_processes.py --runs 10` is the ten-run
 acceptance whose figures docs/loop.md gives.
@@ -41,5 +42,8 @@ def test_every_prompt_of_the_first_epoch_trains_once_through_kills_of_every_part
     epoch = result["epoch0"]
     assert epoch["trained"] + sum(epoch["not_trained"].values()) == 2000, epoch
     assert epoch["reissued_by"].get("lease", 0) >= 1, epoch  # the killed process's prompts came back
+    # the frozen process held two or more waiting takes when it stopped, and no prompt was exhausted for it
+    assert result["frozen_waiting_takes"] >= 2, result
+    assert not any(k.startswith("exhausted") for k in epoch["not_trained"]), epoch
     share = result["trained_share"]
     assert abs(share["long"] - share["short"]) <= 0.02, share

@@ -412,6 +412,14 @@ def test_an_exhausted_prompt_is_dead_lettered_once_whichever_process_writes_it(m
     where = f"{dead[0].partition}:{dead[0].offset}"
     shown = runner.invoke(app, ["dlq", "show", *BOOTSTRAP, where], env={"COLUMNS": "200"})
     assert shown.exit_code == 0 and "prompt_attempts_exhausted" in shown.stdout, shown.output
+    # the record is the prompt and its attempts, readable: no hex dump, times in ISO-8601
+    assert f"prompt sums@0/{lease.key.prompt}: exhausted" in shown.stdout and "incomplete" in shown.stdout
+    assert "does not decode" not in shown.stdout, shown.stdout
+    shown = runner.invoke(app, ["dlq", "show", *BOOTSTRAP, where, "--json"], env={"COLUMNS": "200"})
+    doc = json.loads(shown.stdout)
+    assert "hex_preview" not in doc and doc["prompt"]["prompt"] == lease.key.prompt, doc
+    [attempt] = doc["prompt"]["attempts"]
+    assert attempt["ended"] == "incomplete" and attempt["taken_at"].endswith("Z"), attempt
     from rollout_stream.ops.dlq.lineage import decide
     from rollout_stream.ops.dlq.record import parse_record
 
