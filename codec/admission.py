@@ -119,6 +119,9 @@ class TrainerMark(msgspec.Struct, kw_only=True, tag="mark", tag_field="type"):
     resumed_from: int | None = None
     # of the keys in `consumed`, those skipped (stale, invalid, superseded) rather than trained, per batch
     skipped: dict[int, list[str]] = msgspec.field(default_factory=dict)
+    # batch -> group key -> [rollouts, loss tokens] that staleness by rollout or token left out of a group
+    # that trains
+    excluded: dict[int, dict[str, list[int]]] = msgspec.field(default_factory=dict)
     schema_version: int = 1
 
 

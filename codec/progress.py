@@ -28,6 +28,9 @@ class TrainerProgress(msgspec.Struct, kw_only=True, tag="trainer", tag_field="ty
     tokens_per_s: float = 0.0  # accepted tokens per second over the last minute or so
     # policy lag at consumption (the version judging the batch − the group's oldest version) -> trained groups
     lag_counts: dict[int, int] = msgspec.field(default_factory=dict)
+    # staleness by rollout or token: rollouts and loss tokens left out of groups that trained, all told
+    stale_rollouts: int = 0
+    stale_tokens: int = 0
     # topic -> partition -> the highest source offset of a record of a group taken into a batch
     consumed_through: dict[str, dict[int, int]]
     updated_ms: int

@@ -33,7 +33,8 @@ __all__ = ["FOLD_VERSION", "CheckpointMismatch", "dump_fold", "load_fold"]
 # 5: an epoch's order from numpy's frozen RandomState; settled prompts past the newest KEEP_SETTLED of an open
 # epoch shrink to a code; epochs travel as `_EpochState`
 # 6: a take of a session whose lease ran out is handed no prompt; exhaustion waits on lapsed sent groups
-FOLD_VERSION = 6
+# 7: what staleness by rollout or token left out of the groups that trained, per attempt and epoch
+FOLD_VERSION = 7
 
 
 class CheckpointMismatch(ValueError):
@@ -50,6 +51,9 @@ class _EpochState(msgspec.Struct, kw_only=True):
     reasons: dict[int, str]
     codes: bytes | None  # the shrunk prompts' codes: `in_order`, those of the first `cursor` of the order
     in_order: bool
+    partial: int = 0
+    excluded_rollouts: int = 0
+    excluded_tokens: int = 0
 
 
 class _State(msgspec.Struct, kw_only=True):
@@ -68,6 +72,7 @@ class _State(msgspec.Struct, kw_only=True):
     epochs: dict[str, list[_EpochState]]
     live: dict[int, tuple[str, int, int]]
     uncommitted: dict[str, dict[int, dict[str, bool]]]
+    excluded: dict[str, dict[int, dict[str, tuple[int, int]]]]
     trainer_sessions: dict[str, str]
     settled_through: dict[str, int]
     duplicates: int
@@ -89,7 +94,8 @@ def dump_fold(fold: PromptLog) -> bytes:
         sources={name: dataclasses.replace(src, epochs=[]) for name, src in fold.sources.items()},
         epochs={name: [_epoch_out(fold, name, number, e) for number, e in enumerate(src.epochs)]
                 for name, src in fold.sources.items()},
-        live=fold.live, uncommitted=fold.uncommitted, trainer_sessions=fold.trainer_sessions,
+        live=fold.live, uncommitted=fold.uncommitted, excluded=fold.excluded,
+        trainer_sessions=fold.trainer_sessions,
         settled_through=fold.settled_through, duplicates=fold.duplicates, late_trained=fold.late_trained,
         checkpointed_through=fold.checkpointed_through)), 6)
 
@@ -107,7 +113,7 @@ def load_fold(state: bytes, fold_version: int) -> PromptLog:
     fold.next_offset, fold.clock_ms, fold.expired = s.next_offset, s.clock_ms, s.expired
     fold.late_delivered, fold.groups, fold.pending = s.late_delivered, s.groups, s.pending
     fold.sessions, fold.trainers, fold.by_key, fold.unmatched = s.sessions, s.trainers, s.by_key, s.unmatched
-    fold.sources, fold.live, fold.uncommitted = s.sources, s.live, s.uncommitted
+    fold.sources, fold.live, fold.uncommitted, fold.excluded = s.sources, s.live, s.uncommitted, s.excluded
     fold.trainer_sessions, fold.settled_through = s.trainer_sessions, s.settled_through
     fold.duplicates, fold.late_trained = s.duplicates, s.late_trained
     fold.checkpointed_through = s.checkpointed_through
@@ -128,12 +134,14 @@ def _epoch_out(fold: PromptLog, name: str, number: int, e: Epoch) -> _EpochState
         codes, in_order = np.frombuffer(e.codes, dtype=np.uint8)[order].tobytes(), True
     return _EpochState(cursor=e.cursor, final=e.final, reissued=e.reissued, reissued_by=e.reissued_by,
                        prompts=e.prompts, recent=list(e.recent), reasons=e.reasons, codes=codes,
-                       in_order=in_order)
+                       in_order=in_order, partial=e.partial, excluded_rollouts=e.excluded_rollouts,
+                       excluded_tokens=e.excluded_tokens)
 
 
 def _epoch_in(fold: PromptLog, name: str, number: int, s: _EpochState) -> Epoch:
     e = Epoch(cursor=s.cursor, prompts=s.prompts, final=s.final, reissued=s.reissued,
-              reissued_by=s.reissued_by, recent=deque(s.recent), reasons=s.reasons)
+              reissued_by=s.reissued_by, recent=deque(s.recent), reasons=s.reasons, partial=s.partial,
+              excluded_rollouts=s.excluded_rollouts, excluded_tokens=s.excluded_tokens)
     prompts = fold.sources[name].dataset.prompts
     if s.codes is not None and not s.in_order:
         if len(s.codes) != prompts:

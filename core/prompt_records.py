@@ -66,6 +66,9 @@ class Attempt:
     error: str | None = None  # `Type: message` of what the rollout process raised while it held it
     # its group's fate came after the attempt had ended (resolved or skipped): it can no longer train
     group_ended: bool = False
+    # what staleness by rollout or token left out of its group when it trained (rollouts, loss tokens)
+    excluded_rollouts: int = 0
+    excluded_tokens: int = 0
 
 
 def attempt_history(attempts: list[Attempt]) -> list[dict[str, object]]:
@@ -73,7 +76,9 @@ def attempt_history(attempts: list[Attempt]) -> list[dict[str, object]]:
     return [{"attempt": a.number, "producer": a.producer, "session": a.session, "request": a.request,
              "taken_ms": a.taken_ms, "sent": a.sent, "delivered": a.delivered,
              "ended": None if a.ended is None else a.ended.value, "ended_ms": a.ended_ms,
-             "trainer": a.trainer, "batch": a.batch, "error": a.error} for a in attempts]
+             "trainer": a.trainer, "batch": a.batch, "error": a.error,
+             "excluded_rollouts": a.excluded_rollouts, "excluded_tokens": a.excluded_tokens}
+            for a in attempts]
 
 
 @dataclass(slots=True)
@@ -117,6 +122,11 @@ class Epoch:
     recent: deque[int] = field(default_factory=deque)
     codes: bytearray | None = None
     reasons: dict[int, str] = field(default_factory=dict)
+    # prompts trained with part of their group left out (staleness by rollout or token); the rollouts and
+    # loss tokens left out
+    partial: int = 0
+    excluded_rollouts: int = 0
+    excluded_tokens: int = 0
 
     @property
     def settled(self) -> bool:
@@ -225,6 +235,10 @@ class EpochStatus:
     exhausted: int
     reissued: int  # attempts that ended without a result and were handed out again
     reissued_by: dict[str, int] = field(default_factory=dict)  # by how they ended (`AttemptEnd` values)
+    # trained with part of the group left out (staleness by rollout or token): prompts, rollouts, loss tokens
+    partial: int = 0
+    excluded_rollouts: int = 0
+    excluded_tokens: int = 0
 
 
 def epoch_permutation(prompts: int, seed: int, epoch: int) -> np.ndarray:

@@ -65,6 +65,8 @@ class PromptLog(AdmissionLog):
         self.sources: dict[str, SourceState] = {}
         self.live: dict[int, tuple[str, int, int]] = {}  # request -> its live attempt's (source, epoch, row)
         self.uncommitted: dict[str, dict[int, dict[str, bool]]] = {}  # trainer -> batch -> key -> skipped
+        # trainer -> batch -> key -> (rollouts, loss tokens) staleness left out of a group that trains
+        self.excluded: dict[str, dict[int, dict[str, tuple[int, int]]]] = {}
         self.trainer_sessions: dict[str, str] = {}
         self.settled_through: dict[str, int] = {}  # trainer -> batches below it are settled
         self.duplicates = 0  # trainings of a prompt already trained (the reader's fence keeps it at 0)
@@ -228,6 +230,7 @@ class PromptLog(AdmissionLog):
             for batch in sorted(b for b in pending if 0 <= b < resumed):
                 self._settle_batch(mark.trainer, batch, pending.pop(batch))
             pending.clear()
+            self.excluded.pop(mark.trainer, None)
             self.settled_through[mark.trainer] = resumed
         self.trainer_sessions[mark.trainer] = mark.session
         settled = self.settled_through.get(mark.trainer, 0)
@@ -239,6 +242,10 @@ class PromptLog(AdmissionLog):
             for key in keys:
                 if parse_attempt_key(key) is not None:
                     listed[key] = key in skipped
+            left_out = {k: (int(v[0]), int(v[1])) for k, v in mark.excluded.get(batch, {}).items()
+                        if k in listed and len(v) == 2}
+            if left_out:
+                self.excluded.setdefault(mark.trainer, {})[batch] = left_out
         if mark.committed_batch is not None:
             for batch in sorted(b for b in pending if b < mark.committed_batch):
                 self._settle_batch(mark.trainer, batch, pending.pop(batch))
@@ -247,6 +254,10 @@ class PromptLog(AdmissionLog):
     def _settle_batch(self, trainer: str, batch: int, keys: dict[str, bool]) -> None:
         # what trained first: a group of its prompt skipped in the same batch (fenced) re-issues nothing
         fed: set[str] = set()  # sources this batch trained a group of
+        by_trainer = self.excluded.get(trainer)
+        left_out = by_trainer.pop(batch, {}) if by_trainer is not None else {}
+        if by_trainer is not None and not by_trainer:
+            del self.excluded[trainer]
         for key, skipped in sorted(keys.items(), key=lambda item: item[1]):
             found = self._by_key(key)
             if found is None:
@@ -265,6 +276,13 @@ class PromptLog(AdmissionLog):
                 self.late_trained += 1
                 self._unexhausted(parsed)
             attempt.trainer, attempt.batch = trainer, batch
+            rollouts, tokens = left_out.get(key, (0, 0))
+            if rollouts or tokens:  # a group trains if any of it does; what was left out is said
+                attempt.excluded_rollouts, attempt.excluded_tokens = rollouts, tokens
+                ep = self.sources[parsed.source].epochs[parsed.epoch]
+                ep.partial += 1
+                ep.excluded_rollouts += rollouts
+                ep.excluded_tokens += tokens
             self._settle(parsed, rec, attempt, PromptState.TRAINED, AttemptEnd.TRAINED, None)
             fed.add(parsed.source)
         for name in fed:  # the refills since the source's previous batch went into this one
@@ -427,7 +445,8 @@ class PromptLog(AdmissionLog):
                                    counts[PromptState.WAITING] + src.dataset.prompts - ep.cursor,
                                    counts[PromptState.IN_FLIGHT], counts[PromptState.TRAINED], dead,
                                    counts[PromptState.FILTERED], counts[PromptState.EXHAUSTED], ep.reissued,
-                                   dict(sorted(ep.reissued_by.items()))))
+                                   dict(sorted(ep.reissued_by.items())), ep.partial, ep.excluded_rollouts,
+                                   ep.excluded_tokens))
         return out
 
 

@@ -92,7 +92,34 @@ class _PromptSource:
         return prompt_metrics(w.fold)
 
 
+def progress_exposed() -> dict[str, set[str]]:
+    """The trainer and producer series a worker serves from the progress topic (stream/worker/progress.py),
+    rendered from one trainer group's and one producer's records."""
+    from rollout_stream.codec.progress import ProducerProgress, TrainerProgress
+    from rollout_stream.worker.progress import ProgressCollector
+
+    now = int(time.time() * 1000)
+    trainer = TrainerProgress(group_id="t", weight_version=3, groups_per_batch=2, max_weight_staleness=1,
+                              batch=2, batch_version=3, consumed_groups=6, skipped_stale_groups=1,
+                              lag_counts={0: 4}, consumed_through={}, updated_ms=now, stale_rollouts=2,
+                              stale_tokens=9)
+    producer = ProducerProgress(producer_id="p", trainer_group="t", topic="rollouts", newest_weight_version=3,
+                                admitted=7, outstanding=1, waiting=False, wait_s=0.5, updated_ms=now)
+    collector = ProgressCollector.__new__(ProgressCollector)
+    collector.stale_after_s = 60.0
+    collector.board = SimpleNamespace(producers=lambda: [producer], trainers=lambda: [trainer])
+    collector._admission = lambda: iter(())  # the admission log's series: `exposed` has the prompt ones
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    names: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            names.setdefault(sample.name, set()).update(sample.labels)
+    return names
+
+
 EXPOSED = exposed()
+PROGRESS = progress_exposed()  # served by a worker too; the dashboard shows some of them
 METRIC = re.compile(r"\brollout_stream_[a-z0-9_]+")
 GROUPING = re.compile(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)")
 
@@ -101,8 +128,9 @@ def check_expression(expr: str) -> list[str]:
     """Problems with one PromQL expression: metrics the worker does not expose, grouping labels none of them
     carries."""
     metrics = set(METRIC.findall(expr))
-    problems = [f"{m} is not exposed by stream/worker/metrics.py" for m in sorted(metrics - set(EXPOSED))]
-    labels = TARGET_LABELS.union(*(EXPOSED.get(m, set()) for m in metrics))
+    served = {**EXPOSED, **PROGRESS}
+    problems = [f"{m} is not exposed by stream/worker/metrics.py" for m in sorted(metrics - set(served))]
+    labels = TARGET_LABELS.union(*(served.get(m, set()) for m in metrics))
     for group in GROUPING.findall(expr):
         for label in filter(None, (part.strip() for part in group.split(","))):
             if label not in labels:

@@ -174,7 +174,9 @@ def _rows(report: LagReport) -> list[tuple[str, ...]]:
                      "-" if s.age_s is None else f"{s.age_s:g}s ago", "stale" if s.stale else "ok"))
     for t in report.trainers:
         rows.append(("trainer", t.group_id, _dash(t.weight_version),
-                     f"batch {_dash(t.batch)}, {t.consumed_groups} groups ({t.skipped_stale_groups} stale)",
+                     f"batch {_dash(t.batch)}, {t.consumed_groups} groups ({t.skipped_stale_groups} stale)"
+                     + (f", {t.stale_rollouts} stale rollouts ({t.stale_tokens} tokens) left out"
+                        if t.stale_rollouts or t.stale_tokens else ""),
                      f"policy lag {_dash(t.policy_lag)}, {t.groups_waiting} groups waiting, "
                      f"{_dash(t.records_behind)} records"
                      + (f", {t.uncovered_records} no head covers" if t.uncovered_records else ""),

@@ -48,6 +48,10 @@ class PromptsReport:
     topic: str
     records: int
     sources: list[SourceReport]
+    # exhausted prompts that trained after all (a group sent before the exhaustion; docs/loop.md), and second
+    # trainings of a trained prompt (the reader's fence keeps it at 0), over every source of the log
+    late_trained: int = 0
+    duplicates: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +76,7 @@ def prompts_report(topic: str, fold: PromptLog) -> PromptsReport:
                                     src.refills, sum(src.batch_refills.values()),
                                     dict(sorted(src.batch_refills.items())),
                                     [f"{name}@{x.epoch}/{x.prompt}" for x in src.unrecorded]))
-    return PromptsReport(topic, fold.next_offset, sources)
+    return PromptsReport(topic, fold.next_offset, sources, fold.late_trained, fold.duplicates)
 
 
 # how an attempt ended without a result (rollout_stream.core.prompt_records.AttemptEnd), as the report says it
@@ -113,6 +117,10 @@ def render_prompts(report: PromptsReport) -> RenderableType:
             if e.reissued_by:
                 parts.append(Flow(f"epoch {e.epoch} re-issued after: " + ", ".join(
                     f"{REISSUE_WHY.get(why, why)} {n}" for why, n in e.reissued_by.items())))
+            if e.partial:
+                parts.append(Flow(f"epoch {e.epoch}: {e.partial} trained in part (staleness by rollout or "
+                                  f"token left out {e.excluded_rollouts} rollout(s), {e.excluded_tokens} "
+                                  f"loss token(s))"))
         if s.exhausted_unrecorded:
             parts.append(Flow(f"exhausted, dead-letter record not written yet (a live process of the source "
                               f"writes it): {escape(', '.join(s.exhausted_unrecorded[:10]))}"
@@ -122,6 +130,9 @@ def render_prompts(report: PromptsReport) -> RenderableType:
             per_batch = ", ".join(f"{n}: {b}" for n, b in s.batch_refills.items())
             parts.append(Flow(f"refills: {s.refills} zero-variance prompt(s) replaced; batches by refills "
                               f"({s.batches} committed) {per_batch or '-'}"))
+    if report.late_trained or report.duplicates:
+        parts.append(Flow(f"trained after exhaustion: {report.late_trained}; trained twice: "
+                          f"{report.duplicates}", style="yellow"))
     return Group(*parts)
 
 
@@ -165,6 +176,9 @@ def render_prompt(detail: dict[str, Any]) -> RenderableType:
     errors = []
     for a in detail["attempts"]:
         trained = "" if a["batch"] is None else f"{escape(a['trainer'])} batch {a['batch']}"
+        if a.get("excluded_rollouts") or a.get("excluded_tokens"):
+            errors.append(Flow(f"attempt {a['attempt']} trained in part: staleness left out "
+                               f"{a['excluded_rollouts']} rollout(s), {a['excluded_tokens']} loss token(s)"))
         table.add_row(str(a["attempt"]), escape(a["producer"]), a["taken_at"], a["ended_at"] or "",
                       "yes" if a["sent"] else "no",
                       "yes" if a["delivered"] else "no", a["ended"] or "in flight", trained)

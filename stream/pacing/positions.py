@@ -40,6 +40,9 @@ class TrainerRow:
     stale: bool
     # fetch="own" trainers: train-data records after those the last group heads point at (never read by them)
     uncovered_records: int | None = None
+    # staleness by rollout or token: rollouts and loss tokens left out of groups that trained
+    stale_rollouts: int = 0
+    stale_tokens: int = 0
 
 
 def age_s(updated_ms: int, now_ms: int) -> float:
@@ -60,6 +63,7 @@ def trainer_row(t: TrainerProgress, producers: list[ProducerRow], records_behind
     return TrainerRow(
         t.group_id, t.weight_version, t.batch, t.consumed_groups, t.trained_groups, t.skipped_stale_groups,
         policy_lag, sum(p.outstanding for p in live), records_behind, t.tokens_per_s, dict(t.lag_counts),
-        age_s(t.updated_ms, now), now - t.updated_ms > stale_ms)
+        age_s(t.updated_ms, now), now - t.updated_ms > stale_ms, stale_rollouts=t.stale_rollouts,
+        stale_tokens=t.stale_tokens)
 
 

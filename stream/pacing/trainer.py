@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import msgspec
 
@@ -81,9 +81,11 @@ class TrainerProgressPublisher:
         self._update(weight_version=version, skipped_stale_groups=skipped_stale)
 
     def consumed(self, taken: Iterable[AssembledGroup], trained: Iterable[AssembledGroup], batch: int,
-                 version: int | None, skipped_stale: int) -> None:
+                 version: int | None, skipped_stale: int,
+                 excluded: Mapping[str, tuple[int, int]] | None = None) -> None:
         """Groups taken into batch `batch` (`taken`: trained or skipped; `trained`: those that train), judged
-        against `version`."""
+        against `version`; `excluded`: per group key that trains, the rollouts and loss tokens staleness by
+        rollout or token left out of it."""
         count = 0
         keys = []
         for group in taken:
@@ -110,17 +112,23 @@ class TrainerProgressPublisher:
             skipped = {b: k for b, k in self._mark.skipped.items() if b in consumed}
             if missed := [k for k in keys if k not in trained_keys]:
                 skipped[batch] = missed
+            left_out = {b: k for b, k in self._mark.excluded.items() if b in consumed}
+            if excluded:
+                left_out[batch] = {k: [r, t] for k, (r, t) in excluded.items() if k in trained_keys}
             done = set(keys)
             self._mark = msgspec.structs.replace(
-                self._mark, consumed=consumed, skipped=skipped, batches=batch + 1, batch_version=version,
-                doomed=[k for k in self._mark.doomed if k not in done])
+                self._mark, consumed=consumed, skipped=skipped, excluded=left_out, batches=batch + 1,
+                batch_version=version, doomed=[k for k in self._mark.doomed if k not in done])
         r = self._record
         self._rate.append((time.monotonic(), r.accepted_tokens + tokens))
         while len(self._rate) > 2 and self._rate[-1][0] - self._rate[1][0] >= 60:
             self._rate.popleft()
         (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
+        rollouts_out = sum(r_ for r_, _ in (excluded or {}).values())
+        tokens_out = sum(t for _, t in (excluded or {}).values())
         self._update(batch=batch, batch_version=version, consumed_groups=r.consumed_groups + count,
                      skipped_stale_groups=skipped_stale, trained_groups=r.trained_groups + groups,
+                     stale_rollouts=r.stale_rollouts + rollouts_out, stale_tokens=r.stale_tokens + tokens_out,
                      accepted_tokens=r.accepted_tokens + tokens,
                      tokens_per_s=round((n1 - n0) / (t1 - t0), 1) if t1 > t0 else 0.0,
                      lag_counts=dict(self._lags),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rollout_stream.core.assembly import (
@@ -48,11 +48,13 @@ WAITING_LOG_S = 5.0
 class StaleParts:
     """What staleness by rollout or by token left out of a batch's groups that train (all ranks'): `rollouts`,
     and `tokens` that counted in the loss; `floor`, with staleness by token, the weight version below which a
-    fetched row's tokens leave the loss (None: no row loses any)."""
+    fetched row's tokens leave the loss (None: no row loses any); `by_group`: the same per group key, for the
+    prompt ledger (docs/loop.md)."""
 
     rollouts: int = 0
     tokens: int = 0
     floor: int | None = None
+    by_group: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class HeldGroups:
@@ -115,17 +117,20 @@ class HeldGroups:
         taken = batch_length(verdicts, self.groups_per_batch) or 0
         queued = [f.group for f in self.items[:taken]]
         rollouts = tokens = 0
+        by_group: dict[str, tuple[int, int]] = {}
         for n, (group, verdict) in enumerate(zip(queued, verdicts, strict=False)):
             decision = self._parts.pop(group.key, None) if verdict is None else None
             if decision is not None:
                 queued[n] = replace(group, samples=tuple(trained(group.samples, decision)))
                 rollouts, tokens = rollouts + decision.excluded_rollouts, tokens + decision.excluded_tokens
+                if decision.excluded_rollouts or decision.excluded_tokens:
+                    by_group[group.key] = (decision.excluded_rollouts, decision.excluded_tokens)
         plan = plan_batch(queued, verdicts, groups_per_batch=self.groups_per_batch,
                           rank=self.rank, world_size=self.world_size, balance_tokens=self.balance_tokens)
         floor, bound = None, self.max_weight_staleness
         if self.staleness == "token" and weight_version is not None and bound is not None:
             floor = weight_version - bound
-        parts = self._last_parts = StaleParts(rollouts, tokens, floor)
+        parts = self._last_parts = StaleParts(rollouts, tokens, floor, by_group)
         items, self.items = self.items[:plan.taken], self.items[plan.taken:]
         if self.fence is not None:  # a group skipped after all gives its prompt's claim back
             for item, verdict in zip(items, verdicts, strict=False):

@@ -282,7 +282,7 @@ class TrainDataReader:
         stats.stale_tokens += stale.tokens
         if self.progress is not None:
             self.progress.consumed([f.group for f in items], plan.groups, index, self.weight_version,
-                                   stats.skipped_stale_groups)
+                                   stats.skipped_stale_groups, excluded=stale.by_group)
         return batch
 
     # ---- commit / lifecycle --------------------------------------------------------------------

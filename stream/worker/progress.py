@@ -119,6 +119,12 @@ class ProgressCollector(Collector):
         skipped = CounterMetricFamily(f"{PREFIX}_trainer_skipped_stale_groups",
                                       "Groups a trainer group skipped as too stale.",
                                       labels=["trainer_group"])
+        stale_rollouts = CounterMetricFamily(
+            f"{PREFIX}_trainer_stale_rollouts", "Rollouts staleness by rollout or token left out of groups a "
+            "trainer group trained.", labels=["trainer_group"])
+        stale_tokens = CounterMetricFamily(
+            f"{PREFIX}_trainer_stale_tokens", "Loss tokens staleness by rollout or token left out of groups "
+            "a trainer group trained.", labels=["trainer_group"])
         histogram = HistogramMetricFamily(
             f"{PREFIX}_trainer_group_policy_lag",
             "Policy lag of published groups when a trainer group trained on them (weight versions).",
@@ -135,6 +141,8 @@ class ProgressCollector(Collector):
             rate.add_metric(labels, t.tokens_per_s)
             consumed.add_metric(labels, t.consumed_groups)
             skipped.add_metric(labels, t.skipped_stale_groups)
+            stale_rollouts.add_metric(labels, t.stale_rollouts)
+            stale_tokens.add_metric(labels, t.stale_tokens)
             buckets, total = [], 0
             for bound in LAG_BUCKETS:
                 buckets.append((str(float(bound)), sum(n for v, n in t.lag_counts.items() if v <= bound)))
@@ -142,7 +150,8 @@ class ProgressCollector(Collector):
             total = sum(v * n for v, n in t.lag_counts.items())
             buckets.append(("+Inf", count))
             histogram.add_metric(labels, buckets, total)
-        yield from (version, lag, waiting, age, stale, rate, consumed, skipped, histogram)
+        yield from (version, lag, waiting, age, stale, rate, consumed, skipped, stale_rollouts, stale_tokens,
+                    histogram)
 
         p_version = family("producer_weight_version", "The newest weight version a paced producer admitted "
                            "a group at.", "producer")

@@ -58,6 +58,8 @@ class World:
     stage: list[tuple[str, bool]] = field(default_factory=list)  # key, whole
     train_data: list[str] = field(default_factory=list)
     uncommitted: list[list[tuple[str, bool]]] = field(default_factory=list)  # batches: (key, skipped)
+    # per uncommitted batch: group key -> [rollouts, loss tokens] staleness by rollout or token left out
+    left_out: list[dict[str, list[int]]] = field(default_factory=list)
     committed: int = 0
     trainer_session: int = 0
     fence: PromptFence = field(default_factory=PromptFence)
@@ -201,8 +203,10 @@ class World:
             self.log(Resolved(keys=[key], reason=verdict))
 
     # ---- the trainer -----------------------------------------------------------------------------
-    def train_batch(self, stale: list[bool]) -> None:
-        """Take the next batch: a group judged stale is skipped, one the fence refuses too."""
+    def train_batch(self, stale: list[bool], left_out: dict[int, tuple[int, int]] | None = None) -> None:
+        """Take the next batch: a group judged stale is skipped, one the fence refuses too; `left_out`: by
+        place in the batch, the rollouts and loss tokens staleness by rollout or token left out of a group
+        that trains."""
         batch: list[tuple[str, bool]] = []
         good = 0
         while self.train_data and good < self.groups_per_batch:
@@ -214,6 +218,7 @@ class World:
             good += not skip
         if batch:
             self.uncommitted.append(batch)
+            self.left_out.append({batch[n][0]: list(parts) for n, parts in (left_out or {}).items()})
             self._mark()
 
     def commit(self) -> None:
@@ -223,14 +228,14 @@ class World:
                 if not skipped and parsed is not None:
                     self.trained[parsed.prompt_id] += 1
         self.committed += len(self.uncommitted)
-        self.uncommitted = []
+        self.uncommitted, self.left_out = [], []
         self._mark(committed=True)
 
     def restart_trainer(self) -> None:
         """kill -9: uncommitted batches are read again; the fence starts from what the fold says trained."""
         again = [key for batch in self.uncommitted for key, _ in batch]
         self.train_data[:0] = again
-        self.uncommitted = []
+        self.uncommitted, self.left_out = [], []
         self.trainer_session += 1
         self._mark(resumed=self.committed)
         self.fence = PromptFence(self.fold.trained(SOURCE))
@@ -243,6 +248,7 @@ class World:
                              batch_version=0, batches=first + len(self.uncommitted),
                              groups_per_batch=self.groups_per_batch, max_weight_staleness=None,
                              consumed=consumed, skipped={b: k for b, k in skipped.items() if k},
+                             excluded={first + i: x for i, x in enumerate(self.left_out) if x},
                              committed_batch=first if committed or resumed is not None else None,
                              resumed_from=resumed))
 

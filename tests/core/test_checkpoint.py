@@ -35,7 +35,8 @@ EXAMPLES = int(os.environ.get("PROMPT_EXAMPLES", "150"))
 def test_every_field_of_an_epoch_travels() -> None:
     """An epoch travels field by field (`_EpochState`): a field added to `Epoch` must be added there too."""
     assert {f.name for f in dataclasses.fields(Epoch)} == {
-        "cursor", "prompts", "final", "reissued", "reissued_by", "recent", "codes", "reasons"}
+        "cursor", "prompts", "final", "reissued", "reissued_by", "recent", "codes", "reasons", "partial",
+        "excluded_rollouts", "excluded_tokens"}
 
 
 def test_epoch_order_is_a_permutation_that_does_not_depend_on_the_process() -> None:

@@ -556,6 +556,37 @@ def test_a_failed_attempt_s_error_travels_in_a_checkpoint() -> None:
     assert rec.attempts[0].ended is AttemptEnd.FAILED
 
 
+def test_a_group_trained_in_part_trains_its_prompt_and_says_what_was_left_out() -> None:
+    """Staleness by rollout or token: a group that trains any rollout trains its prompt; the rollouts and
+    loss tokens left out stay on its attempt and count per epoch, through a checkpoint and a trainer's
+    restart (what it had not committed is read and judged again)."""
+    w = World(prompts=5, groups_per_batch=2)  # one prompt never taken: the epoch stays open, attempts kept
+    for _ in range(4):
+        w.take(0)
+    for _ in range(4):
+        w.send(0)
+    while w.stage:
+        w.stage_step()
+    first, second = w.train_data[0], w.train_data[2]
+    w.train_batch([], left_out={0: (1, 40)})
+    w.commit()
+    w.train_batch([], left_out={0: (3, 120)})
+    w.restart_trainer()  # the uncommitted batch's exclusions are not counted
+    w.train_batch([], left_out={0: (2, 80)})
+    w.commit()
+    for tail in (w.fold, load_fold(dump_fold(w.fold), FOLD_VERSION)):
+        [epoch] = tail.status(SOURCE)
+        assert (epoch.trained, epoch.partial, epoch.excluded_rollouts, epoch.excluded_tokens) == \
+            (4, 2, 3, 120)
+        for key, parts in ((first, (1, 40)), (second, (2, 80))):
+            parsed = parse_attempt_key(key)
+            assert parsed is not None
+            rec = tail.prompt(SOURCE, 0, parsed.prompt)
+            assert rec is not None and rec.state is PromptState.TRAINED
+            assert (rec.attempts[-1].excluded_rollouts, rec.attempts[-1].excluded_tokens) == parts
+        assert tail.excluded == {}
+
+
 @pytest.mark.parametrize("bad", [{"epochs": 0}, {"epochs": -1}, {"prompts": 0}, {"max_attempts": 0}])
 def test_a_declaration_nothing_can_be_taken_from_is_ignored_so_the_corrected_one_stands(
         bad: dict[str, int]) -> None:

@@ -19,7 +19,8 @@ def report() -> LagReport:
         stages=[StageRow("rollout-stream", "rollouts", 37, 5, 2, 1.2, False)],
         trainers=[TrainerRow("trainer-policy-main", 42, 299, 1196, 1190, 0, 1, 12, 48, 15230.5,
                              {0: 600, 1: 590}, 0.4, False),
-                  TrainerRow("eval-reader", 40, 12, 50, 50, 0, None, 0, None, 0.0, {}, 95.0, True)],
+                  TrainerRow("eval-reader", 40, 12, 50, 50, 0, None, 0, None, 0.0, {}, 95.0, True,
+                             stale_rollouts=7, stale_tokens=3584)],
         notes=[])
 
 
@@ -37,6 +38,7 @@ def test_the_lag_table_in_a_pipe_has_one_whole_row_per_party():
     assert rows[0][-1] == "waiting" and rows[-1][-1] == "stale"
     assert all(line == line.rstrip() for line in lines)
     assert rows[2][4] == "policy lag 1, 12 groups waiting, 48 records"
+    assert rows[3][3] == "batch 12, 50 groups (0 stale), 7 stale rollouts (3584 tokens) left out"
     assert "…" not in "\n".join(lines)
 
 

@@ -255,6 +255,37 @@ def test_the_status_table_and_one_prompt_s_attempts_render() -> None:
     assert parse_prompt_id("nonsense") is None
 
 
+def test_the_report_says_what_staleness_left_out_of_the_groups_that_trained() -> None:
+    from rich.console import Console
+
+    from rollout_stream.ops.prompts import prompt_json, prompts_report, render_prompt, render_prompts
+    from tests.core.prompt_world import SOURCE, World
+
+    w = World(prompts=3, groups_per_batch=1)
+    w.take(0)
+    w.send(0)
+    w.stage_step()
+    key = w.train_data[0]
+    w.train_batch([], left_out={0: (2, 96)})
+    w.commit()
+    report = prompts_report("td.admission", w.fold)
+    epoch = report.to_json()["sources"][0]["epochs"][0]
+    assert (epoch["trained"], epoch["partial"], epoch["excluded_rollouts"], epoch["excluded_tokens"]) == (
+        1, 1, 2, 96)
+    console = Console(record=True, width=120)
+    console.print(render_prompts(report))
+    assert "epoch 0: 1 trained in part (staleness by rollout or token left out 2 rollout(s), 96 loss " \
+           "token(s))" in console.export_text()
+    row = int(key.rsplit("/", 1)[1])
+    rec = w.fold.prompt(SOURCE, 0, row)
+    assert rec is not None
+    detail = prompt_json(SOURCE, 0, row, rec)
+    assert detail["attempts"][0]["excluded_rollouts"] == 2
+    console.print(render_prompt(detail))
+    assert "attempt 1 trained in part: staleness left out 2 rollout(s), 96 loss token(s)" in \
+        console.export_text()
+
+
 def test_the_worker_s_metrics_show_each_source_s_newest_epoch_and_its_settled_prompts() -> None:
     from rollout_stream.worker.progress import prompt_metrics
     from tests.core.prompt_world import SOURCE, World

@@ -62,7 +62,8 @@ def cluster(monkeypatch) -> MemoryCluster:
 
 
 def reader(mode: str, fetch: str, rank: int, **kw: Any) -> TrainDataReader:
-    r = TrainDataReader("memory:9092", TOPICS.output, f"trainer-{mode}-{fetch}", publish_progress=False,
+    kw.setdefault("publish_progress", False)
+    r = TrainDataReader("memory:9092", TOPICS.output, f"trainer-{mode}-{fetch}",
                         partition_idle_ms=50, rank=rank, world_size=WORLD, fetch=fetch,  # type: ignore[arg-type]
                         groups_per_batch=1, max_weight_staleness=BOUND, staleness=mode, **kw)  # type: ignore[arg-type]
     r.set_weight_version(VERSION)
@@ -120,6 +121,35 @@ def test_each_grain_trains_what_is_fresh_and_ranks_fetching_their_own_rows_agree
         for a, b in zip(a_rank, b_rank, strict=True):
             same(a, b)
             assert bool((a.token_weight_versions == b.token_weight_versions).all())
+
+
+@pytest.mark.parametrize("mode", ["rollout", "token"])
+def test_what_staleness_left_out_reaches_the_log_and_the_progress_record(cluster, mode):
+    """Rank 0's marks say, per committed batch and group, what the bound left out of a group that trained;
+    the progress record (`lag`, the metrics) counts it all told."""
+    from rollout_stream.codec.admission import TrainerMark, decode_admission
+    from rollout_stream.codec.progress import TrainerProgress, decode_progress
+    from rollout_stream.names import admission_topic, progress_topic
+
+    n = len({key for key, _ in expected_rows(mode)})
+    with reader(mode, "all", 0, publish_progress=True) as r:
+        got = batches(r, n)
+        r.commit()
+    rollouts, tokens = sum(b.stale_rollouts for b in got), sum(b.stale_tokens for b in got)
+    assert rollouts + tokens > 0
+    marks = [m for m in (decode_admission(x.value) for x in cluster.records(admission_topic(TOPICS.output))
+                         if x.value) if isinstance(m, TrainerMark)]
+    excluded = {}  # the newest mark's word on each batch
+    for m in marks:
+        for batch, groups in m.excluded.items():
+            excluded[batch] = groups
+    assert sum(parts[0] for groups in excluded.values() for parts in groups.values()) == rollouts
+    assert sum(parts[1] for groups in excluded.values() for parts in groups.values()) == tokens
+    for b in got:  # a group the bound left something of out is one that trained in that batch
+        assert set(excluded.get(b.index, {})) <= {g.key for g in b.groups}
+    records = [decode_progress(x.value) for x in cluster.records(progress_topic(TOPICS.output)) if x.value]
+    last = [p for p in records if isinstance(p, TrainerProgress)][-1]
+    assert (last.stale_rollouts, last.stale_tokens) == (rollouts, tokens)
 
 
 def test_the_miles_layout_gets_the_loss_masks_staleness_left(cluster):
@@ -223,7 +253,7 @@ def test_held_groups_train_the_fresh_part_and_plan_over_it() -> None:
     verdicts = [held.verdict(f.group, VERSION) for f in held.items]
     assert verdicts == ["stale", None, None, None]
     plan, items, superseded, parts = held.take(verdicts, VERSION)
-    assert (plan.taken, len(items), superseded, parts) == (3, 3, 0, StaleParts(1, 2, None))
+    assert (plan.taken, len(items), superseded, parts) == (3, 3, 0, StaleParts(1, 2, None, {"st/1": (1, 2)}))
     assert [len(g.samples) for g in plan.groups] == [2, 2] and plan.global_samples == 4
     assert plan.global_loss_tokens == 8 and [s.reward for s in plan.groups[0].samples] == [0.5, 1.5]
 
