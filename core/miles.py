@@ -51,6 +51,9 @@ PER_SAMPLE_KEYS: tuple[str, ...] = (
     "opd_reverse_kl",
     "seq_witness_ids",
     "weight_versions",
+    # not miles': where each of a row's `weight_versions` starts in its response (rollout-stream's spans);
+    # miles' own code ignores it, and this module slices it with the rest
+    "weight_version_offsets",
 )
 WHOLE_BATCH_KEYS: tuple[str, ...] = (
     "raw_reward",
@@ -175,6 +178,9 @@ def train_data(
         data["metadata"] = [s.train_metadata for s in rollout]
     if any(s.weight_versions for s in rollout):
         data["weight_versions"] = [list(s.weight_versions) for s in rollout]
+    if any(s.weight_version_offsets is not None for s in rollout):  # None: the whole response, as before
+        data["weight_version_offsets"] = [None if s.weight_version_offsets is None
+                                          else s.weight_version_offsets.tolist() for s in rollout]
     if first.teacher_log_probs is not None:
         data["teacher_log_probs"] = [_row(s.teacher_log_probs, arrays) for s in rollout]
     if prompt_group_sizes is not None:

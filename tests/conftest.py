@@ -294,11 +294,18 @@ def kafka_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 # that no worker starts one of them when the others are nearly done; a stale list only costs speed.
 _LONGEST_FILES_FIRST = (
     "tests/stream/broker/test_cluster.py",
-    "tests/stream/test_security.py",
+    "tests/stream/prompts/test_prompt_deployment.py",
     "tests/stream/worker/test_broker_faults.py",
+    "tests/stream/worker/test_chaos.py",
+    "tests/stream/prompts/test_staleness_grains.py",
+    "tests/stream/security/test_security.py",
+    "tests/stream/pacing/test_pacing_deployment.py",
+    "tests/stream/worker/test_chunked_pipeline.py",
+    "tests/stream/worker/test_chunked_chaos.py",
+    "tests/examples/test_verl_data_path.py",
+    "tests/stream/worker/test_fencing.py",
     "tests/stream/worker/test_worker_process.py",
     "tests/stream/ops/test_dlq.py",
-    "tests/stream/worker/test_chaos.py",
     "tests/stream/worker/test_worker.py",
     "tests/codec/test_head.py",
 )

@@ -60,6 +60,7 @@ PORT = 29600
 SOURCE = "loop"
 
 ROLLOUTS = 4  # per group
+RESPONSE = 4  # response tokens of a rollout (after 2 prompt tokens)
 IN_FLIGHT = 8  # prompts a rollout process holds at once
 TAKERS = 3  # a rollout process's takes at once
 SHORT_S = 0.04  # a short prompt's rollout time; a long one's is LONG_FACTOR times it
@@ -89,6 +90,22 @@ def read_version(rundir: Path) -> int:
         return 0
 
 
+def make_group(taken: int, now: int) -> list[Any]:
+    """A group of ROLLOUTS rollouts of RESPONSE tokens each, generated from weight version `taken`; with the
+    trainer at `now` > `taken` when they finish, a partial rollout each (generation interrupted by the update
+    and continued under the new weights): rollout i's last i tokens at `now` (rollout 0 all at `taken`)."""
+    from rollout_stream.codec import Array, Sample
+
+    out = []
+    for i in range(ROLLOUTS):
+        spans: dict[str, Any] = {"weight_versions": [str(taken)]}
+        if now > taken and i > 0:
+            spans = {"weight_versions": [str(taken), str(now)], "weight_version_offsets": [0, RESPONSE - i]}
+        out.append(Sample(group_index=0, index=i, rollout_id=i, reward=float(i % 2),
+                          tokens=Array(list(range(1, 3 + RESPONSE))), response_length=RESPONSE, **spans))
+    return out
+
+
 def rollout_main(a: argparse.Namespace) -> int:
     """Take prompts (TAKERS threads at once, as an engine's free slots ask), generate (sleep the prompt's
     rollout time), publish; until the stop file appears. Every 20 ms the process writes down how many of
@@ -99,7 +116,6 @@ def rollout_main(a: argparse.Namespace) -> int:
 
     import msgspec
 
-    from rollout_stream.codec import Array, Sample
     from rollout_stream.pacing import AdmissionRevoked, PacingTimeout, WeightsTooOld
     from rollout_stream.prompts import NothingToTake, PromptSource, SourceFinished
 
@@ -109,7 +125,7 @@ def rollout_main(a: argparse.Namespace) -> int:
                           trainer_group_id=a.trainer_group,
                           topic=a.input_topic, train_data_topic=a.output_topic, epochs=2, seed=a.seed,
                           producer_id=a.producer_id, dead_letter_topic=a.dlq_topic,
-                          max_policy_lag=STALENESS if paced else None,
+                          max_policy_lag=a.policy_lag if paced else None,
                           max_unconsumed_groups=MAX_UNCONSUMED if paced else None)
     (rundir / f"ready-{a.producer_id}").touch()
     out = Counter[str]()
@@ -178,9 +194,7 @@ def rollout_main(a: argparse.Namespace) -> int:
                 time.sleep(0.005)
                 continue
             _, _, lease, version = due
-            group = [Sample(group_index=0, index=i, rollout_id=i, reward=float(i % 2),
-                            tokens=Array([1, 2, 3, 4]), response_length=2, weight_versions=[str(version)])
-                     for i in range(ROLLOUTS)]
+            group = make_group(version, read_version(rundir) if a.spans == "on" else version)
             if die.exists():  # half a group, then gone without a word
                 source.gate.bind(str(lease.key), lease.request)
                 for sample in group[:ROLLOUTS // 2]:
@@ -230,7 +244,7 @@ def trainer_main(a: argparse.Namespace) -> int:
     rundir = Path(a.rundir)
     (rundir / "barrier").mkdir(exist_ok=True)
     reader = TrainDataReader(a.bootstrap, a.output_topic, a.trainer_group, groups_per_batch=GROUPS_PER_BATCH,
-                             rank=a.rank, world_size=2, max_weight_staleness=STALENESS,
+                             rank=a.rank, world_size=2, max_weight_staleness=STALENESS, staleness=a.staleness,
                              fence=prompt_fence(Connection(a.bootstrap), a.output_topic))
     version = read_version(rundir)
     reader.set_weight_version(version)
@@ -245,9 +259,11 @@ def trainer_main(a: argparse.Namespace) -> int:
                 "batch": batch.index, "incarnation": a.incarnation, "at": time.time(),
                 "groups": [g.key for g in batch.groups],
                 "samples": [[s.group_key, s.sample.rollout_id] for s in batch.samples],
-                "skipped_stale": batch.skipped_stale, "skipped_superseded": batch.skipped_superseded}) + "\n")
+                "skipped_stale": batch.skipped_stale, "skipped_superseded": batch.skipped_superseded,
+                "stale_rollouts": batch.stale_rollouts, "stale_tokens": batch.stale_tokens,
+                "loss_tokens": batch.global_loss_tokens}) + "\n")
             log.flush()
-            time.sleep(STEP_S)
+            time.sleep(a.step_s)
             version = batch.index + 1
             reader.set_weight_version(version)
             barrier(rundir, a.incarnation, batch.index, a.rank, a.hard_deadline)
@@ -360,7 +376,9 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
     common = ["--rundir", str(rundir), "--bootstrap", bootstrap, "--input-topic", names["input"],
               "--output-topic", names["output"], "--dlq-topic", names["dlq"],
               "--trainer-group", f"lp-{tag}-trainer",
-              "--hard-deadline", str(hard_deadline), "--seed", str(seed), "--pacing", a.pacing]
+              "--hard-deadline", str(hard_deadline), "--seed", str(seed), "--pacing", a.pacing,
+              "--staleness", a.staleness, "--spans", a.spans, "--policy-lag", str(a.policy_lag),
+              "--step-s", str(a.step_s)]
     me = str(Path(__file__).resolve())
     rollout_ids = [f"lp-{tag}-r{i}" for i in range(a.rollout_processes)]
 
@@ -372,6 +390,7 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
                 "--batches", str(batches)]
 
     result: dict[str, Any] = {"label": label, "tag": tag, "client": a.client, "pacing": a.pacing,
+                              "staleness": a.staleness, "spans": a.spans, "faults": a.faults,
                               "prompts": a.prompts, "long_prompts": len(long), "target_groups": target_groups,
                               "cpu": cpu_model(), "load_before": os.getloadavg()[0], "events": {}}
     started = time.time()
@@ -399,51 +418,52 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
             spawn(f"trainer{rank}", trainer_cmd(rank, 0))
         for i in range(a.rollout_processes):
             spawn(f"rollout{i}", rollout_cmd(i))
-        # 1. a rollout process sends half a group and kills itself; started again
-        at(KILL_ROLLOUT_AT)
-        (rundir / f"die-{rollout_ids[0]}").touch()
-        procs["rollout0"].wait(timeout=max(1.0, hard_deadline - time.time()))
-        (rundir / f"die-{rollout_ids[0]}").unlink()
-        result["rollout_died_mid_group"] = (rundir / f"died-{rollout_ids[0]}").read_text()
-        assert procs["rollout0"].returncode == -signal.SIGKILL, procs["rollout0"].returncode
-        retire("rollout0", "dead")
-        spawn("rollout0", rollout_cmd(0))
-        event("rollout_killed")
-        # 2. one frozen past its lease while two or more of its takes wait in the log, then resumed: the
-        #    trainer pauses first (a long step), so that pacing has no room and takes wait
-        at(FREEZE_AT)
-        frozen = procs[f"rollout{1 % a.rollout_processes}"]
-        trainers = [procs[f"trainer{rank}"] for rank in range(2)]
-        for p in trainers:
-            p.send_signal(signal.SIGSTOP)
-        event("trainer_paused")
-        try:
-            result["frozen_waiting_takes"] = freeze_while_taking(
-                frozen, rundir / f"takes-{rollout_ids[1 % a.rollout_processes]}.json")
-        finally:
+        if a.faults == "on":
+            # 1. a rollout process sends half a group and kills itself; started again
+            at(KILL_ROLLOUT_AT)
+            (rundir / f"die-{rollout_ids[0]}").touch()
+            procs["rollout0"].wait(timeout=max(1.0, hard_deadline - time.time()))
+            (rundir / f"die-{rollout_ids[0]}").unlink()
+            result["rollout_died_mid_group"] = (rundir / f"died-{rollout_ids[0]}").read_text()
+            assert procs["rollout0"].returncode == -signal.SIGKILL, procs["rollout0"].returncode
+            retire("rollout0", "dead")
+            spawn("rollout0", rollout_cmd(0))
+            event("rollout_killed")
+            # 2. one frozen past its lease while two or more of its takes wait in the log, then resumed: the
+            #    trainer pauses first (a long step), so that pacing has no room and takes wait
+            at(FREEZE_AT)
+            frozen = procs[f"rollout{1 % a.rollout_processes}"]
+            trainers = [procs[f"trainer{rank}"] for rank in range(2)]
             for p in trainers:
-                p.send_signal(signal.SIGCONT)
-        event("rollout_stopped")
-        time.sleep(FREEZE_S)
-        frozen.send_signal(signal.SIGCONT)
-        event("rollout_resumed")
-        # 3. the stage killed -9, started again
-        at(KILL_STAGE_AT)
-        procs["stage"].kill()
-        procs["stage"].wait(timeout=30)
-        retire("stage", "dead")
-        spawn("stage", stage_cmd)
-        event("stage_killed")
-        # 4. the trainer (both ranks) killed -9, started again
-        at(KILL_TRAINER_AT)
-        for rank in range(2):
-            procs[f"trainer{rank}"].kill()
-        for rank in range(2):
-            procs[f"trainer{rank}"].wait(timeout=30)
-            retire(f"trainer{rank}", "dead")
-        event("trainer_killed")
-        for rank in range(2):
-            spawn(f"trainer{rank}", trainer_cmd(rank, 1))
+                p.send_signal(signal.SIGSTOP)
+            event("trainer_paused")
+            try:
+                result["frozen_waiting_takes"] = freeze_while_taking(
+                    frozen, rundir / f"takes-{rollout_ids[1 % a.rollout_processes]}.json")
+            finally:
+                for p in trainers:
+                    p.send_signal(signal.SIGCONT)
+            event("rollout_stopped")
+            time.sleep(FREEZE_S)
+            frozen.send_signal(signal.SIGCONT)
+            event("rollout_resumed")
+            # 3. the stage killed -9, started again
+            at(KILL_STAGE_AT)
+            procs["stage"].kill()
+            procs["stage"].wait(timeout=30)
+            retire("stage", "dead")
+            spawn("stage", stage_cmd)
+            event("stage_killed")
+            # 4. the trainer (both ranks) killed -9, started again
+            at(KILL_TRAINER_AT)
+            for rank in range(2):
+                procs[f"trainer{rank}"].kill()
+            for rank in range(2):
+                procs[f"trainer{rank}"].wait(timeout=30)
+                retire(f"trainer{rank}", "dead")
+            event("trainer_killed")
+            for rank in range(2):
+                spawn(f"trainer{rank}", trainer_cmd(rank, 1))
         for rank in range(2):
             code = procs[f"trainer{rank}"].wait(timeout=max(1.0, hard_deadline - time.time()))
             if code != 0:
@@ -506,6 +526,7 @@ def verdict(rundir: Path, bootstrap: str, names: dict[str, str], long: set[int],
     # the trainer's side: per batch index, the groups (the same in every copy and on both ranks)
     by_index: dict[int, list[str]] = {}
     samples: dict[int, dict[int, list[list[Any]]]] = defaultdict(dict)
+    parts: dict[int, tuple[int, int, int]] = {}  # batch -> rollouts, tokens left out; loss tokens trained
     replayed = stale = superseded = reordered = 0
     for rank in range(2):
         for line in (rundir / f"rank{rank}.jsonl").read_text().splitlines():
@@ -525,10 +546,16 @@ def verdict(rundir: Path, bootstrap: str, names: dict[str, str], long: set[int],
                 stale += b["skipped_stale"] if rank == 0 else 0
                 superseded += b["skipped_superseded"] if rank == 0 else 0
             samples[rank][b["batch"]] = b["samples"]
-    for index, groups in by_index.items():  # every group whole, its rollouts split between the ranks
+            parts[b["batch"]] = (b.get("stale_rollouts", 0), b.get("stale_tokens", 0),
+                                 b.get("loss_tokens", 0))
+    # every group whole (less what staleness left out of it), its rollouts split between the ranks
+    for index, groups in by_index.items():
         rows = [tuple(s) for rank in range(2) for s in samples[rank].get(index, [])]
-        if sorted(rows) != sorted((g, r) for g in groups for r in range(ROLLOUTS)):
-            problems.append(f"batch {index}: the ranks' samples are not the batch's groups, each once")
+        whole = {(g, r) for g in groups for r in range(ROLLOUTS)}
+        if len(rows) != len(set(rows)) or not set(rows) <= whole or \
+                len(whole) - len(rows) != parts.get(index, (0, 0, 0))[0]:
+            problems.append(f"batch {index}: the ranks' samples are not the batch's groups (less the "
+                            f"rollouts staleness left out), each once")
     trained_in: dict[int, set[int]] = defaultdict(set)  # epoch-0 prompt -> batch indices that trained it
     first_try = set()  # epoch-0 prompts whose first attempt trained: what would train without re-issue
     for index, groups in by_index.items():
@@ -598,6 +625,13 @@ def verdict(rundir: Path, bootstrap: str, names: dict[str, str], long: set[int],
         "first_attempt_share": {"long": round(len(first_try & long) / len(long), 4),
                                 "short": round(len(first_try & short) / len(short), 4)},
         "batches": len(by_index), "batches_trained_twice": replayed, "batches_reordered": reordered,
+        # what the staleness grain did: groups skipped whole, rollouts and loss tokens left out of groups that
+        # trained, loss tokens trained; and the attempts re-issued because a committed batch skipped them
+        "grain": {"groups_trained": sum(len(g) for g in by_index.values()), "groups_skipped_stale": stale,
+                  "rollouts_left_out": sum(p[0] for p in parts.values()),
+                  "tokens_left_out": sum(p[1] for p in parts.values()),
+                  "loss_tokens_trained": sum(p[2] for p in parts.values()),
+                  "regenerated": sum(s.reissued_by.get("skipped", 0) for s in status)},
         "skipped_stale": stale,
         "skipped_superseded": superseded, "dead_letters": dict(by_reason),
         "dead_letter_groups": sorted(f"{r['reason']} {r['group_key']}" for r in dead)[:20],
@@ -638,6 +672,15 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--client", default="confluent", choices=["confluent", "kafka-python"])
     ap.add_argument("--pacing", default="on", choices=["on", "off"])
+    ap.add_argument("--faults", default="on", choices=["on", "off"],
+                    help="kill and freeze the parts along the way (off: a run without faults)")
+    ap.add_argument("--staleness", default="group", choices=["group", "rollout", "token"],
+                    help="the trainer's staleness grain (TrainDataReader(staleness=...))")
+    ap.add_argument("--spans", default="off", choices=["on", "off"],
+                    help="rollouts updated mid-generation carry version spans")
+    ap.add_argument("--policy-lag", type=int, default=STALENESS,
+                    help="the rollout processes' max_policy_lag (above the trainer's bound: stale groups)")
+    ap.add_argument("--step-s", type=float, default=STEP_S, help="the trainer's time per step")
     ap.add_argument("--prompts", type=int, default=2000)
     ap.add_argument("--rollout-processes", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600.0, help="a run's hard limit, seconds")

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rollout_stream.codec import TrainSample
+from rollout_stream.core.staleness import token_versions
 
 __all__ = ["Row", "row_of", "weight_version_of"]
 
@@ -19,12 +20,15 @@ __all__ = ["Row", "row_of", "weight_version_of"]
 @dataclass(frozen=True)
 class Row:
     """One sample: `tokens` (int64), `prompt_length`, and token-aligned `mask` (int64: 1 on trained response
-    tokens) and `log_probs` (float32, 0.0 off the response or where the rollout recorded none)."""
+    tokens), `log_probs` (float32, 0.0 off the response or where the rollout recorded none) and `versions`
+    (int64: the weight version each response token was generated under, from `weight_version_offsets`, else
+    the oldest listed; -1 off the response or where the sample lists none), what a TIS/MIS trainer reads."""
 
     tokens: npt.NDArray[np.int64]
     prompt_length: int
     mask: npt.NDArray[np.int64]
     log_probs: npt.NDArray[np.float32]
+    versions: npt.NDArray[np.int64]
 
     @property
     def response(self) -> npt.NDArray[np.int64]:
@@ -45,7 +49,15 @@ def row_of(train: TrainSample) -> Row:
             log_probs[n - r:] = np.asarray(sample.rollout_log_probs, dtype=np.float32)
     if sample.remove_sample:
         mask[:] = 0
-    return Row(tokens, n - r, mask, log_probs)
+    versions = np.full(n, -1, dtype=np.int64)
+    if r:
+        try:
+            spans = token_versions(sample)
+        except ValueError:  # versions that are not integers: none known (the reader refuses to judge them)
+            spans = None
+        if spans is not None:
+            versions[n - r:] = spans
+    return Row(tokens, n - r, mask, log_probs, versions)
 
 
 def weight_version_of(train: TrainSample) -> int | None:

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,8 @@ from rollout_stream.errors import RuntimeFailure
 from rollout_stream.integrations.rows import row_of, weight_version_of
 from rollout_stream.reader import Batch, BatchPosition, TrainDataReader
 
-__all__ = ["StageRolloutWorker", "StageWorkerError", "rollout_sample", "completion_samples"]
+__all__ = ["StageRolloutWorker", "StageWorkerError", "VersionedRolloutSample", "rollout_sample",
+           "completion_samples"]
 
 
 class StageWorkerError(RuntimeFailure, RuntimeError):
@@ -50,17 +52,29 @@ class _CountingQueue(queue.Queue[Any]):
         return super()._get()
 
 
+@dataclass(slots=True)
+class VersionedRolloutSample(RolloutSample):
+    """TRL's `RolloutSample` (TRL reads it as one) with `token_versions`: aligned with `input_ids`, the weight
+    version each completion token was generated under (-1 on prompt positions, or where none is known), for a
+    trainer that weights tokens by the policy that produced them (TIS/MIS). TRL's own fields hold one
+    `model_version` per sample, its oldest."""
+
+    token_versions: np.ndarray | None = None
+
+
 def rollout_sample(train: TrainSample, *, group_id: int, model_version: int, now: float | None = None
-                   ) -> RolloutSample:
+                   ) -> VersionedRolloutSample:
     """TRL's `RolloutSample` of one train sample: the whole sequence as `input_ids`, the loss mask and the
-    rollout log-probs aligned with it, `advantage` = the stage's processed reward. `model_version`: the
-    sample's oldest weight version (the caller passes the trainer's current one when it has none)."""
+    rollout log-probs aligned with it, `advantage` = the stage's processed reward, and the version of each
+    token (`VersionedRolloutSample`). `model_version`: the sample's oldest weight version (the caller passes
+    the trainer's current one when it has none)."""
     row = row_of(train)
     sample = train.sample
-    return RolloutSample(
+    return VersionedRolloutSample(
         prompt=sample.prompt, completion=sample.response, input_ids=row.tokens, completion_mask=row.mask,
         old_log_probs=row.log_probs, advantage=float(train.reward), model_version=model_version,
-        group_id=group_id, metrics={"reward": float(train.raw_reward)}, enqueued_at=now)
+        group_id=group_id, metrics={"reward": float(train.raw_reward)}, enqueued_at=now,
+        token_versions=row.versions)
 
 
 class StageRolloutWorker:

@@ -78,6 +78,7 @@ def data_proto(samples: Sequence[TrainSample], *, rewards: Rewards = "stage", pa
     response_mask = torch.zeros((n, q), dtype=torch.long)
     log_probs = torch.zeros((n, q), dtype=torch.float32)
     scores = torch.zeros((n, q), dtype=torch.float32)
+    token_versions = torch.full((n, q), -1, dtype=torch.int64)
     for i, (row, train) in enumerate(zip(rows, samples, strict=True)):
         k, m = row.prompt_length, len(row.tokens) - row.prompt_length
         prompts[i, p - k:] = torch.from_numpy(row.tokens[:k])  # left-padded, as verl's rollout writes them
@@ -85,6 +86,7 @@ def data_proto(samples: Sequence[TrainSample], *, rewards: Rewards = "stage", pa
         attention[i, p - k:p + m] = 1
         response_mask[i, :m] = torch.from_numpy(row.mask[k:])
         log_probs[i, :m] = torch.from_numpy(row.log_probs[k:])
+        token_versions[i, :m] = torch.from_numpy(row.versions[k:])
         if m:
             scores[i, m - 1] = train.reward if rewards == "stage" else train.raw_reward
     versions = [_versions(s) for s in samples]
@@ -92,6 +94,7 @@ def data_proto(samples: Sequence[TrainSample], *, rewards: Rewards = "stage", pa
         "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], dim=1),
         "attention_mask": attention, "position_ids": (attention.cumsum(dim=1) - 1).clamp(min=0),
         "response_mask": response_mask, "rollout_log_probs": log_probs, "rm_scores": scores,
+        "rollout_weight_versions": token_versions,  # per response token (-1: padding or none known)
     }
     non_tensors = {
         "uid": np.array([s.group_key for s in samples], dtype=object),

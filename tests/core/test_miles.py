@@ -363,6 +363,20 @@ def test_bool_loss_masks_become_ints_and_arrays_are_views() -> None:
     assert train_data([ts], arrays=True)["tokens"][0] is ts.sample.tokens.numpy()
 
 
+def test_version_spans_travel_as_a_key_miles_ignores_sliced_with_their_rows() -> None:
+    """A partial rollout's `weight_version_offsets` ride beside `weight_versions`, one entry per row (None:
+    the whole response under the listed versions), and each dp shard gets its own rows'."""
+    spanned = _published_one(weight_versions=["3", "5"], weight_version_offsets=[0, 1])
+    whole = _published_one(weight_versions=["4"])
+    assert "weight_version_offsets" not in train_data([whole])  # nothing new without spans
+    data = train_data([spanned, whole])
+    assert data["weight_version_offsets"] == [[0, 1], None]
+    shards = split_by_dp(data, 2)
+    by_row = {row: shard["weight_version_offsets"][i] for shard in shards
+              for i, row in enumerate(shard["partition"])}
+    assert by_row == {0: [0, 1], 1: None}
+
+
 def test_sample_without_tokens_has_an_empty_token_list() -> None:
     ts = _published_one()
     ts.sample.tokens = None

@@ -114,9 +114,12 @@ def _take_all(config: WindowConfig, records: list[InputRecord]) -> list[Any]:
 # ---------------------------------------------------------------- miles
 
 
-def test_the_miles_layout_ignores_the_offsets() -> None:
+def test_the_miles_layout_carries_the_offsets_as_one_key_more() -> None:
+    """miles' keys are unchanged; the spans ride in `weight_version_offsets`, which miles' code ignores."""
     with_offsets = train_data([_train(_sample())])
     without = train_data([_train(_sample(weight_version_offsets=None))])
+    offsets = with_offsets.pop("weight_version_offsets")
+    assert offsets == [_sample().weight_version_offsets.tolist()]
     assert with_offsets.keys() == without.keys() and with_offsets == without
     assert with_offsets["weight_versions"] == [["3", "5"]]
 

@@ -245,6 +245,7 @@ class ExitWatch:
 
 @pytest.mark.kafka(timeout=480)
 @pytest.mark.every_client
+@pytest.mark.any_client  # the clients' own exactly-once runs are the chaos tests; here, the cluster's faults
 def test_exactly_once_on_the_cluster_through_broker_and_worker_failures(cluster, tmp_path, kafka_client):
     """3 workers, 6 partitions, RF 3 / min ISR 2; SIGKILL of the broker leading most input partitions, its
     restart, SIGKILL of a worker, a clean stop of another broker: every outcome exactly once."""

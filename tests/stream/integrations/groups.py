@@ -79,3 +79,22 @@ def committed_batch(bootstrap: str, topic: str, group_id: str, partitions: int) 
         consumer.close()
     batches = [int(m.metadata.split("batch=")[1].split()[0]) for m in metas if m is not None and m.metadata]
     return max(batches) if batches else None
+
+
+def spanned(train: TrainSample, versions: list[int], offsets: list[int] | None) -> TrainSample:
+    """`train` generated under `versions` (a partial rollout: each starting at its response offset)."""
+    import msgspec
+
+    sample = msgspec.structs.replace(train.sample, weight_versions=[str(v) for v in versions],
+                                     weight_version_offsets=None if offsets is None else Array(offsets))
+    return msgspec.structs.replace(train, sample=sample)
+
+
+def expected_token_versions(train: TrainSample, versions: list[int], offsets: list[int] | None) -> list[int]:
+    """Aligned with the whole sequence: -1 on the prompt, then each response token's version."""
+    r = train.sample.response_length
+    n = len(train.sample.tokens) if train.sample.tokens is not None else 0
+    starts = [*(offsets or [0]), r]
+    spans = [v for i, v in enumerate(versions if offsets else [min(versions)])
+             for _ in range(starts[i + 1] - starts[i])]
+    return [-1] * (n - r) + spans

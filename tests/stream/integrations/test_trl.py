@@ -28,7 +28,9 @@ from rollout_stream.reader import TrainDataReader  # noqa: E402
 from tests.stream.helpers import new_topics, running_worker, wait_until  # noqa: E402
 from tests.stream.integrations.groups import (  # noqa: E402
     committed_batch,
+    expected_token_versions,
     make_groups,
+    spanned,
     tokens_key,
     train_samples,
 )
@@ -101,6 +103,31 @@ def test_trls_async_collator_trains_on_the_rewards_the_stage_published(kafka_boo
                        "the reader's commit of the third batch")
         finally:
             worker.stop()
+
+
+def test_each_completion_token_carries_the_version_that_generated_it_through_trls_collator():
+    """Partial rollouts (a weight update mid-generation): the sample TRL gets is its `RolloutSample`, with
+    the version of each token beside `input_ids`; TRL's collator takes it as any other."""
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    groups = make_groups(random.Random(9), 6)
+    buffer: queue.Queue = queue.Queue()
+    count = 0
+    for g in groups:
+        for n, train in enumerate(train_samples(g)):
+            r = train.sample.response_length
+            versions, offsets = ([4, 7], [0, r // 2]) if n % 2 == 0 and r >= 2 else ([5], None)
+            item = rollout_sample(spanned(train, versions, offsets), group_id=0, model_version=min(versions))
+            assert isinstance(item, RolloutSample) and item.model_version == min(versions)
+            assert item.token_versions is not None
+            assert item.token_versions.tolist() == expected_token_versions(train, versions, offsets)
+            assert item.token_versions.shape == item.input_ids.shape == item.completion_mask.shape
+            buffer.put(item)
+            count += 1
+    found = collated_advantages(buffer, count)
+    assert {k: v for k, v in found.items() if v} and all(len(v) == 1 for v in found.values())
+    assert {k: next(iter(v)) for k, v in found.items()} == {
+        k: v for k, v in expected_bits(groups).items() if k in found}
 
 
 def test_completion_samples_make_one_prompt_group():

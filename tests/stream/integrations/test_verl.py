@@ -28,7 +28,14 @@ from rollout_stream.integrations.verl_queue import StageMessageQueue  # noqa: E4
 from rollout_stream.producer import RolloutProducer  # noqa: E402
 from rollout_stream.reader import TrainDataReader  # noqa: E402
 from tests.stream.helpers import new_topics, running_worker  # noqa: E402
-from tests.stream.integrations.groups import Group, make_groups, tokens_key, train_samples  # noqa: E402
+from tests.stream.integrations.groups import (  # noqa: E402
+    Group,
+    expected_token_versions,
+    make_groups,
+    spanned,
+    tokens_key,
+    train_samples,
+)
 
 
 def advantages(groups: list[Group], estimator: str, rewards: str) -> dict[tuple[int, ...], set[int]]:
@@ -158,3 +165,22 @@ def test_rows_are_padded_to_verls_fixed_widths_and_longer_samples_refused():
     assert data.batch["attention_mask"][:, :2].sum() == 0 and data.batch["attention_mask"][:, 9:].sum() == 0
     with pytest.raises(ValueError, match="does not fit"):
         data_proto(trains, prompt_length=5, response_length=3)
+
+
+def test_each_response_token_carries_the_version_that_generated_it_through_verls_assembly():
+    """`rollout_weight_versions` beside `response_mask` (-1 on padding): a partial rollout's spans survive
+    verl's own batch assembly, row for row."""
+    from rollout_stream.integrations.verl import data_proto
+
+    trains = train_samples(make_groups(random.Random(7), 1, rollouts=(3, 3))[0])  # 4 response tokens each
+    spans = [([2, 5], [0, 1]), ([3], None), ([1, 2, 6], [0, 2, 3])]
+    trains = [spanned(t, v, o) for t, (v, o) in zip(trains, spans, strict=True)]
+    data = data_proto(trains, prompt_length=5, response_length=8)
+    versions = data.batch["rollout_weight_versions"]
+    assert versions.shape == data.batch["response_mask"].shape == (3, 8)
+    for row, (train, (v, o)) in enumerate(zip(trains, spans, strict=True)):
+        response = expected_token_versions(train, v, o)[-train.sample.response_length:]
+        assert versions[row].tolist() == response + [-1] * (8 - len(response))
+    assembled = assemble_batch_from_rollout_samples([rollout_sample(trains, prompt_length=5,
+                                                                    response_length=8)], None, {})
+    assert torch.equal(assembled.batch["rollout_weight_versions"], versions)
