@@ -122,6 +122,8 @@ class TrainerMark(msgspec.Struct, kw_only=True, tag="mark", tag_field="type"):
     # batch -> group key -> [rollouts, loss tokens] that staleness by rollout or token left out of a group
     # that trains
     excluded: dict[int, dict[str, list[int]]] = msgspec.field(default_factory=dict)
+    # the reader's merge never passes an empty partition (`partition_idle_ms=None`): it cannot be paced
+    waits_for_every_partition: bool = False
     schema_version: int = 1
 
 

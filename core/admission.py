@@ -103,6 +103,7 @@ class _Trainer:
     # groups consumed in batches the trainer has not committed (-1: doomed, not in a batch yet): a restarted
     # reader reads them again, so they count again
     uncommitted: dict[int, dict[int, _Group]] = field(default_factory=dict)
+    waits_for_every_partition: bool = False  # its reader's `partition_idle_ms=None` (paced producers refuse)
 
 
 @dataclass(slots=True)
@@ -299,6 +300,7 @@ class AdmissionLog:
         t.weight_version, t.batch_version = mark.weight_version, mark.batch_version
         t.batches, t.groups_per_batch = mark.batches, max(1, mark.groups_per_batch)
         t.max_weight_staleness, t.updated_ms = mark.max_weight_staleness, self.clock_ms
+        t.waits_for_every_partition = mark.waits_for_every_partition
         for batch, keys in mark.consumed.items():
             for key in keys:
                 self._consumed(mark.trainer, key, batch)

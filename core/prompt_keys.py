@@ -8,7 +8,7 @@ attempt a group is, from the key alone (docs/loop.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["AttemptKey", "PromptFence", "PromptId", "attempt_run_id", "parse_attempt_key", "valid_source"]
@@ -59,11 +59,25 @@ class PromptFence:
     after all (it went stale while it waited) gives its claim back (`release`).
 
     `trained`: the prompts already trained when the reader resumed (the fold's, as of its committed batch).
-    A function of that and of the sequence, so every rank refuses the same groups.
+    `uncommitted`: per trainer group, the prompts of the batches the log lists and has not seen committed,
+    by batch index: the predecessor may have committed some of them just before it died, before its mark
+    said so; the reader says where it resumes (`resumed`) and those below count as trained. A function of
+    that and of the sequence, so every rank refuses the same groups.
     """
 
-    def __init__(self, trained: Iterable[PromptId] = ()) -> None:
+    def __init__(self, trained: Iterable[PromptId] = (),
+                 uncommitted: Mapping[str, Mapping[int, Iterable[PromptId]]] | None = None) -> None:
         self._claims: dict[PromptId, str | None] = dict.fromkeys(trained)  # None: trained before the resume
+        self._uncommitted = {t: {b: list(p) for b, p in batches.items()}
+                             for t, batches in (uncommitted or {}).items()}
+
+    def resumed(self, trainer: str, next_batch: int) -> None:
+        """The reader of `trainer` resumes at batch `next_batch`: the batches before it were committed, so
+        their prompts trained (whatever the log had folded of that commit when the fence was built)."""
+        for batch, prompts in self._uncommitted.pop(trainer, {}).items():
+            if batch < next_batch:
+                for prompt in prompts:
+                    self._claims.setdefault(prompt, None)
 
     def admit(self, key: str) -> bool:
         """Whether the group keyed `key`, which would otherwise train (neither stale nor invalid), may; a

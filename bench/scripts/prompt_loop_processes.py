@@ -91,15 +91,18 @@ def read_version(rundir: Path) -> int:
 
 
 def make_group(taken: int, now: int) -> list[Any]:
-    """A group of ROLLOUTS rollouts of RESPONSE tokens each, generated from weight version `taken`; with the
-    trainer at `now` > `taken` when they finish, a partial rollout each (generation interrupted by the update
-    and continued under the new weights): rollout i's last i tokens at `now` (rollout 0 all at `taken`)."""
+    """A group of ROLLOUTS rollouts of RESPONSE tokens each, taken at weight version `taken`. With the trainer
+    at `now` > `taken` when they finish, generation was interrupted by the update: rollout 0 finished under
+    `taken`, the last one started only after the update (all at `now`), and each one between is a partial
+    rollout, its last i tokens generated under `now`."""
     from rollout_stream.codec import Array, Sample
 
     out = []
     for i in range(ROLLOUTS):
         spans: dict[str, Any] = {"weight_versions": [str(taken)]}
-        if now > taken and i > 0:
+        if now > taken and i == ROLLOUTS - 1:
+            spans = {"weight_versions": [str(now)]}
+        elif now > taken and i > 0:
             spans = {"weight_versions": [str(taken), str(now)], "weight_version_offsets": [0, RESPONSE - i]}
         out.append(Sample(group_index=0, index=i, rollout_id=i, reward=float(i % 2),
                           tokens=Array(list(range(1, 3 + RESPONSE))), response_length=RESPONSE, **spans))
@@ -351,7 +354,7 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
     names = {"input": f"lp-{tag}-rollouts", "output": f"lp-{tag}-train-data", "dlq": f"lp-{tag}-dlq"}
     seed = int(tag, 16)
     long = write_dataset(rundir / "prompts.jsonl", a.prompts, seed)
-    target_groups = math.ceil(a.prompts * EPOCHS)
+    target_groups = math.ceil(a.prompts * a.train_epochs)
     batches = math.ceil(target_groups / GROUPS_PER_BATCH)
     cmds = rundir / "commands.txt"
     sh([CLI, "topics", "create", "--bootstrap-servers", bootstrap, "--input-topic", names["input"],
@@ -656,7 +659,7 @@ def orchestrate(a: argparse.Namespace) -> int:
                 f.write(json.dumps(r) + "\n")
             failed += not r.get("ok")
             shown = ("label", "ok", "run_s", "error", "problems", "frozen_waiting_takes", "epoch0",
-                     "trained_share", "rollouts",
+                     "trained_share", "grain", "rollouts",
                      "batches_trained_twice", "skipped_stale", "skipped_superseded", "dead_letters", "events")
             print(json.dumps({k: r.get(k) for k in shown}), flush=True)
     finally:
@@ -681,6 +684,8 @@ def main() -> int:
     ap.add_argument("--policy-lag", type=int, default=STALENESS,
                     help="the rollout processes' max_policy_lag (above the trainer's bound: stale groups)")
     ap.add_argument("--step-s", type=float, default=STEP_S, help="the trainer's time per step")
+    ap.add_argument("--train-epochs", type=float, default=EPOCHS,
+                    help="epochs of groups the trainer trains before it stops (of the 2 declared)")
     ap.add_argument("--prompts", type=int, default=2000)
     ap.add_argument("--rollout-processes", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600.0, help="a run's hard limit, seconds")

@@ -53,7 +53,7 @@ class _CountingQueue(queue.Queue[Any]):
 
 
 @dataclass(slots=True)
-class VersionedRolloutSample(RolloutSample):
+class VersionedRolloutSample(RolloutSample):  # type: ignore[misc]  # TRL ships no types
     """TRL's `RolloutSample` (TRL reads it as one) with `token_versions`: aligned with `input_ids`, the weight
     version each completion token was generated under (-1 on prompt positions, or where none is known), for a
     trainer that weights tokens by the policy that produced them (TIS/MIS). TRL's own fields hold one

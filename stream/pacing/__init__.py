@@ -9,6 +9,7 @@ from rollout_stream.pacing.gate import (
     PacingError,
     PacingStats,
     PacingTimeout,
+    UnpaceableTrainer,
     WeightsTooOld,
 )
 from rollout_stream.pacing.progress import ProgressBoard, ProgressWriter, ensure_progress_topic, now_ms
@@ -16,4 +17,4 @@ from rollout_stream.pacing.trainer import TrainerProgressPublisher
 
 __all__ = ["AdmissionFollower", "AdmissionGate", "AdmissionRevoked", "AdmissionWriter", "PacingError",
            "PacingStats", "PacingTimeout", "ProgressBoard", "ProgressWriter", "TrainerProgressPublisher",
-           "WeightsTooOld", "ensure_admission_topic", "ensure_progress_topic", "now_ms"]
+           "UnpaceableTrainer", "WeightsTooOld", "ensure_admission_topic", "ensure_progress_topic", "now_ms"]

@@ -34,7 +34,7 @@ from rollout_stream.codec.admission import (
 from rollout_stream.codec.progress import ProducerProgress
 from rollout_stream.core.admission import SUSPECT_MS, AdmissionLog, Decision, Outcome
 from rollout_stream.core.pacing import Admission, PacingLimits, next_batch_version
-from rollout_stream.errors import RuntimeFailure
+from rollout_stream.errors import ConfigurationError, RuntimeFailure
 from rollout_stream.kafka import Client, KafkaFailure, SendFuture, client_for
 from rollout_stream.logs import log_event
 from rollout_stream.pacing.admission_log import AdmissionFollower, AdmissionWriter, ensure_admission_topic
@@ -65,6 +65,11 @@ class PacingTimeout(PacingError, TimeoutError):
 
 class WeightsTooOld(PacingError, ValueError):
     """The weight version asked for is more than max_policy_lag behind the trainer: waiting cannot help."""
+
+
+class UnpaceableTrainer(PacingError, ConfigurationError):
+    """The trainer group reads with `partition_idle_ms=None`: its merge waits for a group on every partition
+    while pacing holds the producers that would put one there, so the two together stop for good."""
 
 
 class AdmissionRevoked(PacingError):
@@ -377,6 +382,13 @@ class AdmissionGate:
         if self._follower.error is not None:
             error = self._follower.error
             raise PacingError(f"reading {self.admission_topic} failed: {error}") from error
+        if self.limits.active and self._follower.read(self._unpaceable):
+            raise UnpaceableTrainer(
+                f"trainer group {self.trainer_group!r} reads {self.topic!r}'s train data with "
+                f"partition_idle_ms=None (its merge waits for a group on every partition), which pacing "
+                f"cannot serve: a partition left without a group while pacing holds the producers stops "
+                f"both for good. Give its TrainDataReader a partition_idle_ms (the default, 500), or pace no "
+                f"producer to it")
         started = time.monotonic()
         try:
             request = self._writer.append(self._request(weight_version))
@@ -404,6 +416,10 @@ class AdmissionGate:
             raise PacingTimeout(self._timeout_message(waited))
         raise PacingError(f"request {request} was revoked: this producer's session on {self.admission_topic} "
                           f"ended (another process started with producer id {self.producer_id!r}?)")
+
+    def _unpaceable(self, fold: AdmissionLog) -> bool:
+        trainer = fold.trainers.get(self.trainer_group)
+        return trainer is not None and trainer.waits_for_every_partition
 
     def _admitted(self, request: int, weight_version: int, waited: float, decision: Decision) -> Admission:
         with self._lock:

@@ -38,14 +38,17 @@ MARK_BATCHES = 64  # uncommitted batches a mark lists at most (earlier marks lis
 class TrainerProgressPublisher:
     def __init__(self, conn: Connection, topic: str, group_id: str, *, groups_per_batch: int,
                  max_weight_staleness: int | None, heartbeat_s: float = 5.0,
-                 admission_topic: str | None = None, client: Client | None = None) -> None:
+                 admission_topic: str | None = None, client: Client | None = None,
+                 waits_for_every_partition: bool = False) -> None:
         """Rank 0's reports for paced producers and `lag`: progress records on `topic` and marks on
-        `admission_topic`, written by a thread; `client`: the seam's client (default: the connection's)."""
+        `admission_topic`, written by a thread; `client`: the seam's client (default: the connection's);
+        `waits_for_every_partition`: the reader's `partition_idle_ms` is None (paced producers refuse it)."""
         self.conn, self.topic, self.heartbeat_s, self.client = conn, topic, heartbeat_s, client
         self.admission_topic = admission_topic
         self._mark = TrainerMark(trainer=group_id, session=uuid.uuid4().hex[:12], weight_version=None,
                                  batch_version=None, batches=0, groups_per_batch=groups_per_batch,
-                                 max_weight_staleness=max_weight_staleness)
+                                 max_weight_staleness=max_weight_staleness,
+                                 waits_for_every_partition=waits_for_every_partition)
         self._resumed = False  # no mark before the reader knows where it resumed: the first one says it
         self._marked_through = -1  # the highest batch a written mark listed
         self._lock = threading.Lock()

@@ -4,7 +4,7 @@ trainer's reader starts from (docs/loop.md)."""
 from __future__ import annotations
 
 from rollout_stream.clients import Connection
-from rollout_stream.core.prompt_keys import PromptFence
+from rollout_stream.core.prompt_keys import PromptFence, parse_attempt_key
 from rollout_stream.core.prompts import PromptLog
 from rollout_stream.kafka import TopicPartition, client_for
 from rollout_stream.names import admission_topic
@@ -12,7 +12,7 @@ from rollout_stream.pacing import AdmissionFollower
 from rollout_stream.pacing.checkpoints import newest_fold
 from rollout_stream.topics import missing_topics
 
-__all__ = ["fold_admission_log", "prompt_fence"]
+__all__ = ["fence_of", "fold_admission_log", "prompt_fence"]
 
 
 def fold_admission_log(conn: Connection, output_topic: str,
@@ -41,9 +41,17 @@ def fold_admission_log(conn: Connection, output_topic: str,
 
 def prompt_fence(conn: Connection, train_data_topic: str, wait_s: float = 30.0) -> PromptFence:
     """The fence a resuming trainer's reader starts from: every prompt the log says trained (of every source
-    on `train_data_topic`). Build it after the previous reader's last commit was marked (it marks within a
-    second of its commit)."""
+    on `train_data_topic`), and those of each trainer group's batches the log lists uncommitted, which count
+    as trained once the reader knows it resumes past them (its predecessor may have committed them just
+    before it died, before its mark said so)."""
     _, fold = fold_admission_log(conn, train_data_topic, wait_s)
-    if fold is None:
-        return PromptFence()
-    return PromptFence({p for name in fold.sources for p in fold.trained(name)})
+    return PromptFence() if fold is None else fence_of(fold)
+
+
+def fence_of(fold: PromptLog) -> PromptFence:
+    """`prompt_fence` of a fold: its trained prompts, and each trainer group's uncommitted batches'."""
+    uncommitted = {trainer: {batch: [parsed.prompt_id for key, skipped in keys.items()
+                                     if not skipped and (parsed := parse_attempt_key(key)) is not None]
+                             for batch, keys in batches.items()}
+                   for trainer, batches in fold.uncommitted.items()}
+    return PromptFence({p for name in fold.sources for p in fold.trained(name)}, uncommitted)

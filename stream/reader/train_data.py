@@ -173,7 +173,8 @@ class TrainDataReader:
         self.progress = (TrainerProgressPublisher(self.conn, progress_topic(topic), group_id,
                                                   groups_per_batch=groups_per_batch,
                                                   max_weight_staleness=max_weight_staleness,
-                                                  admission_topic=admission_topic(topic), client=self.client)
+                                                  admission_topic=admission_topic(topic), client=self.client,
+                                                  waits_for_every_partition=partition_idle_ms is None)
                          if publish_progress and rank == 0 else None)
         self._fetch = FetchThread(
             self.client, self.conn, self.source, group_id=group_id, rank=rank, rescale=rescale, start=start,
@@ -238,6 +239,8 @@ class TrainDataReader:
                 raise self._failure(item.error)
             if isinstance(item, Resumed):
                 self._next_index = 0 if item.batch is None else item.batch + 1
+                if held.fence is not None:  # the predecessor's batches before this one were committed
+                    held.fence.resumed(self.group_id, self._next_index)
                 self._committer.world = item.world
                 continue
             held.items.append(item)

@@ -120,3 +120,36 @@ def test_the_stage_says_which_groups_will_never_train_once_its_commit_succeeded(
     written = [decode_admission(r.value) for r in cluster.records(TOPIC)]
     assert [(r.keys, r.reason) for r in written] == [(["run/3"], "incomplete_group")]
     resolver.close()
+
+
+def test_a_trainer_whose_merge_waits_for_every_partition_is_refused_by_paced_producers():
+    """`partition_idle_ms=None` and pacing stop each other for good (a partition without a group, producers
+    held): the trainer's mark says so and a paced admit refuses with the rule, before writing anything."""
+    from rollout_stream.codec.admission import decode_admission
+    from rollout_stream.pacing import TrainerProgressPublisher, UnpaceableTrainer
+
+    cluster = MemoryCluster()
+    g = gate(cluster, "p0", n=4)
+    try:
+        g.admit(0, timeout=5)  # a trainer that waits on nothing yet: admitted
+        publisher = TrainerProgressPublisher(Connection("memory:9092"), "train-data.progress", "trainer",
+                                             groups_per_batch=2, max_weight_staleness=None,
+                                             admission_topic=TOPIC, client=MemoryClient(cluster),
+                                             waits_for_every_partition=True)
+        try:
+            publisher.resumed(0)  # a reader's first mark says where it resumed
+            publisher.weight_version(0, 0)
+            deadline = time.monotonic() + 5
+            while not g.follower.read(g._unpaceable) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            publisher.close()
+        written = len(cluster.records(TOPIC))
+        with pytest.raises(UnpaceableTrainer, match="partition_idle_ms=None") as refused:
+            g.admit(0, timeout=5)
+        assert isinstance(refused.value, ConfigurationError)
+        assert len(cluster.records(TOPIC)) == written  # no request: nothing to cancel or count
+        assert any(getattr(decode_admission(r.value), "waits_for_every_partition", False)
+                   for r in cluster.records(TOPIC) if r.value)
+    finally:
+        g.close()

@@ -560,3 +560,31 @@ def test_a_renewal_that_was_late_only_by_the_producer_s_clock_keeps_the_prompts_
         assert "admission.lapsed" not in [getattr(r, "event", None) for r in caplog.records]
     finally:
         a.close()
+
+
+def test_a_fence_built_before_the_predecessor_s_last_commit_was_marked_still_refuses_its_prompts() -> None:
+    """The trainer commits batch 0 and dies before its mark says so: the log still lists batch 0 uncommitted
+    when the next reader builds its fence. Resuming at batch 1, the reader counts batch 0's prompts as
+    trained, so a re-issued twin of one of them is refused; resuming at batch 0 (the commit did not happen)
+    the batch trains again, as it must."""
+    from rollout_stream.prompts.fence import fence_of
+    from tests.core.prompt_world import TRAINER, World
+
+    w = World(prompts=4, groups_per_batch=2)
+    for _ in range(2):
+        w.take(0)
+        w.send(0)
+    while w.stage:
+        w.stage_step()
+    keys = list(w.train_data)
+    w.train_batch([])  # batch 0, listed by the mark; its commit is never marked
+    assert w.fold.uncommitted[TRAINER] == {0: dict.fromkeys(keys, False)}
+    twin = keys[0].replace(".1/", ".2/")  # another attempt of the same prompt
+    committed = fence_of(w.fold)
+    committed.resumed(TRAINER, 1)
+    assert not committed.admit(twin)
+    assert "trained before the reader resumed" in (committed.refusal(twin) or "")
+    again = fence_of(w.fold)
+    again.resumed(TRAINER, 0)
+    assert again.admit(keys[0]) and again.admit(keys[1])  # batch 0 is read again and trains
+    assert fence_of(w.fold).admit(twin)  # the hole this closes: without the resume point, the twin trains

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.kafka(timeout=420), pytest.mark.any_client]
 
 HARNESS = Path(__file__).resolve().parents[3] / "bench/scripts/prompt_loop_processes.py"
 SETTINGS = ["--prompts", "300", "--faults", "off", "--spans", "on", "--policy-lag", "7", "--step-s", "0.25",
-            "--rollout-processes", "2", "--timeout", "240"]
+            "--rollout-processes", "2", "--timeout", "240", "--train-epochs", "1.9"]
 
 
 def test_each_grain_trains_every_prompt_once_and_counts_what_it_left_out(kafka_bootstrap, kafka_client,
@@ -26,9 +26,9 @@ def test_each_grain_trains_every_prompt_once_and_counts_what_it_left_out(kafka_b
     grains = {}
     for grain in ("group", "rollout", "token"):
         out = tmp_path / grain
-        run = subprocess.run([sys.executable, str(HARNESS), "--bootstrap", kafka_bootstrap, "--client",
-                              kafka_client or "confluent", "--staleness", grain, *SETTINGS, "--out", str(out)],
-                             capture_output=True, text=True, timeout=360)
+        run = subprocess.run([sys.executable, str(HARNESS), "--bootstrap", kafka_bootstrap,
+                              "--client", kafka_client or "confluent", "--staleness", grain, *SETTINGS,
+                              "--out", str(out)], capture_output=True, text=True, timeout=360)
         [result] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
         assert "error" not in result, (result["error"], run.stdout[-3000:], run.stderr[-3000:])
         assert result["ok"] and result["problems"] == [], result["problems"]
