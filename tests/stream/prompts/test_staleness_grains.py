@@ -34,6 +34,7 @@ def test_each_grain_trains_every_prompt_once_and_counts_what_it_left_out(kafka_b
         assert result["ok"] and result["problems"] == [], result["problems"]
         epoch = result["epoch0"]
         assert epoch["trained"] + sum(epoch["not_trained"].values()) == 300, epoch
-        grains[grain] = {**result["grain"], "run_s": result["run_s"], "not_trained": epoch["not_trained"]}
+        grains[grain] = {**result["grain"], "run_s": result["run_s"], "not_trained": epoch["not_trained"],
+                         "trained_share": result["trained_share"]}
     print("\nstaleness grains", kafka_client, json.dumps(grains))
     assert grains["group"]["rollouts_left_out"] == grains["group"]["tokens_left_out"] == 0  # whole or none
