@@ -1,6 +1,6 @@
 """`weight_version_offsets` (the response token at which each weight version started) in validation
 (`invalid_sample` with a readable message), through the stage (chunked or not, fast path or full decode,
-dead-lettered with its bytes), in the train sample, and in the miles layout, which ignores it. The wire:
+dead-lettered with its bytes, replayed), in the train sample, and in the miles layout (one key more). The wire:
 tests/codec/test_version_spans_wire.py."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rollout_stream.core.config import RewardConfig
 from rollout_stream.core.miles import train_data
 from rollout_stream.core.records import DeadLettered, InputRecord, Published
 from rollout_stream.core.validate import SampleLimits, validate_sample
-from rollout_stream.core.windows import WindowConfig, WindowStore
+from rollout_stream.core.windows import REPLAY_ID_HEADER, WindowConfig, WindowStore
 
 
 def _sample(**fields: Any) -> Sample:
@@ -104,6 +104,30 @@ def test_the_stage_publishes_the_offsets_unchanged_and_dead_letters_bad_ones_wit
     assert isinstance(dead, DeadLettered) and dead.reason == DeadLetterReason.INVALID_SAMPLE
     assert dead.message == "weight_version_offsets[1] is 9, past the response of 4 tokens"
     assert b"".join(r.value or b"" for r in dead.records) == encode_sample(bad)
+
+
+def test_a_dead_lettered_spanned_sample_replayed_publishes_its_spans_unchanged() -> None:
+    """A group times out with one member (`incomplete_group`), its other member comes late (`late_member`);
+    `dlq replay` sends both dead letters' bytes back under one replay id, and the group publishes, spans
+    and all, byte for byte."""
+    config = WindowConfig(reward=RewardConfig(), group_timeout_ms=10_000)
+    first = _sample(group_size=2)
+    late = _sample(group_size=2, rollout_id=1, reward=0.0, weight_versions=["4", "6", "7"],
+                   weight_version_offsets=[0, 1, 3])
+    store = WindowStore(config)
+    assert store.take(_records(first, None)[0], 1_000) == []
+    (timed_out,) = store.expire(20_000, {0})
+    (came_late,) = store.take(InputRecord("rollouts", 0, 1, 25_000, group_key(late), encode_sample(late)),
+                              25_000)
+    assert [d.reason for d in (timed_out, came_late)] == [DeadLetterReason.INCOMPLETE_GROUP,
+                                                           DeadLetterReason.LATE_MEMBER]
+    replay = ((REPLAY_ID_HEADER, b"r1"),)
+    values = [r.value for d in (timed_out, came_late) for r in d.records]
+    records = [InputRecord("rollouts", 0, 5 + i, 30_000, group_key(first), v, replay)
+               for i, v in enumerate(values)]
+    (out,) = [o for r in records for o in store.take(r, 30_000)]
+    assert isinstance(out, Published)
+    assert sorted(m.record.value for m in out.members) == sorted([encode_sample(first), encode_sample(late)])
 
 
 def _take_all(config: WindowConfig, records: list[InputRecord]) -> list[Any]:
