@@ -1,7 +1,7 @@
 """`weight_version_offsets` (the response token at which each weight version started) in validation
 (`invalid_sample` with a readable message), through the stage (chunked or not, fast path or full decode,
-dead-lettered with its bytes, replayed), in the train sample, and in the miles layout (one key more). The wire:
-tests/codec/test_version_spans_wire.py."""
+dead-lettered with its bytes, replayed), in the train sample, and in the miles layout (one key more). The
+wire: tests/codec/test_version_spans_wire.py."""
 
 from __future__ import annotations
 
