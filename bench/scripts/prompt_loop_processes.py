@@ -126,7 +126,8 @@ def rollout_main(a: argparse.Namespace) -> int:
     paced = a.pacing == "on"
     source = PromptSource(a.bootstrap, rundir / "prompts.jsonl", name=SOURCE,
                           trainer_group_id=a.trainer_group,
-                          topic=a.input_topic, train_data_topic=a.output_topic, epochs=2, seed=a.seed,
+                          topic=a.input_topic, train_data_topic=a.output_topic, epochs=a.declared_epochs,
+                          seed=a.seed,
                           producer_id=a.producer_id, dead_letter_topic=a.dlq_topic,
                           max_policy_lag=a.policy_lag if paced else None,
                           max_unconsumed_groups=MAX_UNCONSUMED if paced else None)
@@ -222,6 +223,14 @@ def rollout_main(a: argparse.Namespace) -> int:
     return 0
 
 
+def stop_at(rundir: Path) -> int:
+    """The batch count both ranks stop at, once the orchestrator has set it (`--until-settled`)."""
+    try:
+        return int((rundir / "stop-at").read_text())
+    except (FileNotFoundError, ValueError):
+        return sys.maxsize
+
+
 def barrier(rundir: Path, incarnation: int, index: int, rank: int, hard_deadline: float) -> None:
     """Wait until both ranks hold batch `index` (this incarnation of the trainer)."""
     (rundir / "barrier" / f"{incarnation}-{index}-{rank}").touch()
@@ -274,7 +283,7 @@ def trainer_main(a: argparse.Namespace) -> int:
             if a.rank == 0:  # the weights the rollout processes load; a restarted trainer goes on from them
                 (rundir / "version.tmp").write_text(str(version))
                 os.replace(rundir / "version.tmp", rundir / "version")
-            if batch.index + 1 >= a.batches:
+            if batch.index + 1 >= a.batches or batch.index + 1 >= stop_at(rundir):
                 break
         (rundir / f"stats-trainer{a.rank}-{a.incarnation}.json").write_text(json.dumps(vars(reader.stats)))
     finally:
@@ -324,6 +333,24 @@ def trained_groups(rundir: Path) -> int:
         except (ValueError, KeyError):
             continue  # a line cut by a kill
     return len(seen) * GROUPS_PER_BATCH
+
+
+def settle(rundir: Path, bootstrap: str, output_topic: str, client: str, hard_deadline: float) -> None:
+    """Wait until the log says every prompt of the first epoch is settled, then have the trainer stop two
+    batches on (the ranks stop at the same batch: `stop_at`)."""
+    sys.path.insert(0, str(MAIN))
+    from rollout_stream.clients import Connection
+    from rollout_stream.prompts.fence import fold_admission_log
+
+    while time.time() < hard_deadline:
+        _, fold = fold_admission_log(Connection(bootstrap, client=client), output_topic)
+        status = fold.status(SOURCE) if fold is not None else []
+        if status and status[0].waiting == 0 and status[0].in_flight == 0:
+            (rundir / "stop-at.tmp").write_text(str(trained_groups(rundir) // GROUPS_PER_BATCH + 2))
+            os.replace(rundir / "stop-at.tmp", rundir / "stop-at")
+            return
+        time.sleep(1.0)
+    raise TimeoutError("the first epoch did not settle before the deadline")
 
 
 def freeze_while_taking(proc: subprocess.Popen[bytes], takes: Path, least: int = 2,
@@ -381,7 +408,7 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
               "--trainer-group", f"lp-{tag}-trainer",
               "--hard-deadline", str(hard_deadline), "--seed", str(seed), "--pacing", a.pacing,
               "--staleness", a.staleness, "--spans", a.spans, "--policy-lag", str(a.policy_lag),
-              "--step-s", str(a.step_s)]
+              "--step-s", str(a.step_s), "--declared-epochs", str(a.declared_epochs)]
     me = str(Path(__file__).resolve())
     rollout_ids = [f"lp-{tag}-r{i}" for i in range(a.rollout_processes)]
 
@@ -467,6 +494,9 @@ def one_run(a: argparse.Namespace, bootstrap: str, label: str) -> dict[str, Any]
             event("trainer_killed")
             for rank in range(2):
                 spawn(f"trainer{rank}", trainer_cmd(rank, 1))
+        if a.until_settled:
+            settle(rundir, bootstrap, names["output"], a.client, hard_deadline)
+            event("first_epoch_settled")
         for rank in range(2):
             code = procs[f"trainer{rank}"].wait(timeout=max(1.0, hard_deadline - time.time()))
             if code != 0:
@@ -687,7 +717,11 @@ def main() -> int:
                     help="the rollout processes' max_policy_lag (above the trainer's bound: stale groups)")
     ap.add_argument("--step-s", type=float, default=STEP_S, help="the trainer's time per step")
     ap.add_argument("--train-epochs", type=float, default=EPOCHS,
-                    help="epochs of groups the trainer trains before it stops (of the 2 declared)")
+                    help="epochs of groups the trainer trains before it stops")
+    ap.add_argument("--until-settled", action="store_true",
+                    help="the trainer stops 2 batches after the first epoch settles (within --train-epochs)")
+    ap.add_argument("--declared-epochs", type=int, default=2,
+                    help="epochs the source declares (more than trained: the first one has time to settle)")
     ap.add_argument("--prompts", type=int, default=2000)
     ap.add_argument("--rollout-processes", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600.0, help="a run's hard limit, seconds")

@@ -17,8 +17,9 @@ import pytest
 pytestmark = [pytest.mark.kafka(timeout=420), pytest.mark.any_client]
 
 HARNESS = Path(__file__).resolve().parents[3] / "bench/scripts/prompt_loop_processes.py"
-SETTINGS = ["--prompts", "300", "--faults", "off", "--spans", "on", "--policy-lag", "7", "--step-s", "0.25",
-            "--rollout-processes", "2", "--timeout", "240", "--train-epochs", "1.9"]
+SETTINGS = ["--prompts", "200", "--faults", "off", "--spans", "on", "--policy-lag", "7", "--step-s", "0.2",
+            "--rollout-processes", "2", "--timeout", "240", "--train-epochs", "2.8",
+            "--declared-epochs", "3", "--until-settled"]
 
 
 def test_each_grain_trains_every_prompt_once_and_counts_what_it_left_out(kafka_bootstrap, kafka_client,
@@ -33,7 +34,7 @@ def test_each_grain_trains_every_prompt_once_and_counts_what_it_left_out(kafka_b
         assert "error" not in result, (result["error"], run.stdout[-3000:], run.stderr[-3000:])
         assert result["ok"] and result["problems"] == [], result["problems"]
         epoch = result["epoch0"]
-        assert epoch["trained"] + sum(epoch["not_trained"].values()) == 300, epoch
+        assert epoch["trained"] + sum(epoch["not_trained"].values()) == 200, epoch
         grains[grain] = {**result["grain"], "run_s": result["run_s"], "not_trained": epoch["not_trained"],
                          "trained_share": result["trained_share"]}
     print("\nstaleness grains", kafka_client, json.dumps(grains))
