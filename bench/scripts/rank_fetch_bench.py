@@ -134,8 +134,10 @@ def produce(bootstrap: str, topic: str, samples: int, tokens: int, layers: int, 
     admin.create_topics([NewTopic(name, 3, 1, topic_configs={"max.message.bytes": str(64 << 20)})
                          for name in (topic, heads_topic(topic))])
     admin.close()
+    # every record its own record batch, as the stage writes train data when it writes heads: a fetch by
+    # offset returns a whole batch, so shared batches would hand a rank the other ranks' records
     producer = KafkaProducer(bootstrap_servers=bootstrap, max_request_size=64 << 20, linger_ms=5,
-                             acks="all")
+                             acks="all", batch_size=1)
     rng = np.random.default_rng(0)
     futures, total = [], 0
     for i in range(samples):
