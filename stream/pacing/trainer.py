@@ -116,8 +116,8 @@ class TrainerProgressPublisher:
             if missed := [k for k in keys if k not in trained_keys]:
                 skipped[batch] = missed
             left_out = {b: k for b, k in self._mark.excluded.items() if b in consumed}
-            if excluded:
-                left_out[batch] = {k: [r, t] for k, (r, t) in excluded.items() if k in trained_keys}
+            if excluded:  # groups that train, by the reader's word
+                left_out[batch] = {k: [r, t] for k, (r, t) in excluded.items()}
             done = set(keys)
             self._mark = msgspec.structs.replace(
                 self._mark, consumed=consumed, skipped=skipped, excluded=left_out, batches=batch + 1,

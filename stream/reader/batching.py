@@ -46,15 +46,21 @@ WAITING_LOG_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class StaleParts:
-    """What staleness by rollout or by token left out of a batch's groups that train (all ranks'): `rollouts`,
-    and `tokens` that counted in the loss; `floor`, with staleness by token, the weight version below which a
-    fetched row's tokens leave the loss (None: no row loses any); `by_group`: the same per group key, for the
-    prompt ledger (docs/loop.md)."""
+    """What staleness by rollout or by token left out of a batch's groups that train (all ranks'): per group
+    key, the rollouts and the tokens that counted in the loss (`by_group`, for the prompt ledger,
+    docs/loop.md), and their totals; `floor`, with staleness by token, the weight version below which a
+    fetched row's tokens leave the loss (None: no row loses any)."""
 
-    rollouts: int = 0
-    tokens: int = 0
-    floor: int | None = None
     by_group: dict[str, tuple[int, int]] = field(default_factory=dict)
+    floor: int | None = None
+
+    @property
+    def rollouts(self) -> int:
+        return sum(rollouts for rollouts, _ in self.by_group.values())
+
+    @property
+    def tokens(self) -> int:
+        return sum(tokens for _, tokens in self.by_group.values())
 
 
 class HeldGroups:
@@ -116,13 +122,11 @@ class HeldGroups:
         and give their prompt's claim back."""
         taken = batch_length(verdicts, self.groups_per_batch) or 0
         queued = [f.group for f in self.items[:taken]]
-        rollouts = tokens = 0
         by_group: dict[str, tuple[int, int]] = {}
         for n, (group, verdict) in enumerate(zip(queued, verdicts, strict=False)):
             decision = self._parts.pop(group.key, None) if verdict is None else None
             if decision is not None:
                 queued[n] = replace(group, samples=tuple(trained(group.samples, decision)))
-                rollouts, tokens = rollouts + decision.excluded_rollouts, tokens + decision.excluded_tokens
                 if decision.excluded_rollouts or decision.excluded_tokens:
                     by_group[group.key] = (decision.excluded_rollouts, decision.excluded_tokens)
         plan = plan_batch(queued, verdicts, groups_per_batch=self.groups_per_batch,
@@ -130,7 +134,7 @@ class HeldGroups:
         floor, bound = None, self.max_weight_staleness
         if self.staleness == "token" and weight_version is not None and bound is not None:
             floor = weight_version - bound
-        parts = self._last_parts = StaleParts(rollouts, tokens, floor, by_group)
+        parts = self._last_parts = StaleParts(by_group, floor)
         items, self.items = self.items[:plan.taken], self.items[plan.taken:]
         if self.fence is not None:  # a group skipped after all gives its prompt's claim back
             for item, verdict in zip(items, verdicts, strict=False):

@@ -253,7 +253,7 @@ def test_held_groups_train_the_fresh_part_and_plan_over_it() -> None:
     verdicts = [held.verdict(f.group, VERSION) for f in held.items]
     assert verdicts == ["stale", None, None, None]
     plan, items, superseded, parts = held.take(verdicts, VERSION)
-    assert (plan.taken, len(items), superseded, parts) == (3, 3, 0, StaleParts(1, 2, None, {"st/1": (1, 2)}))
+    assert (plan.taken, len(items), superseded, parts) == (3, 3, 0, StaleParts({"st/1": (1, 2)}))
     assert [len(g.samples) for g in plan.groups] == [2, 2] and plan.global_samples == 4
     assert plan.global_loss_tokens == 8 and [s.reward for s in plan.groups[0].samples] == [0.5, 1.5]
 
