@@ -90,7 +90,7 @@ lint: test-venv
 # Most Kafka tests wait on the broker more than they compute, so more workers than cores pay off, up to a
 # point (the measured counts: docs/development.md).
 TEST_WORKERS ?= 3
-PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The first pass runs core's and codec's tests on the Python paths of the C extensions; the folds (admission,
 # prompts, pacing, checkpoints) have no C path, so they run once, in the second.
 NO_C_PATH := test_admission.py test_admission_index.py test_prompts.py test_pacing.py test_checkpoint.py \

@@ -311,6 +311,15 @@ _LONGEST_FILES_FIRST = (
 )
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.file_scheduling import CrashSafeFileScheduling
+
+    return CrashSafeFileScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if (

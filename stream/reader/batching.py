@@ -156,6 +156,15 @@ class HeldGroups:
             self._unjudged.pop(item.group.key, None)
         return plan, items, superseded, parts
 
+    def likely_plan(self, upcoming: list[Fetched]) -> BatchPlan | None:
+        """The plan of the batch the next `groups_per_batch` of `upcoming` (the held items, then those queued)
+        make if each trains whole: what this rank fetches ahead. None: not enough of them yet."""
+        if len(upcoming) < self.groups_per_batch:
+            return None
+        groups = [f.group for f in upcoming[:self.groups_per_batch]]
+        return plan_batch(groups, [None] * len(groups), groups_per_batch=self.groups_per_batch,
+                          rank=self.rank, world_size=self.world_size, balance_tokens=self.balance_tokens)
+
     def log_stale(self, index: int, items: list[Fetched], verdicts: list[Verdict | None],
                   weight_version: int | None) -> None:
         """One line a batch: which groups its version bound left out, and how old they were; and one for the

@@ -121,6 +121,11 @@ class FetchThread(threading.Thread):
         self._consumer: AssignedConsumer | None = None
         self._watch: CoverageWatch | None = None
 
+    def queued(self) -> list[Fetched]:
+        """The groups in the queue now, in order (a snapshot; the queue is not changed)."""
+        with self.items.mutex:
+            return [item for item in self.items.queue if isinstance(item, Fetched)]
+
     def run(self) -> None:
         try:
             self._run()

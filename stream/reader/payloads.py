@@ -1,17 +1,24 @@
-"""A rank's own rows, fetched by offset (`fetch="own"`): `PayloadFetcher`, in the trainer's thread.
+"""A rank's own rows, fetched by offset (`fetch="own"`): `PayloadFetcher`, on a thread of its own.
 
 Once a batch is planned from outline groups (rollout_stream.reader.heads), the rank fetches the train records
 of its rows only: each head says at which offsets of its partition a sample's record (or its chunk records)
 is, and each fetched sample is checked against its outline's lineage. The rows of other ranks are never
 fetched: the consumer is tuned so that the broker answers with one record batch per fetch and the client
 never fetches ahead of the offsets asked for (`fetch_tuning`; docs/reader.md, "Bytes each rank fetches").
+
+The fetching runs on the fetcher's thread, one request at a time, so the rows of the next batch can be
+fetched while the trainer trains this one (`ahead`): one batch ahead at most, what that guess got wrong
+fetched when the batch is asked for (`samples`).
 """
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_stream.codec import DecodeError, TrainSample, decode_train_sample
@@ -30,6 +37,8 @@ __all__ = ["PAYLOAD_TIMEOUT_S", "PayloadFetcher", "fetch_tuning"]
 PAYLOAD_TIMEOUT_S = 120.0
 
 _Value = tuple[bytes, bytes | None]  # a record's value and its chunk header, if it is a chunk
+_Wanted = dict[int, set[int]]  # partition -> offsets
+_Groups = Sequence[tuple[AssembledGroup, GroupHead]]
 
 
 def fetch_tuning(client: str) -> dict[str, Any]:
@@ -44,12 +53,24 @@ def fetch_tuning(client: str) -> dict[str, Any]:
     return {"max_poll_records": 1}  # the in-memory seam: one record per poll
 
 
+@dataclass
+class _Request:
+    """Offsets for the fetcher's thread to read: `got` and `error` once `done` is set; `cancelled`: stop."""
+
+    wanted: _Wanted
+    timeout_s: float
+    got: dict[tuple[int, int], _Value] = field(default_factory=dict)
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+
+
 class PayloadFetcher:
     """Train records by offset: assign, seek, read the records asked for, seek past gaps.
 
     `client`: the seam's client the consumer is made with; `client_id`: the consumer's; `topic`: the
     train-data topic; `max_record_bytes`: the largest record it accepts. `fetched_bytes` counts the record
-    bytes received, wanted or not.
+    bytes received, wanted or not. The consumer is used by the fetcher's thread only.
     """
 
     def __init__(self, client: Client, client_id: str, topic: str, max_record_bytes: int) -> None:
@@ -57,20 +78,33 @@ class PayloadFetcher:
         self.consumer: AssignedConsumer = client.assigned_consumer(
             client_id=client_id, max_record_bytes=max_record_bytes, **fetch_tuning(client.name))
         self.fetched_bytes = 0
+        self._requests: queue.Queue[_Request | None] = queue.Queue()
+        self._ahead: _Request | None = None
+        self._thread = threading.Thread(target=self._serve, name=f"{client_id}-payloads", daemon=True)
+        self._thread.start()
 
-    def samples(self, rows: Sequence[TrainSample], groups: Sequence[tuple[AssembledGroup, GroupHead]],
+    def ahead(self, rows: Sequence[TrainSample], groups: _Groups) -> None:
+        """Start fetching the records behind `rows` (of `groups`), the rows this rank will likely ask for
+        next, unless a fetch ahead is still under way."""
+        if self._ahead is not None and not self._ahead.done.is_set():
+            return
+        self._ahead = self._submit(self._wanted(self._places(rows, groups)), PAYLOAD_TIMEOUT_S)
+
+    def samples(self, rows: Sequence[TrainSample], groups: _Groups,
                 timeout_s: float = PAYLOAD_TIMEOUT_S) -> list[TrainSample]:
         """The train samples behind the outline samples `rows` (rows of `groups`, each with its head), in
         order, each checked against its outline's lineage."""
-        where: dict[tuple[str, Lineage], tuple[int, list[int]]] = {}  # outline -> (partition, offsets)
-        for group, head in groups:
-            for outline, s in zip(group.samples, head.samples, strict=True):
-                where[(outline.group_key, lineage(outline))] = (head.partition, s.offsets)
-        places = [where[(o.group_key, lineage(o))] for o in rows]
-        wanted: dict[int, set[int]] = {}
-        for partition, offsets in places:
-            wanted.setdefault(partition, set()).update(offsets)
-        values = self._fetch(wanted, timeout_s)
+        places = self._places(rows, groups)
+        wanted = self._wanted(places)
+        values = self._from_ahead(wanted)
+        missing = {p: {o for o in offsets if (p, o) not in values} for p, offsets in wanted.items()}
+        missing = {p: offsets for p, offsets in missing.items() if offsets}
+        if missing:
+            request = self._submit(missing, timeout_s)
+            request.done.wait()
+            if request.error is not None:
+                raise request.error
+            values.update(request.got)
         out = []
         for o, (partition, offsets) in zip(rows, places, strict=True):
             sample = self._whole(partition, offsets, values)
@@ -81,6 +115,53 @@ class PayloadFetcher:
                     f"{o.group_key} {o.source_topic}:{o.source_partition}@{o.source_offset}")
             out.append(sample)
         return out
+
+    @staticmethod
+    def _places(rows: Sequence[TrainSample], groups: _Groups) -> list[tuple[int, list[int]]]:
+        """Where each row's record (or chunk records) is: (partition, offsets)."""
+        where: dict[tuple[str, Lineage], tuple[int, list[int]]] = {}  # outline -> (partition, offsets)
+        for group, head in groups:
+            for outline, s in zip(group.samples, head.samples, strict=True):
+                where[(outline.group_key, lineage(outline))] = (head.partition, s.offsets)
+        return [where[(o.group_key, lineage(o))] for o in rows]
+
+    @staticmethod
+    def _wanted(places: Sequence[tuple[int, list[int]]]) -> _Wanted:
+        wanted: _Wanted = {}
+        for partition, offsets in places:
+            wanted.setdefault(partition, set()).update(offsets)
+        return wanted
+
+    def _from_ahead(self, wanted: _Wanted) -> dict[tuple[int, int], _Value]:
+        """What the fetch ahead got of `wanted` (waited for if it got some); the rest of it is dropped."""
+        request, self._ahead = self._ahead, None
+        if request is None:
+            return {}
+        if not any(wanted.get(p, set()) & offsets for p, offsets in request.wanted.items()):
+            request.cancelled = True  # a wrong guess: stop it, and wait for it to stop
+        request.done.wait()
+        if request.error is not None:  # asked again below: a real failure is raised then
+            return {}
+        return {key: value for key, value in request.got.items() if key[1] in wanted.get(key[0], ())}
+
+    def _submit(self, wanted: _Wanted, timeout_s: float) -> _Request:
+        if not self._thread.is_alive():
+            raise PayloadError(f"{self.topic}: the payload fetcher is closed")
+        request = _Request(wanted, timeout_s)
+        self._requests.put(request)
+        return request
+
+    def _serve(self) -> None:
+        try:
+            while (request := self._requests.get()) is not None:
+                try:
+                    self._fetch(request)
+                except BaseException as exc:  # raised in the trainer's thread by samples()
+                    request.error = exc
+                finally:
+                    request.done.set()
+        finally:
+            self.consumer.close()
 
     def _whole(self, partition: int, offsets: list[int], values: dict[tuple[int, int], _Value]
                ) -> TrainSample:
@@ -115,15 +196,17 @@ class PayloadFetcher:
         assert last.record.value is not None
         return last.record.value
 
-    def _fetch(self, wanted: dict[int, set[int]], timeout_s: float) -> dict[tuple[int, int], _Value]:
-        c, got = self.consumer, dict[tuple[int, int], _Value]()
-        for partition, offsets in sorted(wanted.items()):
+    def _fetch(self, request: _Request) -> None:
+        c, got, timeout_s = self.consumer, request.got, request.timeout_s
+        for partition, offsets in sorted(request.wanted.items()):
             tp = TopicPartition(self.topic, partition)
             c.assign([tp])
             pending = sorted(offsets)
             c.seek(tp, pending[0])
             deadline = time.monotonic() + timeout_s
             while pending:
+                if request.cancelled:
+                    return
                 if time.monotonic() > deadline:
                     raise PayloadError(f"{self.topic} partition {partition}: offsets {pending[:5]}… not read "
                                        f"within {timeout_s:g}s")
@@ -139,7 +222,10 @@ class PayloadFetcher:
                 pending = [o for o in pending if (partition, o) not in got]
                 if pending and last is not None and pending[0] > last + 1:
                     c.seek(tp, pending[0])  # skip the records of other ranks
-        return got
 
     def close(self) -> None:
-        self.consumer.close()
+        """Stop the fetcher's thread (it closes the consumer), after the request under way."""
+        if self._ahead is not None:
+            self._ahead.cancelled = True
+        self._requests.put(None)
+        self._thread.join(timeout=30)

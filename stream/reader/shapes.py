@@ -25,6 +25,10 @@ Rows = tuple[list[TrainSample], dict[str, Any] | None]
 
 
 class BatchShape(Protocol):
+    def own(self, plan: BatchPlan) -> list[TrainSample]:
+        """The samples of the planned batch whose payloads are this rank's rows."""
+        ...
+
     def rows(self, plan: BatchPlan, batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats,
              floor: int | None = None) -> Rows:
         """This rank's samples of the planned batch (their payloads from `source`), and its `rollout_data`
@@ -45,6 +49,9 @@ def _payloads(rows: Sequence[TrainSample], batch: Sequence[Fetched], source: Gro
 class TensorRows:
     """This rank's share of the batch as `plan_batch` shards it."""
 
+    def own(self, plan: BatchPlan) -> list[TrainSample]:
+        return list(plan.samples)
+
     def rows(self, plan: BatchPlan, batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats,
              floor: int | None = None) -> Rows:
         return _payloads(plan.samples, batch, source, stats, floor), None
@@ -60,21 +67,38 @@ class MilesRows:
     def __init__(self, rank: int, world_size: int, *, balance_data: bool) -> None:
         self.rank, self.world_size, self.balance_data = rank, world_size, balance_data
 
+    def own(self, plan: BatchPlan) -> list[TrainSample]:
+        everything, data = self._data(plan)
+        return [everything[row] for row in self._rows(data)]
+
     def rows(self, plan: BatchPlan, batch: Sequence[Fetched], source: GroupSource, stats: ReaderStats,
              floor: int | None = None) -> Rows:
-        from rollout_stream.core.miles import dp_rows, shard_of_rows, split_by_dp, train_data, trainer_shard
+        from rollout_stream.core.miles import shard_of_rows, split_by_dp, train_data, trainer_shard
 
-        everything = [s for g in plan.groups for s in g.samples]
-        data = train_data(everything, prompt_group_sizes=[len(g.samples) for g in plan.groups])
+        everything, data = self._data(plan)
         if source.carries_payloads:
             shard = split_by_dp(data, self.world_size, balance_data=self.balance_data)[self.rank]
             return [everything[row] for row in shard["partition"]], trainer_shard(shard)
         # outlines: the whole-batch keys from them, this rank's rows fetched
-        rows = dp_rows([len(t) for t in data["tokens"]], self.world_size, self.rank,
-                       balance_data=self.balance_data)
+        rows = self._rows(data)
         mine = _payloads([everything[row] for row in rows], batch, source, stats, floor)
         own = shard_of_rows(data, train_data(mine) if mine else None, rows)
         return mine, trainer_shard(own)
+
+    @staticmethod
+    def _data(plan: BatchPlan) -> tuple[list[TrainSample], dict[str, Any]]:
+        """The batch's samples and miles' train data of them."""
+        from rollout_stream.core.miles import train_data
+
+        everything = [s for g in plan.groups for s in g.samples]
+        return everything, train_data(everything, prompt_group_sizes=[len(g.samples) for g in plan.groups])
+
+    def _rows(self, data: dict[str, Any]) -> range | list[int]:
+        """The indices of this rank's rows in the batch miles' `data` is of."""
+        from rollout_stream.core.miles import dp_rows
+
+        return dp_rows([len(t) for t in data["tokens"]], self.world_size, self.rank,
+                       balance_data=self.balance_data)
 
 
 def batch_shape(layout: Layout, *, rank: int, world_size: int, balance_data: bool) -> BatchShape:

@@ -8,8 +8,8 @@
   heads topic.
 
 A source has two halves, one per thread: `fold()` makes, for the fetch thread, the object that turns the
-records it polls into groups (only that thread uses it); `payloads()` and `close()` run on the trainer's
-thread. What crosses between them is a `Fetched` item on the fetch thread's queue.
+records it polls into groups (only that thread uses it); `payloads()`, `ahead()` and `close()` run on the
+trainer's thread. What crosses between them is a `Fetched` item on the fetch thread's queue.
 """
 
 from __future__ import annotations
@@ -81,6 +81,10 @@ class GroupSource(Protocol):
         """The train samples behind `rows` (samples of `batch`'s groups), in order."""
         ...
 
+    def ahead(self, rows: Sequence[TrainSample], batch: Sequence[Fetched]) -> None:
+        """`rows` (of `batch`'s groups) are likely asked for next: their payloads may be fetched now."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -107,6 +111,9 @@ class WholeTopic:
                  ) -> list[TrainSample]:
         return list(rows)
 
+    def ahead(self, rows: Sequence[TrainSample], batch: Sequence[Fetched]) -> None:
+        pass  # the rows carry their payloads
+
     def close(self) -> None:
         pass
 
@@ -124,6 +131,7 @@ class HeadsAndPayloads:
         self.topic, self.read_topic = topic, heads_topic(topic)
         self.client, self.client_id, self.max_record_bytes = client, client_id, max_record_bytes
         self._fetcher: PayloadFetcher | None = None
+        self._counted = 0  # of the fetcher's bytes, those in the stats
 
     def fold(self, marks: ReadMarks, stats: ReaderStats) -> HeadFold:
         return HeadFold(self.topic, marks, stats)
@@ -138,13 +146,22 @@ class HeadsAndPayloads:
         """This rank's rows, fetched by offset (only theirs) and checked against their heads."""
         if not rows:
             return []
+        fetcher = self._payload_fetcher()
+        try:
+            return fetcher.samples(rows, [(f.group, f.head) for f in batch if f.head is not None])
+        finally:  # what its thread fetched since, this batch's rows and those fetched ahead
+            stats.payload_bytes += fetcher.fetched_bytes - self._counted
+            self._counted = fetcher.fetched_bytes
+
+    def ahead(self, rows: Sequence[TrainSample], batch: Sequence[Fetched]) -> None:
+        """Fetch `rows` on the fetcher's thread while the trainer trains (one batch ahead at most)."""
+        if rows:
+            self._payload_fetcher().ahead(rows, [(f.group, f.head) for f in batch if f.head is not None])
+
+    def _payload_fetcher(self) -> PayloadFetcher:
         if self._fetcher is None:
             self._fetcher = PayloadFetcher(self.client, self.client_id, self.topic, self.max_record_bytes)
-        before = self._fetcher.fetched_bytes
-        try:
-            return self._fetcher.samples(rows, [(f.group, f.head) for f in batch if f.head is not None])
-        finally:
-            stats.payload_bytes += self._fetcher.fetched_bytes - before
+        return self._fetcher
 
     def close(self) -> None:
         if self._fetcher is not None:

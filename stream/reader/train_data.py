@@ -286,7 +286,19 @@ class TrainDataReader:
         if self.progress is not None:
             self.progress.consumed([f.group for f in items], plan.groups, index, self.weight_version,
                                    stats.skipped_stale_groups, excluded=stale.by_group)
+        self._fetch_ahead()
         return batch
+
+    def _fetch_ahead(self) -> None:
+        """With `fetch="own"`, have this rank's rows of the next batch fetched while the trainer trains this
+        one: planned from the groups at hand as if each trained whole (staleness and the fence are judged when
+        the batch completes; the rows that guess got wrong are fetched then)."""
+        if self.source.carries_payloads:
+            return
+        upcoming = self._held.items + self._fetch.queued()
+        plan = self._held.likely_plan(upcoming)
+        if plan is not None:
+            self.source.ahead(self.shape.own(plan), upcoming[:plan.taken])
 
     # ---- commit / lifecycle --------------------------------------------------------------------
     @property

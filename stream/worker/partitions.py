@@ -13,18 +13,29 @@ class Partitions:
 
     kafka-python keeps the fetch position of a partition assigned again, so a partition revoked and given
     back in one rebalance keeps its windows; anything else assigned is new (and, exactly-once, restored).
+    From the revocation until the next assignment a partition is not the worker's: kafka-python's join runs
+    on its IO thread while the loop goes on, and another worker may own the partition already, so nothing of
+    it is processed, expired or committed meanwhile. Records of it that come then are passed over, and the
+    partition, if given back, is restored like a new one (its fetch position is past them).
     """
 
     restores: bool  # as the delivery (`Delivery.restores`): a new partition's state comes from its changelog
     assigned: set[int] = field(default_factory=set)
     to_restore: set[int] = field(default_factory=set)
     _revoked: set[int] = field(default_factory=set)
+    _passed: set[int] = field(default_factory=set)  # revoked partitions whose records were passed over
     _reset_all: bool = False  # a commit on revoke failed: nothing kept can be trusted
 
     @property
     def active(self) -> set[int]:
-        """Assigned and restored: where records are processed and offsets committed."""
-        return self.assigned - self.to_restore
+        """Assigned, restored and not revoked: where records are processed, groups expire and offsets are
+        committed."""
+        return self.assigned - self.to_restore - self._revoked
+
+    @property
+    def leaving(self) -> set[int]:
+        """Revoked and not assigned again yet."""
+        return set(self._revoked)
 
     @property
     def ready(self) -> bool:
@@ -35,6 +46,10 @@ class Partitions:
         if not committed:
             self._reset_all = True
 
+    def passed_over(self, partition: int) -> None:
+        """Records of `partition` came while it was revoked and were not processed."""
+        self._passed.add(partition)
+
     def assign(self, partitions: set[int]) -> tuple[set[int], set[int]]:
         """The new assignment; returns (partitions whose state to drop, partitions that are new)."""
         gone = (self._revoked | self.assigned) - partitions
@@ -42,8 +57,10 @@ class Partitions:
             drop, new = gone | partitions, set(partitions)
             self._reset_all = False
         else:
-            drop, new = gone, partitions - (self.assigned - gone)
+            passed = self._passed & partitions
+            drop, new = gone | passed, partitions - (self.assigned - gone - passed)
         self._revoked.clear()
+        self._passed.clear()
         self.assigned = set(partitions)
         self.to_restore -= drop
         if self.restores:

@@ -69,20 +69,22 @@ class Processor:
         Returns the monotonic time after it."""
         assert self.consumer is not None
         skip = set(self.partitions.to_restore)  # fetched before the restore: they are read again after it
-        if skip:
-            self._restore(sorted(skip), started)
+        if skip - self.partitions.leaving:
+            self._restore(sorted(skip - self.partitions.leaving), started)
         now_ms = int(self.clock() * 1000)
         active = self.partitions.active
         try:
             for tp, records in batch.items():
                 if tp.partition in skip or tp.partition not in active:
+                    if records and tp.partition not in skip and tp.partition in self.partitions.assigned:
+                        self.partitions.passed_over(tp.partition)  # revoked: read again if it comes back
                     continue
                 self._take(records, now_ms)
             mono = time.monotonic()
             if self.metrics is not None and batch:
                 self.metrics.observe_batch(mono - started)
             if self._expire.due(mono):
-                self._route(self.store.expire(now_ms, set() if paused else self.read_up()))
+                self._route(self.store.expire(now_ms, set() if paused else self.read_up() & active))
         except CommitAborted as exc:  # a send failed: the rest of this batch is read again after the restore
             self._aborted(exc)
             mono = time.monotonic()

@@ -184,8 +184,10 @@ def assert_exactly_once(train: list[Any], dlq: list[Any], expected: Any) -> None
     twice = [(r.partition, r.offset, r.key, {k: v for k, v in r.headers.items() if k != "x-error"})
              for r in dlq if dsources[source(r)] > 1]
     assert not twice, f"a record was dead-lettered twice: {twice[:6]}"
-    assert Counter(r.headers["x-dlq-reason"] for r in dlq) == Counter(
-        {str(k): v for k, v in expected.dead_letters.items()})
+    reasons = Counter(r.headers["x-dlq-reason"] for r in dlq)
+    want = Counter({str(k): v for k, v in expected.dead_letters.items()})
+    assert reasons == want, (f"dead-letter reasons: got {dict(reasons)}, expected {dict(want)}; over: "
+                             f"{dict(reasons - want)}, short: {dict(want - reasons)}")
     groups: dict[str, list[Any]] = defaultdict(list)
     for t in train:
         groups[t.group_key].append(t)

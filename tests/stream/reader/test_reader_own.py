@@ -167,3 +167,52 @@ def test_a_second_head_of_a_group_is_dropped_and_an_outline_counts_what_batching
     (outline,) = group.samples
     assert len(outline.sample.tokens) == 12 and loss_tokens(outline) == 3
     assert (group.offsets, group.timestamp_ms, group.oldest_version, group.problem) == ((7,), 1234, 4, "bad")
+
+
+
+def test_the_next_batch_is_fetched_while_the_trainer_trains_this_one(cluster, monkeypatch):
+    """After each batch the rank's rows of the next are fetched on the fetcher's thread; asking for that batch
+    then fetches nothing (no request of its own), and the batches are those of a whole-topic reader."""
+    from rollout_stream.reader.payloads import PayloadFetcher
+
+    requests: list[str] = []
+    submit, ahead = PayloadFetcher._submit, PayloadFetcher.ahead
+
+    def counting_ahead(self: PayloadFetcher, *args: Any) -> None:
+        requests.append("ahead")
+        ahead(self, *args)
+
+    def counting_submit(self: PayloadFetcher, *args: Any) -> Any:
+        if requests[-1:] != ["ahead"]:
+            requests.append("asked")
+        return submit(self, *args)
+
+    monkeypatch.setattr(PayloadFetcher, "ahead", counting_ahead)
+    monkeypatch.setattr(PayloadFetcher, "_submit", counting_submit)
+    staged(cluster, 8)
+    with reader("own", 0) as own:
+        got = batches(own, 4)
+    # the first batch is asked for; each next one was fetched ahead; after the last nothing is left to guess
+    assert requests == ["asked", "ahead", "ahead", "ahead"], requests
+    with reader("all", 0) as whole:
+        for a, b in zip(got, batches(whole, 4), strict=True):
+            same(a, b)
+
+
+def test_a_wrong_guess_ahead_costs_bytes_never_a_different_batch(cluster):
+    """The guess ahead treats every group as fresh; a weight version set after it makes two of them stale.
+    The batches are still those of a whole-topic reader with the same versions, rank by rank."""
+    staged(cluster, 8)  # group g has weight version g % 3
+    for rank in range(WORLD):
+        with reader("own", rank, max_weight_staleness=0) as own, \
+                reader("all", rank, max_weight_staleness=0) as whole:
+            for r in (own, whole):
+                r.set_weight_version(1)
+            a, b = own.next_batch(10.0), whole.next_batch(10.0)
+            assert a is not None and b is not None
+            same(a, b)
+            for r in (own, whole):
+                r.set_weight_version(2)  # after the guess: the groups of version 1 become stale
+            a, b = own.next_batch(10.0), whole.next_batch(10.0)
+            assert a is not None and b is not None and a.skipped_stale > 0
+            same(a, b)

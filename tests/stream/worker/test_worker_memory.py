@@ -507,3 +507,35 @@ def test_refill_keeps_a_zero_variance_group_off_train_data_and_tells_the_admissi
     assert w.stats.zero_variance_groups == 1 and w.stats.zero_variance_dropped == 2
     said = [decode_admission(r.value or b"") for r in cluster.records("out.admission")]
     assert [(r.keys, r.reason) for r in said if isinstance(r, Resolved)] == [(["m/1"], "zero_variance")]
+
+
+def dead_letters(cluster: MemoryCluster) -> list[str]:
+    return [dict(r.headers)["x-dlq-reason"].decode() for r in cluster.records(TOPICS.dead_letter)]
+
+
+def test_revoked_partitions_are_not_the_workers_until_assigned_again(cluster):
+    """kafka-python runs a rebalance on its IO thread: between the revocation and the next assignment the
+    loop goes on, and the partitions may already be another worker's. Nothing of them is expired, processed
+    or committed then; records of them that come are read again once they are given back."""
+    produce(cluster, group(0, size=4)[:2] + group(1, size=4)[:2])  # two groups half there: open windows
+    now = [1_000.0]
+    w1 = worker(cluster, "w1")
+    w1.processor.clock = lambda: now[0]
+    steps(w1)
+    commit(w1)
+    assert w1.store.open_count() == 2
+    mine = set(w1.processor.partitions.assigned)
+    w1.processor.revoke(mine)  # the listener, as a rebalance starts
+    now[0] += 120  # both groups past their 60 s timeout
+    produce(cluster, group(0, size=4)[2:])  # group 0 completes meanwhile
+    time.sleep(0.25)  # the expiry's turn comes round (every 0.2 s)
+    steps(w1)
+    commit(w1)
+    assert dead_letters(cluster) == [] and published(cluster) == Counter()  # not its partitions now
+    w1.processor.assign(mine)  # given back: restored from the commit, group 0's records read again
+    steps(w1)
+    time.sleep(0.25)
+    steps(w1)
+    commit(w1)
+    assert published(cluster) == Counter((b"m/0", r) for r in range(4))
+    assert dead_letters(cluster) == ["incomplete_group", "incomplete_group"]  # group 1, its two records
