@@ -165,6 +165,7 @@ def child_reader(args: argparse.Namespace) -> dict[str, Any]:
     groups = args.samples // GROUP
     started = time.perf_counter()
     samples = batches = 0
+    times: list[float] = []
     with TrainDataReader(args.bootstrap_servers, args.topic, f"bench-{uuid.uuid4().hex[:8]}",
                          start="earliest", groups_per_batch=GROUPS_PER_BATCH, rank=args.rank,
                          world_size=args.world, partition_idle_ms=0, publish_progress=False,
@@ -173,9 +174,13 @@ def child_reader(args: argparse.Namespace) -> dict[str, Any]:
             batch = reader.next_batch(timeout=300)
             if batch is None:
                 raise RuntimeError(f"only {batches} batches arrived")
+            times.append(time.perf_counter())
             batches += 1
             samples += len(batch.samples)
-    return {"seconds": time.perf_counter() - started, "samples": samples}
+            time.sleep(args.step_ms / 1000)  # the training step the next batch's fetch may overlap
+    # batches/s from the first batch to the last: the steady rate, without the process's start
+    rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    return {"seconds": time.perf_counter() - started, "samples": samples, "batches_per_s": rate}
 
 
 def share_of(placed: list[tuple[int, int, int]], rank: int, world: int) -> list[tuple[int, int]]:
@@ -267,7 +272,7 @@ def run_world(args: argparse.Namespace, path: str, world: int, plan: Path, workd
         [sys.executable, *(["-S"] if sys.flags.no_site else []), __file__, "--child", path, "--rank", str(r),
          "--world", str(world), "--topic",
          args.topic, "--bootstrap-servers", args.bootstrap_servers, "--samples", str(args.samples),
-         "--plan", str(plan), "--client", args.client],
+         "--plan", str(plan), "--client", args.client, "--step-ms", str(args.step_ms)],
         stdout=subprocess.PIPE, text=True) for r in range(world)]
     results = []
     for proc in procs:
@@ -284,6 +289,7 @@ def run_world(args: argparse.Namespace, path: str, world: int, plan: Path, workd
         "heads_bytes": heads,
         "samples": sum(r["samples"] for r in results),
         "rank_seconds_max": max(seconds),
+        "rank0_batches_per_s": results[0].get("batches_per_s"),
         # per rank: the topic's bytes it made available to its trainer (its share, or all it read) per second
         "rank_MBps_share": topic_bytes / world / 1e6 / max(seconds),
         "rank_MBps_fetched": fetched / world / 1e6 / max(seconds),
@@ -302,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default="all,share,own")
     parser.add_argument("--client", default="confluent")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="each reader rank sleeps this long after a batch, as a training step would")
     parser.add_argument("--child", choices=["all", "share", "own"])
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
@@ -328,10 +336,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{args.samples} samples, {topic_bytes / 1e6:.1f} MB ({topic_bytes // args.samples:,} B each), "
           f"client {args.client}")
-    print(f"{'path':<22}{'W':>3}{'fetched MB':>12}{'× topic':>9}{'s (slowest)':>13}{'MB/s/rank':>11}")
+    print(f"{'path':<22}{'W':>3}{'fetched MB':>12}{'× topic':>9}{'s (slowest)':>13}{'MB/s/rank':>11}"
+          f"{'batches/s r0':>14}")
     for r in rows:
+        rate = r["rank0_batches_per_s"]
         print(f"{r['path']:<22}{r['world']:>3}{r['fetched_bytes'] / 1e6:>12.1f}"
-              f"{r['fetched_over_topic']:>9.2f}{r['rank_seconds_max']:>13.2f}{r['rank_MBps_share']:>11.1f}")
+              f"{r['fetched_over_topic']:>9.2f}{r['rank_seconds_max']:>13.2f}{r['rank_MBps_share']:>11.1f}"
+              f"{'' if rate is None else f'{rate:.2f}':>14}")
     return 0
 
 
