@@ -31,6 +31,16 @@ class _AssignedConsumer(_Consumer):
             self._c.assign([_rd(tp, start) for tp in tps])
         self._untouched = {(tp.topic, tp.partition) for tp in tps} if start == OFFSET_BEGINNING else set()
 
+    def assign_at(self, tp: TopicPartition, offset: int) -> None:
+        # Assigned at the offset: assign() then seek() would start a fetch at the beginning first.
+        self._forget_all()
+        self._start.clear()
+        self._untouched = set()
+        with _translated:
+            self._c.assign([_rd(tp, offset)])
+        self._next[(tp.topic, tp.partition)] = offset
+        self._sought.add((tp.topic, tp.partition))
+
     def _irrelevant(self, error: KafkaError) -> bool:
         # librdkafka wants a group id even here and looks for its coordinator: a least-privilege reader
         # may not describe that placeholder group, and never uses it.

@@ -210,6 +210,10 @@ class _AssignedConsumer(_Consumer):
     def assign(self, tps: Sequence[TopicPartition]) -> None:
         self._c.assign([_ktp(tp) for tp in tps])
 
+    def assign_at(self, tp: TopicPartition, offset: int) -> None:
+        self.assign([tp])  # kafka-python fetches in poll(), after the seek
+        self.seek(tp, offset)
+
     def seek_to_beginning(self, tps: Sequence[TopicPartition]) -> None:
         self._c.seek_to_beginning(*[_ktp(tp) for tp in tps])
 

@@ -212,6 +212,10 @@ class MemoryAssignedConsumer(ConsumerBase):
             wanted = [TopicPartition(*tp) for tp in tps]
             self._assignment = {tp: keep.get(tp) or FetchState() for tp in wanted}
 
+    def assign_at(self, tp: TopicPartition, offset: int) -> None:
+        self.assign([tp])
+        self.seek(tp, offset)
+
     def seek_to_beginning(self, tps: Sequence[TopicPartition]) -> None:
         self._seek_lazily(tps, "earliest")
 
