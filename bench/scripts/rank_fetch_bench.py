@@ -178,8 +178,9 @@ def child_reader(args: argparse.Namespace) -> dict[str, Any]:
             batches += 1
             samples += len(batch.samples)
             time.sleep(args.step_ms / 1000)  # the training step the next batch's fetch may overlap
-    # batches/s from the first batch to the last: the steady rate, without the process's start
-    rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    # batches/s from the reader's start to its last batch (a whole-topic reader reads ahead of its first
+    # batch, so a rate from the first batch on would leave out what it fetched meanwhile)
+    rate = len(times) / (times[-1] - started) if times else 0.0
     return {"seconds": time.perf_counter() - started, "samples": samples, "batches_per_s": rate}
 
 

@@ -49,7 +49,7 @@ def fetch_tuning(client: str) -> dict[str, Any]:
         # fetch.queue.backoff.ms: once a record is queued, no fetch until this long has passed or a seek
         # comes (PayloadFetcher seeks after every record), so nothing is fetched past the offsets asked for
         return {"max_partition_fetch_bytes": 1, "fetch_max_bytes": 1000, "message.max.bytes": 1000,
-                "queued.min.messages": 1, "fetch.queue.backoff.ms": 1000}
+                "queued.min.messages": 1}
     if client == "kafka-python":
         return {"max_partition_fetch_bytes": 1, "fetch_max_bytes": 1, "max_poll_records": 1}
     return {"max_poll_records": 1}  # the in-memory seam: one record per poll
@@ -80,10 +80,6 @@ class PayloadFetcher:
         self.consumer: AssignedConsumer = client.assigned_consumer(
             client_id=client_id, max_record_bytes=max_record_bytes, **fetch_tuning(client.name))
         self.fetched_bytes = 0
-        # librdkafka, one record queued, waits fetch.queue.backoff.ms before its next fetch of the partition
-        # unless a seek wakes it: after each record the fetcher seeks to the next one it wants, even the
-        # adjacent one
-        self._seek_each = client.name == "confluent"
         self._requests: queue.Queue[_Request | None] = queue.Queue()
         self._ahead: _Request | None = None
         self._thread = threading.Thread(target=self._serve, name=f"{client_id}-payloads", daemon=True)
@@ -225,8 +221,8 @@ class PayloadFetcher:
                         if rec.offset in offsets and rec.value is not None:
                             got[(partition, rec.offset)] = (rec.value, chunk_header_of(rec.headers))
                 pending = [o for o in pending if (partition, o) not in got]
-                if pending and last is not None and (pending[0] > last + 1 or self._seek_each):
-                    c.seek(tp, pending[0])  # past the records of other ranks (librdkafka: and awake)
+                if pending and last is not None and pending[0] > last + 1:
+                    c.seek(tp, pending[0])  # skip the records of other ranks
 
     def close(self) -> None:
         """Stop the fetcher's thread (it closes the consumer), after the request under way."""
