@@ -181,7 +181,10 @@ def child_reader(args: argparse.Namespace) -> dict[str, Any]:
     # batches/s from the reader's start to its last batch (a whole-topic reader reads ahead of its first
     # batch, so a rate from the first batch on would leave out what it fetched meanwhile)
     rate = len(times) / (times[-1] - started) if times else 0.0
-    return {"seconds": time.perf_counter() - started, "samples": samples, "batches_per_s": rate}
+    # and from the first batch on: the steady rate of a long backlog (its read-ahead, a few batches, small)
+    steady = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    return {"seconds": time.perf_counter() - started, "samples": samples, "batches_per_s": rate,
+            "steady_batches_per_s": steady}
 
 
 def share_of(placed: list[tuple[int, int, int]], rank: int, world: int) -> list[tuple[int, int]]:
@@ -291,6 +294,7 @@ def run_world(args: argparse.Namespace, path: str, world: int, plan: Path, workd
         "samples": sum(r["samples"] for r in results),
         "rank_seconds_max": max(seconds),
         "rank0_batches_per_s": results[0].get("batches_per_s"),
+        "rank0_steady_batches_per_s": results[0].get("steady_batches_per_s"),
         # per rank: the topic's bytes it made available to its trainer (its share, or all it read) per second
         "rank_MBps_share": topic_bytes / world / 1e6 / max(seconds),
         "rank_MBps_fetched": fetched / world / 1e6 / max(seconds),

@@ -9,6 +9,11 @@ never fetches ahead of the offsets asked for (`fetch_tuning`; docs/reader.md, "B
 The fetching runs on the fetcher's thread, one request at a time, so the rows of the next batch can be
 fetched while the trainer trains this one (`ahead`): one batch ahead at most, what that guess got wrong
 fetched when the batch is asked for (`samples`).
+
+Rows whose records are small (under SMALL_RECORD_BYTES on average) are read forward instead: one consumer
+per partition reads on from where it stopped, other ranks' records included, with the usual fetch sizes.
+A request per record costs a round trip, which for small records takes longer than their bytes; a rank
+then receives the partitions' records from its first row on, as `fetch="all"` does, once.
 """
 
 from __future__ import annotations
@@ -30,11 +35,16 @@ from rollout_stream.core.structs import InputRecord
 from rollout_stream.kafka import AssignedConsumer, Client, TopicPartition
 from rollout_stream.reader.errors import PayloadError
 
-__all__ = ["PAYLOAD_TIMEOUT_S", "PayloadFetcher", "fetch_tuning"]
+__all__ = ["PAYLOAD_TIMEOUT_S", "SMALL_RECORD_BYTES", "PayloadFetcher", "fetch_tuning"]
 
 # How long a rank waits for a record its head points at: the head is committed with (exactly-once) or after
 # (at-least-once) the records, so they are readable; only a broker away keeps them.
 PAYLOAD_TIMEOUT_S = 120.0
+
+# Below this average record size a rank reads its partitions forward rather than record by record.
+SMALL_RECORD_BYTES = 64 << 10
+# Read forward at most this many records past the last one read to reach the next one wanted; further, seek.
+_FORWARD_GAP = 4096
 
 _Value = tuple[bytes, bytes | None]  # a record's value and its chunk header, if it is a chunk
 _Wanted = dict[int, set[int]]  # partition -> offsets
@@ -55,16 +65,43 @@ def fetch_tuning(client: str) -> dict[str, Any]:
     return {"max_poll_records": 1}  # the in-memory seam: one record per poll
 
 
+def _forward_tuning(client: str) -> dict[str, Any]:
+    """A consumer reading one partition forward: 1 MiB a fetch, and on librdkafka at most 8 MiB queued."""
+    if client == "confluent":
+        return {"max_partition_fetch_bytes": 1 << 20, "queued.max.messages.kbytes": 8 << 10}
+    if client == "kafka-python":
+        return {"max_partition_fetch_bytes": 1 << 20}
+    return {}
+
+
 @dataclass
 class _Request:
     """Offsets for the fetcher's thread to read: `got` and `error` once `done` is set; `cancelled`: stop."""
 
     wanted: _Wanted
     timeout_s: float
+    forward: bool = False  # small records: read each partition forward (`PayloadFetcher._read_forward`)
     got: dict[tuple[int, int], _Value] = field(default_factory=dict)
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
+
+
+@dataclass
+class _Forward:
+    """A consumer reading one partition forward: the next offset it returns (-1: not assigned yet), and the
+    records it returned past the last one a request wanted, by offset."""
+
+    consumer: AssignedConsumer
+    position: int = -1
+    kept: dict[int, _Value] = field(default_factory=dict)
+
+    def reaches(self, offset: int) -> bool:
+        """Whether `offset` is kept or ahead within _FORWARD_GAP records (else the consumer seeks)."""
+        if self.position < 0:
+            return False
+        first = min(self.kept, default=self.position)
+        return first <= offset <= self.position + _FORWARD_GAP
 
 
 class PayloadFetcher:
@@ -77,9 +114,11 @@ class PayloadFetcher:
 
     def __init__(self, client: Client, client_id: str, topic: str, max_record_bytes: int) -> None:
         self.topic = topic
+        self.client, self.client_id, self.max_record_bytes = client, client_id, max_record_bytes
         self.consumer: AssignedConsumer = client.assigned_consumer(
             client_id=client_id, max_record_bytes=max_record_bytes, **fetch_tuning(client.name))
         self.fetched_bytes = 0
+        self._forward: dict[int, _Forward] = {}  # partition -> its consumer reading forward
         self._requests: queue.Queue[_Request | None] = queue.Queue()
         self._ahead: _Request | None = None
         self._thread = threading.Thread(target=self._serve, name=f"{client_id}-payloads", daemon=True)
@@ -90,7 +129,8 @@ class PayloadFetcher:
         next, unless a fetch ahead is still under way."""
         if self._ahead is not None and not self._ahead.done.is_set():
             return
-        self._ahead = self._submit(self._wanted(self._places(rows, groups)), PAYLOAD_TIMEOUT_S)
+        places = self._places(rows, groups)
+        self._ahead = self._submit(self._wanted(places), PAYLOAD_TIMEOUT_S, self._small(rows, groups))
 
     def samples(self, rows: Sequence[TrainSample], groups: _Groups,
                 timeout_s: float = PAYLOAD_TIMEOUT_S) -> list[TrainSample]:
@@ -102,7 +142,7 @@ class PayloadFetcher:
         missing = {p: {o for o in offsets if (p, o) not in values} for p, offsets in wanted.items()}
         missing = {p: offsets for p, offsets in missing.items() if offsets}
         if missing:
-            request = self._submit(missing, timeout_s)
+            request = self._submit(missing, timeout_s, self._small(rows, groups))
             request.done.wait()
             if request.error is not None:
                 raise request.error
@@ -128,6 +168,16 @@ class PayloadFetcher:
         return [where[(o.group_key, lineage(o))] for o in rows]
 
     @staticmethod
+    def _small(rows: Sequence[TrainSample], groups: _Groups) -> bool:
+        """Whether `rows`' records are small on average (their heads say their sizes)."""
+        sizes: dict[tuple[str, Lineage], int] = {}
+        for group, head in groups:
+            for outline, s in zip(group.samples, head.samples, strict=True):
+                sizes[(outline.group_key, lineage(outline))] = s.nbytes
+        known = [sizes[key] for o in rows if (key := (o.group_key, lineage(o))) in sizes]
+        return bool(known) and sum(known) < SMALL_RECORD_BYTES * len(known)
+
+    @staticmethod
     def _wanted(places: Sequence[tuple[int, list[int]]]) -> _Wanted:
         wanted: _Wanted = {}
         for partition, offsets in places:
@@ -146,10 +196,10 @@ class PayloadFetcher:
             return {}
         return {key: value for key, value in request.got.items() if key[1] in wanted.get(key[0], ())}
 
-    def _submit(self, wanted: _Wanted, timeout_s: float) -> _Request:
+    def _submit(self, wanted: _Wanted, timeout_s: float, forward: bool = False) -> _Request:
         if not self._thread.is_alive():
             raise PayloadError(f"{self.topic}: the payload fetcher is closed")
-        request = _Request(wanted, timeout_s)
+        request = _Request(wanted, timeout_s, forward)
         self._requests.put(request)
         return request
 
@@ -164,6 +214,8 @@ class PayloadFetcher:
                     request.done.set()
         finally:
             self.consumer.close()
+            for reader in self._forward.values():
+                reader.consumer.close()
 
     def _whole(self, partition: int, offsets: list[int], values: dict[tuple[int, int], _Value]
                ) -> TrainSample:
@@ -201,6 +253,9 @@ class PayloadFetcher:
     def _fetch(self, request: _Request) -> None:
         c, got, timeout_s = self.consumer, request.got, request.timeout_s
         for partition, offsets in sorted(request.wanted.items()):
+            if request.forward:
+                self._read_forward(partition, offsets, request)
+                continue
             tp = TopicPartition(self.topic, partition)
             pending = sorted(offsets)
             c.assign_at(tp, pending[0])
@@ -223,6 +278,46 @@ class PayloadFetcher:
                 pending = [o for o in pending if (partition, o) not in got]
                 if pending and last is not None and pending[0] > last + 1:
                     c.seek(tp, pending[0])  # skip the records of other ranks
+
+    def _read_forward(self, partition: int, offsets: set[int], request: _Request) -> None:
+        """The records at `offsets` of `partition`, read on from where its consumer stopped (or from the first
+        of them, when that is behind it or far ahead): every record on the way is received once; those after
+        the last one wanted are kept for the next request."""
+        tp = TopicPartition(self.topic, partition)
+        pending = sorted(offsets)
+        reader = self._forward.get(partition)
+        if reader is None:
+            reader = self._forward[partition] = _Forward(self.client.assigned_consumer(
+                client_id=f"{self.client_id}-p{partition}", max_record_bytes=self.max_record_bytes,
+                **_forward_tuning(self.client.name)))
+        if not reader.reaches(pending[0]):
+            reader.consumer.assign_at(tp, pending[0])
+            reader.position, reader.kept = pending[0], {}
+        got = request.got
+        for offset in pending:  # what the last request read past its rows
+            if (value := reader.kept.pop(offset, None)) is not None:
+                got[(partition, offset)] = value
+        reader.kept = {o: v for o, v in reader.kept.items() if o > pending[-1]}
+        pending = [o for o in pending if (partition, o) not in got]
+        deadline = time.monotonic() + request.timeout_s
+        while pending:
+            if request.cancelled:
+                return
+            if time.monotonic() > deadline:
+                raise PayloadError(f"{self.topic} partition {partition}: offsets {pending[:5]}… not read "
+                                   f"within {request.timeout_s:g}s")
+            for records in reader.consumer.poll(0.1).values():
+                for rec in records:
+                    self.fetched_bytes += len(rec.value or b"")
+                    reader.position = rec.offset + 1
+                    if rec.value is None:
+                        continue
+                    value = (rec.value, chunk_header_of(rec.headers))
+                    if rec.offset in offsets:
+                        got[(partition, rec.offset)] = value
+                    elif rec.offset > pending[-1]:
+                        reader.kept[rec.offset] = value
+            pending = [o for o in pending if (partition, o) not in got]
 
     def close(self) -> None:
         """Stop the fetcher's thread (it closes the consumer), after the request under way."""

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import rollout_stream.reader.payloads as payloads
 import rollout_stream.reader.train_data as reader_module
 from rollout_stream.codec import Sample, ShapedArray, encode_sample
 from rollout_stream.kafka.memory import MemoryCluster
@@ -89,7 +90,9 @@ def same(a: Batch, b: Batch) -> None:
 
 
 @pytest.mark.parametrize("balance_tokens", [False, True])
-def test_each_rank_fetches_its_rows_only_and_gets_what_a_whole_topic_reader_gets(cluster, balance_tokens):
+def test_each_rank_fetches_its_rows_only_and_gets_what_a_whole_topic_reader_gets(cluster, balance_tokens,
+                                                                               monkeypatch):
+    monkeypatch.setattr(payloads, "SMALL_RECORD_BYTES", 0)  # every record fetched by offset
     staged(cluster, 8)
     n = 4  # 8 groups, 2 per batch
     for rank in range(WORLD):
@@ -216,3 +219,19 @@ def test_a_wrong_guess_ahead_costs_bytes_never_a_different_batch(cluster):
             a, b = own.next_batch(10.0), whole.next_batch(10.0)
             assert a is not None and b is not None and a.skipped_stale > 0
             same(a, b)
+
+
+def test_small_records_are_read_forward_once_and_give_the_batches_of_a_whole_topic_reader(cluster,
+                                                                                         monkeypatch):
+    """Rows of small records are read forward, each partition from the rank's first row on: a rank receives
+    other ranks' records too, each at most once, and its batches are a whole-topic reader's."""
+    monkeypatch.setattr(payloads, "SMALL_RECORD_BYTES", 1 << 40)  # every record counts as small
+    staged(cluster, 8)
+    topic_bytes = sum(len(r.value) for r in cluster.records(TOPICS.output))
+    for rank in range(WORLD):
+        with reader("own", rank) as own, reader("all", rank) as whole:
+            for a, b in zip(batches(own, 4), batches(whole, 4), strict=True):
+                same(a, b)
+            fetcher = own.source._fetcher  # type: ignore[attr-defined]
+            assert fetcher is not None and fetcher._forward  # read forward, not by offset
+            assert 0 < fetcher.fetched_bytes <= topic_bytes  # no record twice
