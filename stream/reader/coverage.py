@@ -234,8 +234,7 @@ class CoverageWatch:
     def _records(self, partition: int, start: int, end: int) -> list[tuple[int, str]]:
         probe = self._consumer("probe")
         tp = TopicPartition(self.topic, partition)
-        probe.assign([tp])
-        probe.seek(tp, start)
+        probe.assign_at(tp, start)  # assigned and sought, librdkafka would fetch the partition's first record
         found: list[tuple[int, str]] = []
         deadline = time.monotonic() + PROBE_BUDGET_S
         polled = False
@@ -257,8 +256,7 @@ class CoverageWatch:
         PROBE_BUDGET_S."""
         scan = self._consumer("scan")
         tp = TopicPartition(self.heads, partition)
-        scan.assign([tp])
-        scan.seek(tp, start)
+        scan.assign_at(tp, start)
         out: list[tuple[int, GroupHead]] = []
         deadline = time.monotonic() + PROBE_BUDGET_S
         while time.monotonic() < deadline and scan.fetch_position(tp) < end:

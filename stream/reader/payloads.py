@@ -10,10 +10,10 @@ The fetching runs on the fetcher's thread, one request at a time, so the rows of
 fetched while the trainer trains this one (`ahead`): one batch ahead at most, what that guess got wrong
 fetched when the batch is asked for (`samples`).
 
-Rows whose records are small (under SMALL_RECORD_BYTES on average) are read forward instead: one consumer
-per partition reads on from where it stopped, other ranks' records included, with the usual fetch sizes.
-A request per record costs a round trip, which for small records takes longer than their bytes; a rank
-then receives the partitions' records from its first row on, as `fetch="all"` does, once.
+When every record of a batch is small (under SMALL_RECORD_BYTES, none chunked), its rows are read forward
+instead: one consumer per partition reads on from where it stopped, other ranks' records included, with the
+usual fetch sizes. A request per record costs a round trip, which for small records takes longer than their
+bytes; a rank then receives the partitions' records from its first row on, as `fetch="all"` does, once.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class PayloadFetcher:
         if self._ahead is not None and not self._ahead.done.is_set():
             return
         places = self._places(rows, groups)
-        self._ahead = self._submit(self._wanted(places), PAYLOAD_TIMEOUT_S, self._small(rows, groups))
+        self._ahead = self._submit(self._wanted(places), PAYLOAD_TIMEOUT_S, self._small(groups))
 
     def samples(self, rows: Sequence[TrainSample], groups: _Groups,
                 timeout_s: float = PAYLOAD_TIMEOUT_S) -> list[TrainSample]:
@@ -142,7 +142,7 @@ class PayloadFetcher:
         missing = {p: {o for o in offsets if (p, o) not in values} for p, offsets in wanted.items()}
         missing = {p: offsets for p, offsets in missing.items() if offsets}
         if missing:
-            request = self._submit(missing, timeout_s, self._small(rows, groups))
+            request = self._submit(missing, timeout_s, self._small(groups))
             request.done.wait()
             if request.error is not None:
                 raise request.error
@@ -168,14 +168,11 @@ class PayloadFetcher:
         return [where[(o.group_key, lineage(o))] for o in rows]
 
     @staticmethod
-    def _small(rows: Sequence[TrainSample], groups: _Groups) -> bool:
-        """Whether `rows`' records are small on average (their heads say their sizes)."""
-        sizes: dict[tuple[str, Lineage], int] = {}
-        for group, head in groups:
-            for outline, s in zip(group.samples, head.samples, strict=True):
-                sizes[(outline.group_key, lineage(outline))] = s.nbytes
-        known = [sizes[key] for o in rows if (key := (o.group_key, lineage(o))) in sizes]
-        return bool(known) and sum(known) < SMALL_RECORD_BYTES * len(known)
+    def _small(groups: _Groups) -> bool:
+        """Whether every record of the batch's groups is small and whole (their heads say their sizes): read
+        forward, a rank receives the others' records too."""
+        samples = [s for _, head in groups for s in head.samples]
+        return bool(samples) and all(len(s.offsets) == 1 and s.nbytes < SMALL_RECORD_BYTES for s in samples)
 
     @staticmethod
     def _wanted(places: Sequence[tuple[int, list[int]]]) -> _Wanted:

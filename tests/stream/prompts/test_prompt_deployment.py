@@ -1,11 +1,12 @@
-"""The loop at a deployment's shape, on the real broker and each client: 2,000 prompts for one and a half
+"""The loop at a deployment's shape, on the real broker (`make test`: the first client; the long tier: the
+other): 2,000 prompts for one and a half
 epochs, a fifth of them with rollouts 5x longer, 4 rollout processes, the stage and a 2-rank trainer, each
 its own OS process; a rollout process killed -9 mid-group, one SIGSTOPped past its lease with two or more
 takes waiting and resumed, the stage killed -9 and the trainer killed -9, each started again (docs/loop.md,
 "Through any crash").
 
-One run per client here; `bench/scripts/prompt_loop_processes.py --runs 10` is the ten-run
-acceptance whose figures docs/loop.md gives.
+One run here; `bench/scripts/prompt_loop_processes.py --runs 10 --client C` is the ten-run acceptance per
+client whose figures docs/loop.md gives.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.kafka(timeout=420)]
+pytestmark = [pytest.mark.kafka(timeout=420), pytest.mark.any_client]
 
 HARNESS = Path(__file__).resolve().parents[3] / "bench/scripts/prompt_loop_processes.py"
 

@@ -22,10 +22,10 @@ HEADS = heads_topic(TOPICS.output)
 WORLD = 4
 
 
-def moe(gi: int, rid: int, *, size: int = 4) -> Sample:
+def moe(gi: int, rid: int, *, size: int = 4, chunked: bool = True) -> Sample:
     """A rollout with routing replay (uint8, 2 layers, top-2) and a CSR sampling mask; some chunked."""
     rng = np.random.default_rng(gi * 100 + rid)
-    tokens = int(rng.integers(16, 64)) if rid % 3 else 40_000  # every third: larger than a chunk
+    tokens = int(rng.integers(16, 64)) if rid % 3 or not chunked else 40_000  # every third: over a chunk
     resp = tokens // 2
     counts = rng.integers(1, 4, resp)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
@@ -57,8 +57,8 @@ def cluster(monkeypatch) -> MemoryCluster:
     return c
 
 
-def staged(cluster: MemoryCluster, groups: int) -> None:
-    produce(cluster, [moe(g, r) for g in range(groups) for r in range(4)])
+def staged(cluster: MemoryCluster, groups: int, *, chunked: bool = True) -> None:
+    produce(cluster, [moe(g, r, chunked=chunked) for g in range(groups) for r in range(4)])
     w = worker(cluster, write_heads=True)
     steps(w, n=10)
     commit(w)
@@ -221,12 +221,10 @@ def test_a_wrong_guess_ahead_costs_bytes_never_a_different_batch(cluster):
             same(a, b)
 
 
-def test_small_records_are_read_forward_once_and_give_the_batches_of_a_whole_topic_reader(cluster,
-                                                                                         monkeypatch):
-    """Rows of small records are read forward, each partition from the rank's first row on: a rank receives
-    other ranks' records too, each at most once, and its batches are a whole-topic reader's."""
-    monkeypatch.setattr(payloads, "SMALL_RECORD_BYTES", 1 << 40)  # every record counts as small
-    staged(cluster, 8)
+def test_small_records_are_read_forward_once_and_give_the_batches_of_a_whole_topic_reader(cluster):
+    """Rows of a batch of small records are read forward, each partition from the rank's first row on: a rank
+    receives other ranks' records too, each at most once, and its batches are a whole-topic reader's."""
+    staged(cluster, 8, chunked=False)  # every record small and whole
     topic_bytes = sum(len(r.value) for r in cluster.records(TOPICS.output))
     for rank in range(WORLD):
         with reader("own", rank) as own, reader("all", rank) as whole:
