@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -309,6 +310,22 @@ _LONGEST_FILES_FIRST = (
     "tests/stream/worker/test_worker.py",
     "tests/codec/test_head.py",
 )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object | None) -> None:
+    """How a worker that died ended (its exit status or signal): a death prints nothing of its own."""
+    if error is None:
+        return
+    popen = getattr(getattr(getattr(node, "gateway", None), "_io", None), "popen", None)
+    try:
+        code = popen.wait(timeout=10) if popen is not None else None
+    except Exception as exc:  # noqa: BLE001 - a diagnostic must not break the run
+        code = f"unknown ({type(exc).__name__})"
+    killed = isinstance(code, int) and code < 0
+    how = f"signal {signal.Signals(-code).name}" if killed else f"exit status {code}"  # type: ignore[operator]
+    print(f"\nxdist worker {getattr(getattr(node, 'gateway', None), 'id', '?')} died: {how} ({error})",
+          file=sys.stderr, flush=True)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -150,4 +150,4 @@ class ConfluentClient:
     def admin(self, *, client_id: str | None = None, **tuning: Any) -> _Admin:
         settings = {**settings_for(self.conn, client_id), **_librdkafka_names(tuning)}
         with _translated:
-            return _Admin(AdminClient(settings))
+            return _Admin(AdminClient(settings), settings)

@@ -39,8 +39,8 @@ def _ops(found: Any) -> frozenset[str] | None:
 
 
 class _Admin:
-    def __init__(self, admin: AdminClient) -> None:
-        self._a = admin
+    def __init__(self, admin: AdminClient, settings: dict[str, Any]) -> None:
+        self._a, self._settings = admin, settings
 
     def _result(self, future: Any) -> Any:
         with _translated:
@@ -121,15 +121,22 @@ class _Admin:
 
     def group_offsets(self, groups: Sequence[str], tps: Sequence[TopicPartition]
                       ) -> dict[str, dict[TopicPartition, tuple[int, str]]]:
-        from confluent_kafka import ConsumerGroupTopicPartitions
+        # Read by a consumer of the group that never joins it, not by the admin API: librdkafka 2.16's
+        # ListConsumerGroupOffsets handles some OffsetFetch errors (a coordinator loading or moving) as a
+        # consumer does, through the client's consumer group, which an admin client does not have: the
+        # process segfaults (rd_kafka_cgrp_op from rd_kafka_handle_OffsetFetch, seen in a core dump).
+        from confluent_kafka import Consumer
 
         out: dict[str, dict[TopicPartition, tuple[int, str]]] = {}
-        for group in groups:  # the API takes one group per request
-            futures = self._a.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group, [_rd(tp) for tp in tps])], request_timeout=TIMEOUT_S)
-            result = self._result(futures[group])
+        for group in groups:
+            with _translated:
+                consumer = Consumer({**self._settings, "group.id": group, "enable.auto.commit": False})
+                try:
+                    found = consumer.committed([_rd(tp) for tp in tps], timeout=TIMEOUT_S)
+                finally:
+                    consumer.close()
             out[group] = {TopicPartition(tp.topic, tp.partition): (tp.offset, tp.metadata or "")
-                          for tp in result.topic_partitions if tp.offset >= 0}
+                          for tp in found if tp.offset >= 0}
         return out
 
     def _cluster(self, authorized_operations: bool = False) -> Any:
