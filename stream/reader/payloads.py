@@ -248,38 +248,50 @@ class PayloadFetcher:
         return last.record.value
 
     def _fetch(self, request: _Request) -> None:
-        c, got, timeout_s = self.consumer, request.got, request.timeout_s
+        read = self._read_forward if request.forward else self._read_by_offset
         for partition, offsets in sorted(request.wanted.items()):
-            if request.forward:
-                self._read_forward(partition, offsets, request)
-                continue
-            tp = TopicPartition(self.topic, partition)
-            pending = sorted(offsets)
-            c.assign_at(tp, pending[0])
-            deadline = time.monotonic() + timeout_s
-            while pending:
-                if request.cancelled:
-                    return
-                if time.monotonic() > deadline:
-                    raise PayloadError(f"{self.topic} partition {partition}: offsets {pending[:5]}… not read "
-                                       f"within {timeout_s:g}s")
-                last = None
-                # One record a poll: a poll takes what the client fetched ahead too, which a seek then drops
-                # (librdkafka's local queue holds the next record already).
-                for records in c.poll(0.1, max_records=1).values():
-                    for rec in records:
-                        self.fetched_bytes += len(rec.value or b"")
-                        last = rec.offset
-                        if rec.offset in offsets and rec.value is not None:
-                            got[(partition, rec.offset)] = (rec.value, chunk_header_of(rec.headers))
-                pending = [o for o in pending if (partition, o) not in got]
-                if pending and last is not None and pending[0] > last + 1:
-                    c.seek(tp, pending[0])  # skip the records of other ranks
+            if not read(partition, offsets, request):
+                return  # cancelled
 
-    def _read_forward(self, partition: int, offsets: set[int], request: _Request) -> None:
+    def _going_on(self, request: _Request, partition: int, pending: list[int], deadline: float) -> bool:
+        """Whether to poll again for `pending`: False once `request` is cancelled; PayloadError past
+        `deadline`."""
+        if request.cancelled:
+            return False
+        if time.monotonic() > deadline:
+            raise PayloadError(f"{self.topic} partition {partition}: offsets {pending[:5]}… not read within "
+                               f"{request.timeout_s:g}s")
+        return True
+
+    def _read_by_offset(self, partition: int, offsets: set[int], request: _Request) -> bool:
+        """The records at `offsets` of `partition`, one record batch a request, seeking past the others'
+        records. False: cancelled."""
+        c, got = self.consumer, request.got
+        tp = TopicPartition(self.topic, partition)
+        pending = sorted(offsets)
+        c.assign_at(tp, pending[0])
+        deadline = time.monotonic() + request.timeout_s
+        while pending:
+            if not self._going_on(request, partition, pending, deadline):
+                return False
+            last = None
+            # One record a poll: a poll takes what the client fetched ahead too, which a seek then drops
+            # (librdkafka's local queue holds the next record already).
+            for records in c.poll(0.1, max_records=1).values():
+                for rec in records:
+                    self.fetched_bytes += len(rec.value or b"")
+                    last = rec.offset
+                    if rec.offset in offsets and rec.value is not None:
+                        got[(partition, rec.offset)] = (rec.value, chunk_header_of(rec.headers))
+            pending = [o for o in pending if (partition, o) not in got]
+            if pending and last is not None and pending[0] > last + 1:
+                c.seek(tp, pending[0])  # skip the records of other ranks
+        return True
+
+    def _read_forward(self, partition: int, offsets: set[int], request: _Request) -> bool:
         """The records at `offsets` of `partition`, read on from where its consumer stopped (or from the first
         of them, when that is behind it or far ahead): every record on the way is received once; those after
-        the last one wanted are kept for the next request."""
+        the last one wanted are kept for the next request. False: cancelled."""
         tp = TopicPartition(self.topic, partition)
         pending = sorted(offsets)
         reader = self._forward.get(partition)
@@ -298,11 +310,8 @@ class PayloadFetcher:
         pending = [o for o in pending if (partition, o) not in got]
         deadline = time.monotonic() + request.timeout_s
         while pending:
-            if request.cancelled:
-                return
-            if time.monotonic() > deadline:
-                raise PayloadError(f"{self.topic} partition {partition}: offsets {pending[:5]}… not read "
-                                   f"within {request.timeout_s:g}s")
+            if not self._going_on(request, partition, pending, deadline):
+                return False
             for records in reader.consumer.poll(0.1).values():
                 for rec in records:
                     self.fetched_bytes += len(rec.value or b"")
@@ -315,6 +324,7 @@ class PayloadFetcher:
                     elif rec.offset > pending[-1]:
                         reader.kept[rec.offset] = value
             pending = [o for o in pending if (partition, o) not in got]
+        return True
 
     def close(self) -> None:
         """Stop the fetcher's thread (it closes the consumer), after the request under way."""
