@@ -159,11 +159,13 @@ def produce(bootstrap: str, topic: str, samples: int, tokens: int, layers: int, 
 
 # ---- the rank processes ------------------------------------------------------------------------
 def child_reader(args: argparse.Namespace) -> dict[str, Any]:
+    import torch  # noqa: F401  (a trainer has it loaded: its import, seconds, is not the reader's start-up)
+
     from rollout_stream.reader import TrainDataReader
 
     fetch: Literal["all", "own"] = "own" if args.child == "own" else "all"
     groups = args.samples // GROUP
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     samples = batches = 0
     times: list[float] = []
     with TrainDataReader(args.bootstrap_servers, args.topic, f"bench-{uuid.uuid4().hex[:8]}",
@@ -184,7 +186,8 @@ def child_reader(args: argparse.Namespace) -> dict[str, Any]:
     # and from the first batch on: the steady rate of a long backlog (its read-ahead, a few batches, small)
     steady = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
     return {"seconds": time.perf_counter() - started, "samples": samples, "batches_per_s": rate,
-            "steady_batches_per_s": steady}
+            "steady_batches_per_s": steady, "first_batch_s": times[0] - started if times else None,
+            "cpu_s": time.process_time() - cpu}
 
 
 def share_of(placed: list[tuple[int, int, int]], rank: int, world: int) -> list[tuple[int, int]]:
@@ -295,6 +298,8 @@ def run_world(args: argparse.Namespace, path: str, world: int, plan: Path, workd
         "rank_seconds_max": max(seconds),
         "rank0_batches_per_s": results[0].get("batches_per_s"),
         "rank0_steady_batches_per_s": results[0].get("steady_batches_per_s"),
+        "rank0_first_batch_s": results[0].get("first_batch_s"),
+        "rank_cpu_s": [r.get("cpu_s") for r in results],
         # per rank: the topic's bytes it made available to its trainer (its share, or all it read) per second
         "rank_MBps_share": topic_bytes / world / 1e6 / max(seconds),
         "rank_MBps_fetched": fetched / world / 1e6 / max(seconds),
@@ -342,12 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.samples} samples, {topic_bytes / 1e6:.1f} MB ({topic_bytes // args.samples:,} B each), "
           f"client {args.client}")
     print(f"{'path':<22}{'W':>3}{'fetched MB':>12}{'× topic':>9}{'s (slowest)':>13}{'MB/s/rank':>11}"
-          f"{'batches/s r0':>14}")
+          f"{'batches/s r0':>14}{'1st batch s':>13}")
     for r in rows:
-        rate = r["rank0_batches_per_s"]
+        rate, first = r["rank0_batches_per_s"], r.get("rank0_first_batch_s")
         print(f"{r['path']:<22}{r['world']:>3}{r['fetched_bytes'] / 1e6:>12.1f}"
               f"{r['fetched_over_topic']:>9.2f}{r['rank_seconds_max']:>13.2f}{r['rank_MBps_share']:>11.1f}"
-              f"{'' if rate is None else f'{rate:.2f}':>14}")
+              f"{'' if rate is None else f'{rate:.2f}':>14}"
+              f"{'' if first is None else f'{first:.2f}':>13}")
     return 0
 
 

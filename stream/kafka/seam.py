@@ -203,7 +203,9 @@ class GroupConsumer(_Consuming, Protocol):
 
 
 class AssignedConsumer(_Consuming, Protocol):
-    def assign(self, tps: Sequence[TopicPartition]) -> None: ...
+    def assign(self, tps: Sequence[TopicPartition]) -> None:
+        """Assign `tps` (replacing what was assigned), none of them paused."""
+        ...
     def assign_at(self, tp: TopicPartition, offset: int) -> None:
         """Assign `tp` alone, its first fetch at `offset` (no record before it is fetched first)."""
         ...

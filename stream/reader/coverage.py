@@ -29,8 +29,8 @@ from rollout_stream.codec import DecodeError
 from rollout_stream.codec.group_heads import GroupHead, decode_group_head
 from rollout_stream.kafka import AssignedConsumer, Client, TopicPartition
 from rollout_stream.logs import log_event
+from rollout_stream.reader.by_offset import fetch_tuning
 from rollout_stream.reader.errors import UncoveredRecords
-from rollout_stream.reader.payloads import fetch_tuning
 
 __all__ = ["COVERAGE_CHECK_S", "UNCOVERED_AFTER_S", "CoverageWatch"]
 

@@ -3,8 +3,7 @@
 Once a batch is planned from outline groups (rollout_stream.reader.heads), the rank fetches the train records
 of its rows only: each head says at which offsets of its partition a sample's record (or its chunk records)
 is, and each fetched sample is checked against its outline's lineage. The rows of other ranks are never
-fetched: the consumer is tuned so that the broker answers with one record batch per fetch and the client
-never fetches ahead of the offsets asked for (`fetch_tuning`; docs/reader.md, "Bytes each rank fetches").
+fetched: each record is read by offset, nothing after it fetched (rollout_stream.reader.by_offset).
 
 The fetching runs on the fetcher's thread, one request at a time, so the rows of the next batch can be
 fetched while the trainer trains this one (`ahead`): one batch ahead at most, what that guess got wrong
@@ -33,9 +32,10 @@ from rollout_stream.core.assembly import AssembledGroup, Lineage, lineage
 from rollout_stream.core.chunks import Added, ChunkAssembler, Refused, Whole
 from rollout_stream.core.structs import InputRecord
 from rollout_stream.kafka import AssignedConsumer, Client, TopicPartition
+from rollout_stream.reader.by_offset import ByOffsetReader, Value
 from rollout_stream.reader.errors import PayloadError
 
-__all__ = ["PAYLOAD_TIMEOUT_S", "SMALL_RECORD_BYTES", "PayloadFetcher", "fetch_tuning"]
+__all__ = ["PAYLOAD_TIMEOUT_S", "SMALL_RECORD_BYTES", "PayloadFetcher"]
 
 # How long a rank waits for a record its head points at: the head is committed with (exactly-once) or after
 # (at-least-once) the records, so they are readable; only a broker away keeps them.
@@ -45,24 +45,8 @@ PAYLOAD_TIMEOUT_S = 120.0
 SMALL_RECORD_BYTES = 64 << 10
 # Read forward at most this many records past the last one read to reach the next one wanted; further, seek.
 _FORWARD_GAP = 4096
-
-_Value = tuple[bytes, bytes | None]  # a record's value and its chunk header, if it is a chunk
 _Wanted = dict[int, set[int]]  # partition -> offsets
 _Groups = Sequence[tuple[AssembledGroup, GroupHead]]
-
-
-def fetch_tuning(client: str) -> dict[str, Any]:
-    """Consumer settings that make the broker answer with one record batch per fetch and the client never
-    fetch ahead of the offsets asked for: the smallest fetch sizes (a first batch larger than them still comes
-    whole) and, on librdkafka, one message in the local queue."""
-    if client == "confluent":
-        # fetch.queue.backoff.ms: once a record is queued, no fetch until this long has passed or a seek
-        # comes (PayloadFetcher seeks after every record), so nothing is fetched past the offsets asked for
-        return {"max_partition_fetch_bytes": 1, "fetch_max_bytes": 1000, "message.max.bytes": 1000,
-                "queued.min.messages": 1}
-    if client == "kafka-python":
-        return {"max_partition_fetch_bytes": 1, "fetch_max_bytes": 1, "max_poll_records": 1}
-    return {"max_poll_records": 1}  # the in-memory seam: one record per poll
 
 
 def _forward_tuning(client: str) -> dict[str, Any]:
@@ -81,7 +65,7 @@ class _Request:
     wanted: _Wanted
     timeout_s: float
     forward: bool = False  # small records: read each partition forward (`PayloadFetcher._read_forward`)
-    got: dict[tuple[int, int], _Value] = field(default_factory=dict)
+    got: dict[tuple[int, int], Value] = field(default_factory=dict)
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
@@ -94,7 +78,7 @@ class _Forward:
 
     consumer: AssignedConsumer
     position: int = -1
-    kept: dict[int, _Value] = field(default_factory=dict)
+    kept: dict[int, Value] = field(default_factory=dict)
 
     def reaches(self, offset: int) -> bool:
         """Whether `offset` is kept or ahead within _FORWARD_GAP records (else the consumer seeks)."""
@@ -115,9 +99,8 @@ class PayloadFetcher:
     def __init__(self, client: Client, client_id: str, topic: str, max_record_bytes: int) -> None:
         self.topic = topic
         self.client, self.client_id, self.max_record_bytes = client, client_id, max_record_bytes
-        self.consumer: AssignedConsumer = client.assigned_consumer(
-            client_id=client_id, max_record_bytes=max_record_bytes, **fetch_tuning(client.name))
-        self.fetched_bytes = 0
+        self._by_offset = ByOffsetReader(client, client_id, topic, max_record_bytes)
+        self._forward_bytes = 0
         self._forward: dict[int, _Forward] = {}  # partition -> its consumer reading forward
         self._requests: queue.Queue[_Request | None] = queue.Queue()
         self._ahead: _Request | None = None
@@ -181,7 +164,7 @@ class PayloadFetcher:
             wanted.setdefault(partition, set()).update(offsets)
         return wanted
 
-    def _from_ahead(self, wanted: _Wanted) -> dict[tuple[int, int], _Value]:
+    def _from_ahead(self, wanted: _Wanted) -> dict[tuple[int, int], Value]:
         """What the fetch ahead got of `wanted` (waited for if it got some); the rest of it is dropped."""
         request, self._ahead = self._ahead, None
         if request is None:
@@ -210,11 +193,11 @@ class PayloadFetcher:
                 finally:
                     request.done.set()
         finally:
-            self.consumer.close()
+            self._by_offset.close()
             for reader in self._forward.values():
                 reader.consumer.close()
 
-    def _whole(self, partition: int, offsets: list[int], values: dict[tuple[int, int], _Value]
+    def _whole(self, partition: int, offsets: list[int], values: dict[tuple[int, int], Value]
                ) -> TrainSample:
         parts = [values[(partition, o)] for o in offsets]
         value = parts[0][0] if len(parts) == 1 and parts[0][1] is None else self._joined(
@@ -225,7 +208,7 @@ class PayloadFetcher:
             raise PayloadError(
                 f"{self.topic} partition {partition} offsets {offsets}: {exc.message}") from exc
 
-    def _joined(self, partition: int, offsets: list[int], parts: list[_Value]) -> bytes:
+    def _joined(self, partition: int, offsets: list[int], parts: list[Value]) -> bytes:
         """One value from its chunk records, joined and checked (digest, size) by the core's assembler."""
         where = f"{self.topic} partition {partition} offsets {offsets}"
         assembler = ChunkAssembler(timeout_ms=0, max_value_bytes=sys.maxsize)
@@ -247,10 +230,19 @@ class PayloadFetcher:
         assert last.record.value is not None
         return last.record.value
 
+    @property
+    def fetched_bytes(self) -> int:
+        """The record bytes received, wanted or not."""
+        return self._by_offset.fetched_bytes + self._forward_bytes
+
     def _fetch(self, request: _Request) -> None:
-        read = self._read_forward if request.forward else self._read_by_offset
+        if not request.forward:
+            deadline = time.monotonic() + request.timeout_s
+            self._by_offset.read(request.wanted, request.got, lambda partition, pending: self._going_on(
+                request, partition, pending, deadline))
+            return
         for partition, offsets in sorted(request.wanted.items()):
-            if not read(partition, offsets, request):
+            if not self._read_forward(partition, offsets, request):
                 return  # cancelled
 
     def _going_on(self, request: _Request, partition: int, pending: list[int], deadline: float) -> bool:
@@ -261,31 +253,6 @@ class PayloadFetcher:
         if time.monotonic() > deadline:
             raise PayloadError(f"{self.topic} partition {partition}: offsets {pending[:5]}… not read within "
                                f"{request.timeout_s:g}s")
-        return True
-
-    def _read_by_offset(self, partition: int, offsets: set[int], request: _Request) -> bool:
-        """The records at `offsets` of `partition`, one record batch a request, seeking past the others'
-        records. False: cancelled."""
-        c, got = self.consumer, request.got
-        tp = TopicPartition(self.topic, partition)
-        pending = sorted(offsets)
-        c.assign_at(tp, pending[0])
-        deadline = time.monotonic() + request.timeout_s
-        while pending:
-            if not self._going_on(request, partition, pending, deadline):
-                return False
-            last = None
-            # One record a poll: a poll takes what the client fetched ahead too, which a seek then drops
-            # (librdkafka's local queue holds the next record already).
-            for records in c.poll(0.1, max_records=1).values():
-                for rec in records:
-                    self.fetched_bytes += len(rec.value or b"")
-                    last = rec.offset
-                    if rec.offset in offsets and rec.value is not None:
-                        got[(partition, rec.offset)] = (rec.value, chunk_header_of(rec.headers))
-            pending = [o for o in pending if (partition, o) not in got]
-            if pending and last is not None and pending[0] > last + 1:
-                c.seek(tp, pending[0])  # skip the records of other ranks
         return True
 
     def _read_forward(self, partition: int, offsets: set[int], request: _Request) -> bool:
@@ -314,7 +281,7 @@ class PayloadFetcher:
                 return False
             for records in reader.consumer.poll(0.1).values():
                 for rec in records:
-                    self.fetched_bytes += len(rec.value or b"")
+                    self._forward_bytes += len(rec.value or b"")
                     reader.position = rec.offset + 1
                     if rec.value is None:
                         continue

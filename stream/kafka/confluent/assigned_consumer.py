@@ -22,6 +22,7 @@ class _AssignedConsumer(_Consumer):
         self._untouched: set[tuple[str, int]] = set()
 
     def assign(self, tps: Sequence[TopicPartition]) -> None:
+        paused = set(self._paused)
         self._forget_all()
         self._start.clear()
         # Without a group of its own there is nothing committed to start from: asking would need the right to
@@ -29,17 +30,27 @@ class _AssignedConsumer(_Consumer):
         start = None if self._commit_group else OFFSET_BEGINNING
         with _translated:
             self._c.assign([_rd(tp, start) for tp in tps])
+        self._unpause(paused)
         self._untouched = {(tp.topic, tp.partition) for tp in tps} if start == OFFSET_BEGINNING else set()
 
     def assign_at(self, tp: TopicPartition, offset: int) -> None:
         # Assigned at the offset: assign() then seek() would start a fetch at the beginning first.
+        paused = set(self._paused)
         self._forget_all()
         self._start.clear()
         self._untouched = set()
         with _translated:
             self._c.assign([_rd(tp, offset)])
+        self._unpause(paused)
         self._next[(tp.topic, tp.partition)] = offset
         self._sought.add((tp.topic, tp.partition))
+
+    def _unpause(self, keys: set[tuple[str, int]]) -> None:
+        # librdkafka keeps a partition paused across assignments: one paused before fetches once assigned
+        # again, and one not assigned now would come back paused later (the seam's assign is never paused).
+        if keys:
+            with _translated:
+                self._c.resume([_rd(TopicPartition(topic, partition)) for topic, partition in keys])
 
     def _irrelevant(self, error: KafkaError) -> bool:
         # librdkafka wants a group id even here and looks for its coordinator: a least-privilege reader

@@ -208,7 +208,11 @@ class _GroupConsumer(_Consumer):
 
 class _AssignedConsumer(_Consumer):
     def assign(self, tps: Sequence[TopicPartition]) -> None:
-        self._c.assign([_ktp(tp) for tp in tps])
+        ktps = [_ktp(tp) for tp in tps]
+        self._c.assign(ktps)
+        # Assigned the same partitions again, kafka-python keeps their state, paused too: a new assignment
+        # fetches, as on librdkafka (its seam resumes what it paused).
+        self._c.resume(*ktps)
 
     def assign_at(self, tp: TopicPartition, offset: int) -> None:
         self.assign([tp])  # kafka-python fetches in poll(), after the seek

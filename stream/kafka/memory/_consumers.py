@@ -211,6 +211,8 @@ class MemoryAssignedConsumer(ConsumerBase):
             keep = self._assignment  # partitions assigned again keep their position, as in Kafka
             wanted = [TopicPartition(*tp) for tp in tps]
             self._assignment = {tp: keep.get(tp) or FetchState() for tp in wanted}
+            for state in self._assignment.values():
+                state.paused = False
 
     def assign_at(self, tp: TopicPartition, offset: int) -> None:
         self.assign([tp])

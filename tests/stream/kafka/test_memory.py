@@ -430,6 +430,16 @@ def test_pause_resume_and_backlog(cluster: MemoryCluster) -> None:
         consumer.pause([TopicPartition("in", 9)])
 
 
+def test_a_new_assignment_is_not_paused(cluster: MemoryCluster) -> None:
+    producer = plain(cluster)
+    for _ in range(3):
+        producer.send("in", b"v", partition=0)
+    consumer = reader(cluster, TP0)
+    consumer.pause([TP0])
+    consumer.assign_at(TP0, 1)  # as librdkafka and kafka-python do, through their seams
+    assert [r.offset for r in drain(consumer)] == [1, 2]
+
+
 def test_seeks_resolve_lazily(cluster: MemoryCluster) -> None:
     producer = plain(cluster)
     producer.send("in", b"a", partition=0)

@@ -1,0 +1,50 @@
+"""The seam's assigned consumer: a new assignment is never paused, on every client (real broker).
+
+librdkafka keeps a partition paused across assignments, and kafka-python keeps the state of a partition
+assigned again: a rank's payload fetcher that paused a partition and later asked for it again waited forever.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from rollout_stream.clients import Connection
+from rollout_stream.kafka import TopicPartition, TopicSpec, client_for
+
+
+def _first(consumer, deadline_s: float = 10.0) -> int | None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for records in consumer.poll(0.1, max_records=1).values():
+            return records[0].offset
+    return None
+
+
+def test_a_partition_paused_then_assigned_again_fetches(kafka_bootstrap, kafka_client):
+    client = client_for(Connection(kafka_bootstrap))
+    topic = f"assign-{uuid.uuid4().hex[:10]}"
+    admin = client.admin(client_id="assign-test")
+    admin.create_topics([TopicSpec(topic, 2)])
+    admin.close()
+    producer = client.producer(client_id="assign-test", max_record_bytes=1 << 20)
+    for i in range(20):
+        producer.send(topic, b"v", partition=i % 2)
+    producer.flush()
+    producer.close()
+    p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    consumer = client.assigned_consumer(client_id="assign-test", max_record_bytes=1 << 20)
+    try:
+        consumer.assign_at(p0, 3)
+        assert _first(consumer) == 3
+        consumer.pause([p0])
+        consumer.assign_at(p0, 7)  # the same partition, paused before
+        assert _first(consumer) == 7
+        consumer.pause([p0])
+        consumer.assign_at(p1, 2)  # another one: p0 leaves paused ...
+        assert _first(consumer) == 2
+        consumer.assign([p0])  # ... and comes back fetching
+        consumer.seek(p0, 5)
+        assert _first(consumer) == 5
+    finally:
+        consumer.close()
