@@ -185,6 +185,10 @@ class FetchThread(threading.Thread):
                                       joined.resume_from, partitions, self.stop)
                          if resuming else (None, {}))
         tps = {p: TopicPartition(topic, p) for p in partitions}
+        watch = self._watch = self.source.coverage()
+        # asked before the fetching starts: an offset query waits behind the connection's fetch, which the
+        # broker holds for fetch.wait.max.ms at a partition's end (three partitions: 0.3 s before the first batch)
+        begin = c.beginning_offsets(list(tps.values())) if watch is not None else {}
         c.assign(list(tps.values()))
         for p, tp in tps.items():
             if p in resume:
@@ -206,9 +210,7 @@ class FetchThread(threading.Thread):
         merger = GroupMerger(partitions, self.partition_idle_ms)
         paused: set[int] = set()  # by back-pressure
         held: set[int] = set()  # by the coverage watch: read again from where it held them, once released
-        watch = self._watch = self.source.coverage()
         if watch is not None:
-            begin = c.beginning_offsets(list(tps.values()))
             watch.start({p: c.position(tp) for p, tp in tps.items()}, {p: begin[tp] for p, tp in tps.items()})
 
         def holding(p: int) -> bool:
