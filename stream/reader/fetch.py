@@ -187,7 +187,7 @@ class FetchThread(threading.Thread):
         tps = {p: TopicPartition(topic, p) for p in partitions}
         watch = self._watch = self.source.coverage()
         # asked before the fetching starts: an offset query waits behind the connection's fetch, which the
-        # broker holds for fetch.wait.max.ms at a partition's end (three partitions: 0.3 s before the first batch)
+        # broker holds for fetch.wait.max.ms at a partition's end (3 partitions: 0.3 s before the first batch)
         begin = c.beginning_offsets(list(tps.values())) if watch is not None else {}
         c.assign(list(tps.values()))
         for p, tp in tps.items():

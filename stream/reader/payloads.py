@@ -65,6 +65,7 @@ class _Request:
     wanted: _Wanted
     timeout_s: float
     forward: bool = False  # small records: read each partition forward (`PayloadFetcher._read_forward`)
+    record_bytes: int = 0  # the largest record (or chunk record) of the batch, as its heads say
     got: dict[tuple[int, int], Value] = field(default_factory=dict)
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -113,7 +114,7 @@ class PayloadFetcher:
         if self._ahead is not None and not self._ahead.done.is_set():
             return
         places = self._places(rows, groups)
-        self._ahead = self._submit(self._wanted(places), PAYLOAD_TIMEOUT_S, self._small(groups))
+        self._ahead = self._submit(self._wanted(places), PAYLOAD_TIMEOUT_S, groups)
 
     def samples(self, rows: Sequence[TrainSample], groups: _Groups,
                 timeout_s: float = PAYLOAD_TIMEOUT_S) -> list[TrainSample]:
@@ -125,7 +126,7 @@ class PayloadFetcher:
         missing = {p: {o for o in offsets if (p, o) not in values} for p, offsets in wanted.items()}
         missing = {p: offsets for p, offsets in missing.items() if offsets}
         if missing:
-            request = self._submit(missing, timeout_s, self._small(groups))
+            request = self._submit(missing, timeout_s, groups)
             request.done.wait()
             if request.error is not None:
                 raise request.error
@@ -176,10 +177,11 @@ class PayloadFetcher:
             return {}
         return {key: value for key, value in request.got.items() if key[1] in wanted.get(key[0], ())}
 
-    def _submit(self, wanted: _Wanted, timeout_s: float, forward: bool = False) -> _Request:
+    def _submit(self, wanted: _Wanted, timeout_s: float, groups: _Groups) -> _Request:
         if not self._thread.is_alive():
             raise PayloadError(f"{self.topic}: the payload fetcher is closed")
-        request = _Request(wanted, timeout_s, forward)
+        sizes = [s.nbytes // len(s.offsets) for _, head in groups for s in head.samples if s.offsets]
+        request = _Request(wanted, timeout_s, self._small(groups), max(sizes, default=0))
         self._requests.put(request)
         return request
 
@@ -239,11 +241,9 @@ class PayloadFetcher:
         if not request.forward:
             deadline = time.monotonic() + request.timeout_s
             self._by_offset.read(request.wanted, request.got, lambda partition, pending: self._going_on(
-                request, partition, pending, deadline))
+                request, partition, pending, deadline), request.record_bytes)
             return
-        for partition, offsets in sorted(request.wanted.items()):
-            if not self._read_forward(partition, offsets, request):
-                return  # cancelled
+        self._read_forward(request)
 
     def _going_on(self, request: _Request, partition: int, pending: list[int], deadline: float) -> bool:
         """Whether to poll again for `pending`: False once `request` is cancelled; PayloadError past
@@ -255,11 +255,25 @@ class PayloadFetcher:
                                f"{request.timeout_s:g}s")
         return True
 
-    def _read_forward(self, partition: int, offsets: set[int], request: _Request) -> bool:
-        """The records at `offsets` of `partition`, read on from where its consumer stopped (or from the first
-        of them, when that is behind it or far ahead): every record on the way is received once; those after
-        the last one wanted are kept for the next request. False: cancelled."""
-        tp = TopicPartition(self.topic, partition)
+    def _read_forward(self, request: _Request) -> None:
+        """The records `request` wants, each partition read on from where its consumer stopped (or from the
+        first wanted, when that is behind it or far ahead), the partitions side by side: every record on the
+        way is received once; those after the last one wanted are kept for the next request. Returns early
+        once cancelled."""
+        deadline = time.monotonic() + request.timeout_s
+        pending = {p: self._forward_from(p, offsets, request.got)
+                   for p, offsets in sorted(request.wanted.items())}
+        wait = 0.1 if len(pending) == 1 else 0.01  # one partition's poll must not hold up the others'
+        while pending := {p: rest for p, rest in pending.items() if rest}:
+            for partition, rest in pending.items():
+                if not self._going_on(request, partition, rest, deadline):
+                    return
+                pending[partition] = self._forward_poll(partition, request, rest, wait)
+
+    def _forward_from(self, partition: int, offsets: set[int], got: dict[tuple[int, int], Value]
+                      ) -> list[int]:
+        """Readies the partition's forward reader for `offsets` and takes what it kept of them: the offsets
+        still to read."""
         pending = sorted(offsets)
         reader = self._forward.get(partition)
         if reader is None:
@@ -267,31 +281,30 @@ class PayloadFetcher:
                 client_id=f"{self.client_id}-p{partition}", max_record_bytes=self.max_record_bytes,
                 **_forward_tuning(self.client.name)))
         if not reader.reaches(pending[0]):
-            reader.consumer.assign_at(tp, pending[0])
+            reader.consumer.assign_at(TopicPartition(self.topic, partition), pending[0])
             reader.position, reader.kept = pending[0], {}
-        got = request.got
         for offset in pending:  # what the last request read past its rows
             if (value := reader.kept.pop(offset, None)) is not None:
                 got[(partition, offset)] = value
         reader.kept = {o: v for o, v in reader.kept.items() if o > pending[-1]}
-        pending = [o for o in pending if (partition, o) not in got]
-        deadline = time.monotonic() + request.timeout_s
-        while pending:
-            if not self._going_on(request, partition, pending, deadline):
-                return False
-            for records in reader.consumer.poll(0.1).values():
-                for rec in records:
-                    self._forward_bytes += len(rec.value or b"")
-                    reader.position = rec.offset + 1
-                    if rec.value is None:
-                        continue
-                    value = (rec.value, chunk_header_of(rec.headers))
-                    if rec.offset in offsets:
-                        got[(partition, rec.offset)] = value
-                    elif rec.offset > pending[-1]:
-                        reader.kept[rec.offset] = value
-            pending = [o for o in pending if (partition, o) not in got]
-        return True
+        return [o for o in pending if (partition, o) not in got]
+
+    def _forward_poll(self, partition: int, request: _Request, pending: list[int], wait_s: float
+                      ) -> list[int]:
+        """One poll of the partition's forward reader: the offsets of `pending` still to read."""
+        reader, offsets, got = self._forward[partition], request.wanted[partition], request.got
+        for records in reader.consumer.poll(wait_s).values():
+            for rec in records:
+                self._forward_bytes += len(rec.value or b"")
+                reader.position = rec.offset + 1
+                if rec.value is None:
+                    continue
+                value = (rec.value, chunk_header_of(rec.headers))
+                if rec.offset in offsets:
+                    got[(partition, rec.offset)] = value
+                elif rec.offset > pending[-1]:
+                    reader.kept[rec.offset] = value
+        return [o for o in pending if (partition, o) not in got]
 
     def close(self) -> None:
         """Stop the fetcher's thread (it closes the consumer), after the request under way."""

@@ -35,9 +35,9 @@ class _Assigns:
         self.log: list[tuple[int, int, float]] = []
         new_slot = reader._new_slot
 
-        def watched() -> Any:
-            slot = new_slot()
-            assign_at, index = slot.consumer.assign_at, len(reader._slots) - 1
+        def watched(slots: Any) -> Any:
+            slot = new_slot(slots)
+            assign_at, index = slot.consumer.assign_at, len(slots) - 1
 
             def logged(tp: Any, offset: int) -> None:
                 self.log.append((index, tp.partition, time.monotonic()))
@@ -100,7 +100,8 @@ def test_a_read_that_is_told_to_stop_leaves_its_partitions():
     reader.patient = True
     got: dict[tuple[int, int], Any] = {}
     assert not reader.read({0: {1, 2}, 1: {1}}, got, lambda partition, pending: False)
-    assert all(not slot.consumer._assignment for slot in reader._slots)  # type: ignore[attr-defined]
+    assert all(not slot.consumer._assignment  # type: ignore[attr-defined]
+               for slots in reader._slots.values() for slot in slots)
     reader.close()
 
 
