@@ -220,7 +220,7 @@ class FetchThread(threading.Thread):
             # once due, what it waits for is that partition's end, which a poll brings.
             due = merger.due_ms()
             wait = 0.1 if due is None else (due - time.time() * 1000) / 1000
-            polled = c.poll(wait if 0 < wait < 0.1 else 0.1)
+            polled = c.poll(wait if 0 < wait < 0.1 else 0.1, max_records=self.source.poll_records)
             for tp, records in polled.items():
                 if tp.partition in held:
                     continue  # polled before the pause: read again once released
