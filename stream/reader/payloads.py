@@ -11,8 +11,9 @@ fetched when the batch is asked for (`samples`).
 
 When every record of a batch is small (under SMALL_RECORD_BYTES, none chunked), its rows are read forward
 instead: one consumer per partition reads on from where it stopped, other ranks' records included, with the
-usual fetch sizes. A request per record costs a round trip, which for small records takes longer than their
-bytes; a rank then receives the partitions' records from its first row on, as `fetch="all"` does, once.
+usual fetch sizes, the partitions side by side. A request per record costs a round trip, which for small
+records takes longer than their bytes; a rank then receives the partitions' records from its first row on,
+as `fetch="all"` does, once.
 """
 
 from __future__ import annotations
@@ -90,11 +91,12 @@ class _Forward:
 
 
 class PayloadFetcher:
-    """Train records by offset: assign, seek, read the records asked for, seek past gaps.
+    """A rank's rows of a batch: its train records read by offset (`ByOffsetReader`), or forward when small,
+    joined and checked against their heads.
 
-    `client`: the seam's client the consumer is made with; `client_id`: the consumer's; `topic`: the
+    `client`: the seam's client the consumers are made with; `client_id`: their id prefix; `topic`: the
     train-data topic; `max_record_bytes`: the largest record it accepts. `fetched_bytes` counts the record
-    bytes received, wanted or not. The consumer is used by the fetcher's thread only.
+    bytes received, wanted or not. The consumers are used by the fetcher's thread only.
     """
 
     def __init__(self, client: Client, client_id: str, topic: str, max_record_bytes: int) -> None:
