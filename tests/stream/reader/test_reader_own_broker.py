@@ -1,7 +1,7 @@
 """Rank-local fetch on the real broker, on each client: the stage writes group heads, four reader ranks run as
 separate processes with `TrainDataReader(fetch="own")` over a backlog of MoE samples with routing replay and
 sampling masks. Every sample trains once, on exactly one rank, bit-exact; the ranks together fetch at most
-1.3 times the train-data bytes; a rank restarted mid-backlog resumes with the others."""
+1.15 times the train-data bytes; a rank restarted mid-backlog resumes with the others."""
 
 from __future__ import annotations
 
@@ -125,4 +125,4 @@ def test_four_rank_processes_train_every_sample_once_fetching_their_share_and_a_
     fetched = sum(f for _, f in results.values())
     print(f"{client}: the {WORLD} ranks fetched {fetched} B, {fetched / train_bytes:.3f} times train-data "
           f"({train_bytes} B)")
-    assert fetched <= 1.3 * train_bytes, f"the ranks fetched {fetched / train_bytes:.2f} times train-data"
+    assert fetched <= 1.15 * train_bytes, f"the ranks fetched {fetched / train_bytes:.2f} times train-data"
