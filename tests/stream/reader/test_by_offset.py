@@ -53,9 +53,10 @@ def _expected(values: dict[tuple[int, int], Any], wanted: dict[int, set[int]]) -
     return {(p, o): values[(p, o)] for p, offsets in wanted.items() for o in offsets}
 
 
-def _read(reader: ByOffsetReader, wanted: dict[int, set[int]]) -> dict[tuple[int, int], Any]:
+def _read(reader: ByOffsetReader, wanted: dict[int, set[int]], record_bytes: int = 0
+          ) -> dict[tuple[int, int], Any]:
     got: dict[tuple[int, int], Any] = {}
-    assert reader.read(wanted, got, lambda partition, pending: True)
+    assert reader.read(wanted, got, lambda partition, pending: True, record_bytes)
     return got
 
 
@@ -91,6 +92,26 @@ def test_a_consumer_is_not_given_a_partition_again_while_its_pause_there_lasts()
             assert at - last[(consumer, partition)] >= BACKOFF_MS / 1000 * 0.99
         last[(consumer, partition)] = at
     assert len(assigns.log) == 45
+    reader.close()
+
+
+def test_large_records_are_fetched_fewer_at_once_with_the_longer_pause():
+    cluster = _cluster(60)
+    reader = ByOffsetReader(cluster.client(), "rank-0", TOPIC, 1 << 20)
+    reader.patient = True
+    busy_most = 0
+    start = reader._start
+
+    def counting(jobs: Any, slots: Any, busy: Any, limit: int) -> None:
+        nonlocal busy_most
+        start(jobs, slots, busy, limit)
+        busy_most = max(busy_most, len(busy))
+
+    reader._start = counting  # type: ignore[method-assign]
+    _read(reader, {p: set(range(0, 20, 2)) for p in range(3)}, record_bytes=9 << 20)  # as an 8.6 MB batch
+    assert busy_most == by_offset.IN_FLIGHT_BYTES // (9 << 20) == 3
+    (pause_ms, slots), = reader._slots.items()
+    assert pause_ms == by_offset.LARGE_BACKOFF_MS and {slot.backoff_ms for slot in slots} == {pause_ms}
     reader.close()
 
 
