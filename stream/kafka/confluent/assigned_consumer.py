@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError
+from confluent_kafka import TopicPartition as RdTopicPartition
 
 from rollout_stream.kafka.confluent.consumer import _Consumer
 from rollout_stream.kafka.confluent.convert import _rd
@@ -22,35 +23,30 @@ class _AssignedConsumer(_Consumer):
         self._untouched: set[tuple[str, int]] = set()
 
     def assign(self, tps: Sequence[TopicPartition]) -> None:
-        paused = set(self._paused)
-        self._forget_all()
-        self._start.clear()
         # Without a group of its own there is nothing committed to start from: asking would need the right to
         # describe the placeholder group (a least-privilege reader has none), so start at the beginning.
         start = None if self._commit_group else OFFSET_BEGINNING
-        with _translated:
-            self._c.assign([_rd(tp, start) for tp in tps])
-        self._unpause(paused)
+        self._assign_anew([_rd(tp, start) for tp in tps])
         self._untouched = {(tp.topic, tp.partition) for tp in tps} if start == OFFSET_BEGINNING else set()
 
     def assign_at(self, tp: TopicPartition, offset: int) -> None:
         # Assigned at the offset: assign() then seek() would start a fetch at the beginning first.
-        paused = set(self._paused)
-        self._forget_all()
-        self._start.clear()
+        self._assign_anew([_rd(tp, offset)])
         self._untouched = set()
-        with _translated:
-            self._c.assign([_rd(tp, offset)])
-        self._unpause(paused)
         self._next[(tp.topic, tp.partition)] = offset
         self._sought.add((tp.topic, tp.partition))
 
-    def _unpause(self, keys: set[tuple[str, int]]) -> None:
-        # librdkafka keeps a partition paused across assignments: one paused before fetches once assigned
-        # again, and one not assigned now would come back paused later (the seam's assign is never paused).
-        if keys:
-            with _translated:
-                self._c.resume([_rd(TopicPartition(topic, partition)) for topic, partition in keys])
+    def _assign_anew(self, rd_tps: list[RdTopicPartition]) -> None:
+        """librdkafka's assign, what the seam knew of earlier partitions forgotten, none left paused."""
+        paused = set(self._paused)
+        self._forget_all()
+        self._start.clear()
+        with _translated:
+            self._c.assign(rd_tps)
+            # librdkafka keeps a partition paused across assignments: one paused before fetches once assigned
+            # again, and one not assigned now would come back paused later.
+            if paused:
+                self._c.resume([_rd(TopicPartition(topic, partition)) for topic, partition in paused])
 
     def _irrelevant(self, error: KafkaError) -> bool:
         # librdkafka wants a group id even here and looks for its coordinator: a least-privilege reader
