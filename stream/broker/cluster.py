@@ -30,7 +30,7 @@ from rollout_stream.broker.local import DEFAULT_DATA_DIR, DEFAULT_PORT, BrokerSt
 from rollout_stream.broker.process import StopOutcome, exclusive, free_port, port_is_free
 from rollout_stream.broker.properties import ClusterNode, new_cluster_id
 from rollout_stream.clients import Connection
-from rollout_stream.kafka import KafkaFailure, client_for
+from rollout_stream.kafka import KafkaFailure, TopicPartition, client_for
 
 __all__ = ["CLUSTER_JVM_OPTIONS", "INTERNAL_TOPICS", "LocalCluster", "NodeStatus", "is_cluster"]
 
@@ -234,7 +234,10 @@ class LocalCluster:
         try:
             while True:
                 try:
-                    admin.group_operations("rollout-stream-cluster-probe")  # creates __consumer_offsets
+                    # A group's committed offsets, asked as a consumer asks them, create __consumer_offsets.
+                    # Not DescribeGroups: librdkafka's admin request to a coordinator whose connection drops
+                    # (nodes still starting) can abort the process (rd_kafka_enq_once_del_source_return).
+                    admin.group_offsets([conn.client_id], [TopicPartition(INTERNAL_TOPICS[0], 0)])
                     producer = client.producer(client_id=conn.client_id, max_record_bytes=1 << 20,
                                                transactional_id="rollout-stream-cluster-probe")
                     try:
