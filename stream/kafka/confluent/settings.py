@@ -56,6 +56,14 @@ def settings_for(conn: Connection, client_id: str | None = None) -> dict[str, An
         "client.id": client_id or conn.client_id,
         "security.protocol": sec.protocol.lower(),
         "logger": librdkafka_log,
+        # librdkafka re-bootstraps when every broker it knows is down at once (one broker restarting, a whole
+        # cluster restarting), and the re-bootstrap decommissions the brokers it knew: a coordinator cached
+        # on a decommissioned broker is never asked for again (librdkafka#5511, fixed after 2.16), so the
+        # transactional producer's send_offsets_to_transaction hung until replaced and the group consumer
+        # found no coordinator for 45 s and more. Without it the known brokers stay, reconnecting with
+        # backoff, as the Java client did before 4.0. What is lost: a client whose brokers all come back at
+        # new addresses cannot find them from bootstrap.servers (a restart of the process does).
+        "metadata.recovery.strategy": "none",
     }
     if sec.uses_tls:
         if sec.ssl_cafile:
