@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError
 from confluent_kafka import TopicPartition as RdTopicPartition
@@ -30,11 +30,15 @@ class _AssignedConsumer(_Consumer):
         self._untouched = {(tp.topic, tp.partition) for tp in tps} if start == OFFSET_BEGINNING else set()
 
     def assign_at(self, tp: TopicPartition, offset: int) -> None:
-        # Assigned at the offset: assign() then seek() would start a fetch at the beginning first.
-        self._assign_anew([_rd(tp, offset)])
+        self.assign_from({tp: offset})
+
+    def assign_from(self, positions: Mapping[TopicPartition, int]) -> None:
+        # Assigned at the offsets: assign() then seek() would start a fetch at the beginning first.
+        self._assign_anew([_rd(tp, offset) for tp, offset in positions.items()])
         self._untouched = set()
-        self._next[(tp.topic, tp.partition)] = offset
-        self._sought.add((tp.topic, tp.partition))
+        for tp, offset in positions.items():
+            self._next[(tp.topic, tp.partition)] = offset
+            self._sought.add((tp.topic, tp.partition))
 
     def _assign_anew(self, rd_tps: list[RdTopicPartition]) -> None:
         """librdkafka's assign, what the seam knew of earlier partitions forgotten, none left paused."""

@@ -215,8 +215,12 @@ class _AssignedConsumer(_Consumer):
         self._c.resume(*ktps)
 
     def assign_at(self, tp: TopicPartition, offset: int) -> None:
-        self.assign([tp])  # kafka-python fetches in poll(), after the seek
-        self.seek(tp, offset)
+        self.assign_from({tp: offset})
+
+    def assign_from(self, positions: Mapping[TopicPartition, int]) -> None:
+        self.assign(list(positions))  # kafka-python fetches in poll(), after the seeks
+        for tp, offset in positions.items():
+            self.seek(tp, offset)
 
     def seek_to_beginning(self, tps: Sequence[TopicPartition]) -> None:
         self._c.seek_to_beginning(*[_ktp(tp) for tp in tps])

@@ -215,8 +215,12 @@ class MemoryAssignedConsumer(ConsumerBase):
                 state.paused = False
 
     def assign_at(self, tp: TopicPartition, offset: int) -> None:
-        self.assign([tp])
-        self.seek(tp, offset)
+        self.assign_from({tp: offset})
+
+    def assign_from(self, positions: Mapping[TopicPartition, int]) -> None:
+        self.assign(list(positions))
+        for tp, offset in positions.items():
+            self.seek(tp, offset)
 
     def seek_to_beginning(self, tps: Sequence[TopicPartition]) -> None:
         self._seek_lazily(tps, "earliest")

@@ -48,3 +48,30 @@ def test_a_partition_paused_then_assigned_again_fetches(kafka_bootstrap, kafka_c
         assert _first(consumer) == 5
     finally:
         consumer.close()
+
+
+def test_partitions_assigned_from_their_offsets_fetch_nothing_before_them(kafka_bootstrap, kafka_client):
+    client = client_for(Connection(kafka_bootstrap))
+    topic = f"assign-from-{uuid.uuid4().hex[:10]}"
+    admin = client.admin(client_id="assign-test")
+    admin.create_topics([TopicSpec(topic, 3)])
+    admin.close()
+    producer = client.producer(client_id="assign-test", max_record_bytes=1 << 20)
+    for i in range(30):
+        producer.send(topic, str(i).encode(), partition=i % 3)
+    producer.flush()
+    producer.close()
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    consumer = client.assigned_consumer(client_id="assign-test", max_record_bytes=1 << 20)
+    try:
+        consumer.assign_from({tps[1]: 0, tps[2]: 0})
+        consumer.pause([tps[2]])
+        consumer.assign_from({tps[0]: 4, tps[2]: 8})  # replaces the assignment; p2 was paused
+        seen: dict[int, list[int]] = {}
+        deadline = time.monotonic() + 10
+        while sum(map(len, seen.values())) < 8 and time.monotonic() < deadline:
+            for tp, records in consumer.poll(0.1).items():
+                seen.setdefault(tp.partition, []).extend(r.offset for r in records)
+        assert seen == {0: [4, 5, 6, 7, 8, 9], 2: [8, 9]}
+    finally:
+        consumer.close()

@@ -1,0 +1,49 @@
+"""Small records read forward (`PayloadFetcher`, in-memory seam): one consumer over the partitions, every
+record received once, and a partition read past its rows stops fetching once it keeps `_KEPT_BYTES`."""
+
+from __future__ import annotations
+
+import pytest
+
+import rollout_stream.reader.payloads as payloads
+from rollout_stream.kafka.memory import MemoryCluster
+from rollout_stream.reader.payloads import PayloadFetcher, _Request
+
+RECORDS, SIZE = 2000, 1000  # a partition
+
+
+def _read(fetcher: PayloadFetcher, wanted: dict[int, set[int]]) -> _Request:
+    request = _Request(wanted, 10.0, forward=True)
+    fetcher._requests.put(request)
+    request.done.wait()
+    assert request.error is None, request.error
+    return request
+
+
+@pytest.fixture
+def fetcher(monkeypatch) -> PayloadFetcher:
+    monkeypatch.setattr(payloads, "_KEPT_BYTES", 4096)
+    cluster = MemoryCluster(clock_ms=1_000_000)
+    cluster.create_topic("t", 2)
+    producer = cluster.client().producer(client_id="p", max_record_bytes=1 << 20)
+    for i in range(2 * RECORDS):
+        producer.send("t", (i // 2).to_bytes(4, "big") * (SIZE // 4), partition=i % 2)
+    producer.flush()
+    f = PayloadFetcher(cluster.client(), "test", "t", 1 << 20)
+    yield f
+    f.close()
+
+
+def test_a_partition_read_past_its_rows_keeps_a_bounded_amount_and_fetches_again_when_asked(fetcher):
+    first = _read(fetcher, {0: {0, 3}, 1: {0}})
+    assert sorted(first.got) == [(0, 0), (0, 3), (1, 0)]
+    second = _read(fetcher, {0: {RECORDS - 1}})  # p1 is fetched on the way, not wanted
+    assert sorted(second.got) == [(0, RECORDS - 1)]
+    held = fetcher._forward[1]
+    assert 1 in fetcher._forward_paused and 4096 <= held.kept_bytes < RECORDS * SIZE // 2
+    third = _read(fetcher, {1: {5, RECORDS - 1}})  # kept, then fetched again from where it stopped
+    assert {k: v[0][:4] for k, v in third.got.items()} == {
+        (1, 5): (5).to_bytes(4, "big"), (1, RECORDS - 1): (RECORDS - 1).to_bytes(4, "big")}
+    assert 1 not in fetcher._forward_paused
+    # every record received once: p0 to its end, p1 to its end, nothing twice
+    assert fetcher.fetched_bytes == 2 * RECORDS * SIZE
