@@ -13,8 +13,8 @@ When every record of a batch is small (under SMALL_RECORD_BYTES, none chunked), 
 instead: one consumer reads its partitions on from where each stopped, other ranks' records included, with
 the usual fetch sizes, the partitions in the same requests. A request per record costs a round trip, which
 for small records takes longer than their bytes; a rank then receives the partitions' records from its first
-row on, as `fetch="all"` does, once. (A consumer per partition cost kafka-python a network thread and the
-requests of each: a third more CPU than `fetch="all"` at 32 KB a record.)
+row on, as `fetch="all"` does, once. While no batch is asked for, it reads on ahead, as `fetch="all"` does, up
+to _AHEAD_BYTES in all: a trainer asking for batches back to back finds its rows read.
 """
 
 from __future__ import annotations
@@ -47,9 +47,12 @@ PAYLOAD_TIMEOUT_S = 120.0
 SMALL_RECORD_BYTES = 64 << 10
 # Read forward at most this many records past the last one read to reach the next one wanted; further, seek.
 _FORWARD_GAP = 4096
+# Between requests the partitions are read on ahead until they hold this much in all.
+_AHEAD_BYTES = 32 << 20
 # A partition read forward whose wanted rows are all read stops fetching once it holds this much read past
-# them (until the next request): the records a rank keeps for its next batch stay bounded.
-_KEPT_BYTES = 8 << 20
+# them (until the next request): what a rank keeps stays bounded when one partition runs far ahead of the
+# others. No less than _AHEAD_BYTES: a pause drops what librdkafka fetched, which it fetches again.
+_KEPT_BYTES = _AHEAD_BYTES
 _Wanted = dict[int, set[int]]  # partition -> offsets
 _Groups = Sequence[tuple[AssembledGroup, GroupHead]]
 
@@ -88,7 +91,7 @@ class _Forward:
 
     def reaches(self, offset: int) -> bool:
         """Whether `offset` is kept or ahead within _FORWARD_GAP records (else the consumer seeks)."""
-        first = min(self.kept, default=self.position)
+        first = next(iter(self.kept), self.position)  # kept in the order read: ascending
         return first <= offset <= self.position + _FORWARD_GAP
 
     def keep(self, offset: int, value: Value) -> None:
@@ -97,8 +100,11 @@ class _Forward:
 
     def drop_through(self, offset: int) -> None:
         """Forget what is kept up to `offset`."""
-        self.kept = {o: v for o, v in self.kept.items() if o > offset}
-        self.kept_bytes = sum(len(v[0]) for v in self.kept.values())
+        while self.kept and (first := next(iter(self.kept))) <= offset:
+            self.kept_bytes -= len(self.kept.pop(first)[0])
+
+
+_AHEAD = _Request({}, 0.0, forward=True)  # reading ahead: every record is kept
 
 
 class PayloadFetcher:
@@ -202,7 +208,7 @@ class PayloadFetcher:
 
     def _serve(self) -> None:
         try:
-            while (request := self._requests.get()) is not None:
+            while (request := self._next_request()) is not None:
                 try:
                     self._fetch(request)
                 except BaseException as exc:  # raised in the trainer's thread by samples()
@@ -213,6 +219,19 @@ class PayloadFetcher:
             self._by_offset.close()
             if self._forward_consumer is not None:
                 self._forward_consumer.close()
+
+    def _next_request(self) -> _Request | None:
+        """The next request; while none is asked, small records are read on ahead (as `fetch="all"` reads),
+        _AHEAD_BYTES in all. The client stops fetching when it is not polled (a pause would drop what it
+        fetched: librdkafka then fetched 7 to 23 times the topic)."""
+        wait = 0.0  # none while records come; at the partitions' ends, a short wait between polls
+        while self._forward_consumer is not None and len(self._forward_paused) < len(self._forward) and \
+                sum(state.kept_bytes for state in self._forward.values()) < _AHEAD_BYTES:
+            try:
+                return self._requests.get(timeout=wait) if wait else self._requests.get_nowait()
+            except queue.Empty:
+                wait = 0.0 if self._forward_poll(self._forward_consumer, _AHEAD, {}, wait_s=0.0) else 0.02
+        return self._requests.get()
 
     def _whole(self, partition: int, offsets: list[int], values: dict[tuple[int, int], Value]
                ) -> TrainSample:
@@ -323,18 +342,19 @@ class PayloadFetcher:
         state.drop_through(max(offsets))
         return sorted(o for o in offsets if (partition, o) not in got)
 
-    def _forward_poll(self, consumer: AssignedConsumer, request: _Request, pending: dict[int, list[int]]
-                      ) -> None:
+    def _forward_poll(self, consumer: AssignedConsumer, request: _Request, pending: dict[int, list[int]],
+                      wait_s: float = 0.05) -> int:
         """One poll of the forward consumer: `pending` narrowed to what is still to read; a partition with
-        nothing left to read that keeps _KEPT_BYTES stops fetching."""
-        got = request.got
-        for tp, records in consumer.poll(0.05).items():
+        nothing left to read that keeps _KEPT_BYTES stops fetching. The number of records received."""
+        got, received = request.got, 0
+        for tp, records in consumer.poll(wait_s).items():
             state = self._forward.get(tp.partition)
             if state is None:
                 continue
             offsets = request.wanted.get(tp.partition, set())
             rest = pending.get(tp.partition)
             last = rest[-1] if rest else -1  # kept: what comes after the last row still to read
+            received += len(records)
             for rec in records:
                 self._forward_bytes += len(rec.value or b"")
                 state.position = rec.offset + 1
@@ -352,6 +372,7 @@ class PayloadFetcher:
         if full:
             consumer.pause([self._tp(p) for p in full])
             self._forward_paused.update(full)
+        return received
     def close(self) -> None:
         """Stop the fetcher's thread (it closes the consumer), after the request under way."""
         if self._ahead is not None:

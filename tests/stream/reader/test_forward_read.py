@@ -47,3 +47,21 @@ def test_a_partition_read_past_its_rows_keeps_a_bounded_amount_and_fetches_again
     assert 1 not in fetcher._forward_paused
     # every record received once: p0 to its end, p1 to its end, nothing twice
     assert fetcher.fetched_bytes == 2 * RECORDS * SIZE
+
+
+def test_between_requests_the_partitions_are_read_ahead_up_to_a_bound(fetcher, monkeypatch):
+    import time
+
+    monkeypatch.setattr(payloads, "_AHEAD_BYTES", 64 << 10)
+    _read(fetcher, {0: {0}, 1: {0}})
+    deadline = time.monotonic() + 5
+    while sum(s.kept_bytes for s in fetcher._forward.values()) < 64 << 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    received = fetcher.fetched_bytes
+    kept = sum(s.kept_bytes for s in fetcher._forward.values())
+    assert 64 << 10 <= kept < RECORDS * SIZE  # read ahead, and stopped long before the partitions' ends
+    time.sleep(0.3)
+    assert fetcher.fetched_bytes == received  # nothing more while nothing is asked
+    ahead = _read(fetcher, {0: {40}, 1: {40}})  # found among what was read ahead
+    assert sorted(ahead.got) == [(0, 40), (1, 40)]
