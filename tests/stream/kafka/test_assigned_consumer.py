@@ -21,17 +21,23 @@ def _first(consumer, deadline_s: float = 10.0) -> int | None:
     return None
 
 
-def test_a_partition_paused_then_assigned_again_fetches(kafka_bootstrap, kafka_client):
-    client = client_for(Connection(kafka_bootstrap))
+def _filled(client, partitions: int) -> str:
+    """A new topic with 10 records in each partition."""
     topic = f"assign-{uuid.uuid4().hex[:10]}"
     admin = client.admin(client_id="assign-test")
-    admin.create_topics([TopicSpec(topic, 2)])
+    admin.create_topics([TopicSpec(topic, partitions)])
     admin.close()
     producer = client.producer(client_id="assign-test", max_record_bytes=1 << 20)
-    for i in range(20):
-        producer.send(topic, b"v", partition=i % 2)
+    for i in range(10 * partitions):
+        producer.send(topic, b"v", partition=i % partitions)
     producer.flush()
     producer.close()
+    return topic
+
+
+def test_a_partition_paused_then_assigned_again_fetches(kafka_bootstrap, kafka_client):
+    client = client_for(Connection(kafka_bootstrap))
+    topic = _filled(client, 2)
     p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
     consumer = client.assigned_consumer(client_id="assign-test", max_record_bytes=1 << 20)
     try:
@@ -52,15 +58,7 @@ def test_a_partition_paused_then_assigned_again_fetches(kafka_bootstrap, kafka_c
 
 def test_partitions_assigned_from_their_offsets_fetch_nothing_before_them(kafka_bootstrap, kafka_client):
     client = client_for(Connection(kafka_bootstrap))
-    topic = f"assign-from-{uuid.uuid4().hex[:10]}"
-    admin = client.admin(client_id="assign-test")
-    admin.create_topics([TopicSpec(topic, 3)])
-    admin.close()
-    producer = client.producer(client_id="assign-test", max_record_bytes=1 << 20)
-    for i in range(30):
-        producer.send(topic, str(i).encode(), partition=i % 3)
-    producer.flush()
-    producer.close()
+    topic = _filled(client, 3)
     tps = [TopicPartition(topic, p) for p in range(3)]
     consumer = client.assigned_consumer(client_id="assign-test", max_record_bytes=1 << 20)
     try:
