@@ -50,8 +50,9 @@ _FORWARD_GAP = 4096
 # Between requests the partitions are read on ahead until they hold this much in all.
 _AHEAD_BYTES = 32 << 20
 # A partition read forward whose wanted rows are all read stops fetching once it holds this much read past
-# them (until the next request): what a rank keeps stays bounded when one partition runs far ahead of the
-# others. No less than _AHEAD_BYTES: a pause drops what librdkafka fetched, which it fetches again.
+# them (until a request wants it): what a rank keeps stays bounded, at this much a partition and a fetch,
+# when one partition runs far ahead of the others. No less than _AHEAD_BYTES: a pause drops what librdkafka
+# fetched, which it fetches again.
 _KEPT_BYTES = _AHEAD_BYTES
 _Wanted = dict[int, set[int]]  # partition -> offsets
 _Groups = Sequence[tuple[AssembledGroup, GroupHead]]
@@ -219,6 +220,14 @@ class PayloadFetcher:
             self._by_offset.close()
             if self._forward_consumer is not None:
                 self._forward_consumer.close()
+            while True:  # a request left behind is answered, never waited on forever
+                try:
+                    left = self._requests.get_nowait()
+                except queue.Empty:
+                    break
+                if left is not None:
+                    left.error = PayloadError(f"{self.topic}: the payload fetcher stopped")
+                    left.done.set()
 
     def _next_request(self) -> _Request | None:
         """The next request; while none is asked, small records are read on ahead (as `fetch="all"` reads),
@@ -230,8 +239,23 @@ class PayloadFetcher:
             try:
                 return self._requests.get(timeout=wait) if wait else self._requests.get_nowait()
             except queue.Empty:
+                pass
+            try:
                 wait = 0.0 if self._forward_poll(self._forward_consumer, _AHEAD, {}, wait_s=0.0) else 0.02
+            except Exception:  # nobody asked for these records: the next request reads afresh, and fails
+                self._reset_forward()  # there if the failure lasts
         return self._requests.get()
+
+    def _reset_forward(self) -> None:
+        """Forget the forward reading, its consumer closed: the next request starts it afresh."""
+        consumer, self._forward_consumer = self._forward_consumer, None
+        self._forward.clear()
+        self._forward_paused.clear()
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception:  # closing a failed consumer: nothing more to learn from it
+                pass
 
     def _whole(self, partition: int, offsets: list[int], values: dict[tuple[int, int], Value]
                ) -> TrainSample:
@@ -295,7 +319,11 @@ class PayloadFetcher:
         is received once; those after the last one wanted are kept for the next request. Returns early once
         cancelled."""
         deadline = time.monotonic() + request.timeout_s
-        consumer = self._place_forward(request.wanted)
+        try:
+            consumer = self._place_forward(request.wanted)
+        except BaseException:  # its state would say placed what the consumer is not
+            self._reset_forward()
+            raise
         pending = {p: self._take_kept(p, offsets, request.got)
                    for p, offsets in sorted(request.wanted.items())}
         while any(pending.values()):
@@ -319,13 +347,18 @@ class PayloadFetcher:
             if state is None or not state.reaches(min(offsets)):
                 self._forward[partition] = _Forward(min(offsets))
                 moved.append(partition)
-        if new:  # each partition at its place, paused or not before
+        # Paused partitions this request does not want stay paused: each request would add a fetch to what
+        # they keep.
+        wake = self._forward_paused & wanted.keys()
+        if new:  # each partition at its place, all fetching
             consumer.assign_from({self._tp(p): state.position for p, state in self._forward.items()})
-            self._forward_paused.clear()
+            if rest := self._forward_paused - wake:
+                consumer.pause([self._tp(p) for p in rest])
+        elif wake:
+            consumer.resume([self._tp(p) for p in wake])
+        self._forward_paused -= wake
+        if new:
             return consumer
-        if self._forward_paused:
-            consumer.resume([self._tp(p) for p in self._forward_paused])
-            self._forward_paused.clear()
         for partition in moved:
             consumer.seek(self._tp(partition), self._forward[partition].position)
         return consumer

@@ -65,3 +65,40 @@ def test_between_requests_the_partitions_are_read_ahead_up_to_a_bound(fetcher, m
     assert fetcher.fetched_bytes == received  # nothing more while nothing is asked
     ahead = _read(fetcher, {0: {40}, 1: {40}})  # found among what was read ahead
     assert sorted(ahead.got) == [(0, 40), (1, 40)]
+
+
+def _until(condition, what: str, timeout_s: float = 5.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_partition_no_request_wants_stays_paused_and_keeps_no_more(fetcher):
+    _read(fetcher, {0: {0}, 1: {0}})
+    _read(fetcher, {0: {10}})
+    _until(lambda: 1 in fetcher._forward_paused, "p1 paused once it keeps _KEPT_BYTES")
+    held = fetcher._forward[1].kept_bytes
+    for k in range(20, 400, 20):  # requests for p0 alone: p1 is not woken to fetch again
+        _read(fetcher, {0: {k}})
+    assert fetcher._forward[1].kept_bytes == held and 1 in fetcher._forward_paused
+
+
+def test_a_failure_while_reading_ahead_leaves_the_fetcher_serving(fetcher, monkeypatch):
+    monkeypatch.setattr(payloads, "_KEPT_BYTES", 1 << 30)  # nothing paused: it reads on ahead to the ends
+    _read(fetcher, {0: {0}, 1: {0}})
+    consumer = fetcher._forward_consumer
+    real, failed = consumer.poll, []
+
+    def poll(timeout_s, max_records=None):
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("the broker went away")
+        return real(timeout_s, max_records)
+
+    monkeypatch.setattr(consumer, "poll", poll)
+    _until(lambda: fetcher._forward_consumer is None, "the failed read-ahead forgotten")
+    again = _read(fetcher, {0: {7}, 1: {9}})  # read afresh, by a new consumer
+    assert sorted(again.got) == [(0, 7), (1, 9)] and fetcher._thread.is_alive()
