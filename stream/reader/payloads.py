@@ -218,8 +218,7 @@ class PayloadFetcher:
                     request.done.set()
         finally:
             self._by_offset.close()
-            if self._forward_consumer is not None:
-                self._forward_consumer.close()
+            self._reset_forward()
             while True:  # a request left behind is answered, never waited on forever
                 try:
                     left = self._requests.get_nowait()
