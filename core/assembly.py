@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from rollout_stream.codec import Sample, TrainSample
 from rollout_stream.core.collate import (
     collation_problem,
@@ -319,7 +321,7 @@ def loss_tokens(s: TrainSample | Sample) -> int:
         return 0
     if sample.loss_mask is None:
         return sample.response_length
-    return int((sample.loss_mask.numpy() != 0).sum())
+    return int(np.count_nonzero(sample.loss_mask.numpy()))
 
 
 @dataclass(frozen=True, slots=True)

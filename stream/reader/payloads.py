@@ -14,7 +14,9 @@ instead: one consumer reads its partitions on from where each stopped, other ran
 the usual fetch sizes, the partitions in the same requests. A request per record costs a round trip, which
 for small records takes longer than their bytes; a rank then receives the partitions' records from its first
 row on, as `fetch="all"` does, once. While no batch is asked for, it reads on ahead, as `fetch="all"` does, up
-to _AHEAD_BYTES in all: a trainer asking for batches back to back finds its rows read.
+to _AHEAD_BYTES in all, and the trainer's thread takes the rows it finds read ahead itself, under a lock: a
+request to the fetcher's thread and the wait for its answer cost two thread wake-ups a batch, which on a
+machine busier than its cores (ranks beside their broker) took longer than the batch's rows.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import queue
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,11 +36,11 @@ from rollout_stream.codec.group_heads import GroupHead
 from rollout_stream.core.assembly import AssembledGroup, Lineage, lineage
 from rollout_stream.core.chunks import Added, ChunkAssembler, Refused, Whole
 from rollout_stream.core.structs import InputRecord
-from rollout_stream.kafka import AssignedConsumer, Client, TopicPartition
+from rollout_stream.kafka import AssignedConsumer, Client, Polled, TopicPartition
 from rollout_stream.reader.by_offset import ByOffsetReader, Value
 from rollout_stream.reader.errors import PayloadError
 
-__all__ = ["PAYLOAD_TIMEOUT_S", "SMALL_RECORD_BYTES", "PayloadFetcher"]
+__all__ = ["PAYLOAD_TIMEOUT_S", "SMALL_RECORD_BYTES", "PayloadFetcher", "small_records"]
 
 # How long a rank waits for a record its head points at: the head is committed with (exactly-once) or after
 # (at-least-once) the records, so they are readable; only a broker away keeps them.
@@ -87,7 +90,9 @@ class _Forward:
     the last one a request wanted, by offset (`kept_bytes` their values' bytes)."""
 
     position: int
-    kept: dict[int, Value] = field(default_factory=dict)
+    # in the order read, dropped from the front: a dict's front after many pops is a run of deleted slots that
+    # every look at its first key walks (27 µs a drop at 11,000 kept records)
+    kept: OrderedDict[int, Value] = field(default_factory=OrderedDict)
     kept_bytes: int = 0
 
     def reaches(self, offset: int) -> bool:
@@ -101,11 +106,19 @@ class _Forward:
 
     def drop_through(self, offset: int) -> None:
         """Forget what is kept up to `offset`."""
-        while self.kept and (first := next(iter(self.kept))) <= offset:
-            self.kept_bytes -= len(self.kept.pop(first)[0])
+        while self.kept and next(iter(self.kept)) <= offset:
+            self.kept_bytes -= len(self.kept.popitem(last=False)[1][0])
+
+
+def small_records(groups: _Groups) -> bool:
+    """Whether every record of a batch's groups is small and whole (their heads say their sizes): its rows are
+    read forward, a rank receives the others' records too."""
+    samples = [s for _, head in groups for s in head.samples]
+    return bool(samples) and all(len(s.offsets) == 1 and s.nbytes < SMALL_RECORD_BYTES for s in samples)
 
 
 _AHEAD = _Request({}, 0.0, forward=True)  # reading ahead: every record is kept
+_NUDGE = _Request({}, 0.0)  # rows were taken from what was read ahead: read on, if the bound stopped it
 
 
 class PayloadFetcher:
@@ -125,6 +138,9 @@ class PayloadFetcher:
         self._forward_consumer: AssignedConsumer | None = None  # reads small records forward
         self._forward: dict[int, _Forward] = {}  # partition -> where it is read forward
         self._forward_paused: set[int] = set()
+        # The forward state is shared: the fetcher's thread reads into it, the trainer's takes rows from it.
+        self._forward_lock = threading.Lock()
+        self._ahead_stopped = False  # reading ahead stopped at its bound: the thread waits
         self._requests: queue.Queue[_Request | None] = queue.Queue()
         self._ahead: _Request | None = None
         self._thread = threading.Thread(target=self._serve, name=f"{client_id}-payloads", daemon=True)
@@ -132,8 +148,8 @@ class PayloadFetcher:
 
     def ahead(self, rows: Sequence[TrainSample], groups: _Groups) -> None:
         """Start fetching the records behind `rows` (of `groups`), the rows this rank will likely ask for
-        next, unless a fetch ahead is still under way."""
-        if self._ahead is not None and not self._ahead.done.is_set():
+        next, unless a fetch ahead is still under way. Small records need none: they are read on ahead."""
+        if small_records(groups) or (self._ahead is not None and not self._ahead.done.is_set()):
             return
         places = self._places(rows, groups)
         self._ahead = self._submit(self._wanted(places), PAYLOAD_TIMEOUT_S, groups)
@@ -145,6 +161,8 @@ class PayloadFetcher:
         places = self._places(rows, groups)
         wanted = self._wanted(places)
         values = self._from_ahead(wanted)
+        if small_records(groups):
+            values.update(self._read_ahead(wanted))
         missing = {p: {o for o in offsets if (p, o) not in values} for p, offsets in wanted.items()}
         missing = {p: offsets for p, offsets in missing.items() if offsets}
         if missing:
@@ -174,13 +192,6 @@ class PayloadFetcher:
         return [where[(o.group_key, lineage(o))] for o in rows]
 
     @staticmethod
-    def _small(groups: _Groups) -> bool:
-        """Whether every record of the batch's groups is small and whole (their heads say their sizes): read
-        forward, a rank receives the others' records too."""
-        samples = [s for _, head in groups for s in head.samples]
-        return bool(samples) and all(len(s.offsets) == 1 and s.nbytes < SMALL_RECORD_BYTES for s in samples)
-
-    @staticmethod
     def _wanted(places: Sequence[tuple[int, list[int]]]) -> _Wanted:
         wanted: _Wanted = {}
         for partition, offsets in places:
@@ -199,17 +210,33 @@ class PayloadFetcher:
             return {}
         return {key: value for key, value in request.got.items() if key[1] in wanted.get(key[0], ())}
 
+    def _read_ahead(self, wanted: _Wanted) -> dict[tuple[int, int], Value]:
+        """The rows of `wanted` that reading ahead holds, taken (a partition's only if it holds them all); the
+        fetcher's thread reads on if the bound had stopped it."""
+        got: dict[tuple[int, int], Value] = {}
+        with self._forward_lock:
+            for partition, offsets in wanted.items():
+                state = self._forward.get(partition)
+                if state is not None and all(o in state.kept for o in offsets):
+                    self._take_kept(partition, offsets, got)
+            nudge, self._ahead_stopped = self._ahead_stopped and bool(got), self._ahead_stopped and not got
+        if nudge:
+            self._requests.put(_NUDGE)
+        return got
+
     def _submit(self, wanted: _Wanted, timeout_s: float, groups: _Groups) -> _Request:
         if not self._thread.is_alive():
             raise PayloadError(f"{self.topic}: the payload fetcher is closed")
         sizes = [s.nbytes // len(s.offsets) for _, head in groups for s in head.samples if s.offsets]
-        request = _Request(wanted, timeout_s, self._small(groups), max(sizes, default=0))
+        request = _Request(wanted, timeout_s, small_records(groups), max(sizes, default=0))
         self._requests.put(request)
         return request
 
     def _serve(self) -> None:
         try:
             while (request := self._next_request()) is not None:
+                if request is _NUDGE:
+                    continue
                 try:
                     self._fetch(request)
                 except BaseException as exc:  # raised in the trainer's thread by samples()
@@ -233,23 +260,38 @@ class PayloadFetcher:
         _AHEAD_BYTES in all. The client stops fetching when it is not polled (a pause would drop what it
         fetched: librdkafka then fetched 7 to 45 times the topic)."""
         wait = 0.0  # none while records come; at the partitions' ends, a short wait between polls
-        while self._forward_consumer is not None and len(self._forward_paused) < len(self._forward) and \
-                sum(state.kept_bytes for state in self._forward.values()) < _AHEAD_BYTES:
+        while (consumer := self._reading_ahead()) is not None:
             try:
                 return self._requests.get(timeout=wait) if wait else self._requests.get_nowait()
             except queue.Empty:
                 pass
             try:
-                wait = 0.0 if self._forward_poll(self._forward_consumer, _AHEAD, {}, wait_s=0.0) else 0.02
+                wait = 0.0 if self._forward_poll(consumer, _AHEAD, {}, wait_s=0.0) else 0.02
             except Exception:  # nobody asked for these records: the next request reads afresh, and fails
                 self._reset_forward()  # there if the failure lasts
         return self._requests.get()
 
+    def _reading_ahead(self) -> AssignedConsumer | None:
+        """The forward consumer, if it is to read on ahead: small records are read forward, some partition
+        fetches, and what is kept is under _AHEAD_BYTES (else `_ahead_stopped`, until rows are taken). A paused
+        partition whose rows the trainer took down to half of _KEPT_BYTES fetches again."""
+        with self._forward_lock:
+            if self._forward_consumer is None:
+                return None
+            if low := [p for p in self._forward_paused if self._forward[p].kept_bytes <= _KEPT_BYTES // 2]:
+                self._forward_consumer.resume([self._tp(p) for p in low])
+                self._forward_paused.difference_update(low)
+            on = len(self._forward_paused) < len(self._forward) and \
+                sum(state.kept_bytes for state in self._forward.values()) < _AHEAD_BYTES
+            self._ahead_stopped = not on
+            return self._forward_consumer if on else None
+
     def _reset_forward(self) -> None:
         """Forget the forward reading, its consumer closed: the next request starts it afresh."""
-        consumer, self._forward_consumer = self._forward_consumer, None
-        self._forward.clear()
-        self._forward_paused.clear()
+        with self._forward_lock:
+            consumer, self._forward_consumer = self._forward_consumer, None
+            self._forward.clear()
+            self._forward_paused.clear()
         if consumer is not None:
             try:
                 consumer.close()
@@ -319,12 +361,13 @@ class PayloadFetcher:
         cancelled."""
         deadline = time.monotonic() + request.timeout_s
         try:
-            consumer = self._place_forward(request.wanted)
+            with self._forward_lock:
+                consumer = self._place_forward(request.wanted)
+                pending = {p: self._take_kept(p, offsets, request.got)
+                           for p, offsets in sorted(request.wanted.items())}
         except BaseException:  # its state would say placed what the consumer is not
             self._reset_forward()
             raise
-        pending = {p: self._take_kept(p, offsets, request.got)
-                   for p, offsets in sorted(request.wanted.items())}
         while any(pending.values()):
             for partition, rest in pending.items():
                 if rest and not self._going_on(request, partition, rest, deadline):
@@ -378,8 +421,14 @@ class PayloadFetcher:
                       wait_s: float = 0.05) -> int:
         """One poll of the forward consumer: `pending` narrowed to what is still to read; a partition with
         nothing left to read that keeps _KEPT_BYTES stops fetching. The number of records received."""
+        polled = consumer.poll(wait_s)
+        with self._forward_lock:
+            return self._forward_took(consumer, polled, request, pending)
+
+    def _forward_took(self, consumer: AssignedConsumer, polled: Polled, request: _Request,
+                      pending: dict[int, list[int]]) -> int:
         got, received = request.got, 0
-        for tp, records in consumer.poll(wait_s).items():
+        for tp, records in polled.items():
             state = self._forward.get(tp.partition)
             if state is None:
                 continue

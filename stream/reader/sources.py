@@ -26,7 +26,7 @@ from rollout_stream.names import heads_topic
 from rollout_stream.reader.assembler import GroupAssembler
 from rollout_stream.reader.coverage import CoverageWatch
 from rollout_stream.reader.heads import HeadFold
-from rollout_stream.reader.payloads import PayloadFetcher
+from rollout_stream.reader.payloads import PayloadFetcher, small_records
 from rollout_stream.reader.stats import ReaderStats
 
 __all__ = ["Fetch", "Fetched", "GroupFold", "GroupSource", "HeadsAndPayloads", "WholeTopic", "group_source"]
@@ -83,6 +83,11 @@ class GroupSource(Protocol):
         """The train samples behind `rows` (samples of `batch`'s groups), in order."""
         ...
 
+    def fetches_ahead(self, batch: Sequence[Fetched]) -> bool:
+        """Whether `ahead` would fetch anything for the groups of `batch` (else the trainer's thread need not
+        plan it early)."""
+        ...
+
     def ahead(self, rows: Sequence[TrainSample], batch: Sequence[Fetched]) -> None:
         """`rows` (of `batch`'s groups) are likely asked for next: their payloads may be fetched now."""
         ...
@@ -114,8 +119,11 @@ class WholeTopic:
                  ) -> list[TrainSample]:
         return list(rows)
 
+    def fetches_ahead(self, batch: Sequence[Fetched]) -> bool:
+        return False  # the rows carry their payloads
+
     def ahead(self, rows: Sequence[TrainSample], batch: Sequence[Fetched]) -> None:
-        pass  # the rows carry their payloads
+        pass
 
     def close(self) -> None:
         pass
@@ -158,6 +166,10 @@ class HeadsAndPayloads:
         finally:  # what its thread fetched since, this batch's rows and those fetched ahead
             stats.payload_bytes += fetcher.fetched_bytes - self._counted
             self._counted = fetcher.fetched_bytes
+
+    def fetches_ahead(self, batch: Sequence[Fetched]) -> bool:
+        """Rows of large records are fetched ahead; small ones are read on ahead as they come."""
+        return not small_records([(f.group, f.head) for f in batch if f.head is not None])
 
     def ahead(self, rows: Sequence[TrainSample], batch: Sequence[Fetched]) -> None:
         """Fetch `rows` on the fetcher's thread while the trainer trains (one batch ahead at most)."""

@@ -293,9 +293,9 @@ class TrainDataReader:
         """With `fetch="own"`, have this rank's rows of the next batch fetched while the trainer trains this
         one: planned from the groups at hand as if each trained whole (staleness and the fence are judged when
         the batch completes; the rows that guess got wrong are fetched then)."""
-        if self.source.carries_payloads:
-            return
         upcoming = self._held.items + self._fetch.queued()
+        if not self.source.fetches_ahead(upcoming[:self.groups_per_batch]):
+            return
         plan = self._held.likely_plan(upcoming)
         if plan is not None:
             self.source.ahead(self.shape.own(plan), upcoming[:plan.taken])

@@ -102,3 +102,19 @@ def test_a_failure_while_reading_ahead_leaves_the_fetcher_serving(fetcher, monke
     _until(lambda: fetcher._forward_consumer is None, "the failed read-ahead forgotten")
     again = _read(fetcher, {0: {7}, 1: {9}})  # read afresh, by a new consumer
     assert sorted(again.got) == [(0, 7), (1, 9)] and fetcher._thread.is_alive()
+
+
+def test_rows_read_ahead_are_taken_by_the_trainers_thread_and_reading_ahead_goes_on(fetcher, monkeypatch):
+    monkeypatch.setattr(payloads, "_AHEAD_BYTES", 64 << 10)
+    _read(fetcher, {0: {0}, 1: {0}})
+    _until(lambda: fetcher._ahead_stopped, "reading ahead stopped at its bound")
+    assert fetcher._read_ahead({0: {5}, 1: {RECORDS - 1}}) == {
+        (0, 5): (b"\0\0\0\x05" * (SIZE // 4), None)}  # p1's row is not read yet: left to a request
+    received = fetcher.fetched_bytes
+    last = {p: {next(reversed(fetcher._forward[p].kept))} for p in (0, 1)}
+    taken = fetcher._read_ahead(last)  # all that was kept: reading ahead goes on
+    assert sorted(taken) == sorted((p, o) for p, offsets in last.items() for o in offsets)
+    _until(lambda: fetcher.fetched_bytes > received, "read on ahead once rows were taken")
+    assert fetcher._requests.qsize() == 0
+    rest = _read(fetcher, {1: {RECORDS - 1}})
+    assert sorted(rest.got) == [(1, RECORDS - 1)]
