@@ -29,6 +29,7 @@ from rollout_stream.kafka.topic_wait import wait_for_partitions
 from rollout_stream.names import heads_topic
 from rollout_stream.pacing import TrainerProgressPublisher
 from rollout_stream.reader.coverage import CoverageWatch
+from rollout_stream.reader.fetch_sizes import READER_FETCH_BYTES
 from rollout_stream.reader.position import join_world, record_world, resume_point
 from rollout_stream.reader.sources import Fetched, GroupSource
 from rollout_stream.reader.stats import ReaderStats
@@ -42,13 +43,6 @@ log = logging.getLogger("rollout_stream.reader")
 # before the reader starts (by the stage, or `rollout-stream topics create`) is in the cluster's metadata
 # within a few seconds; a name with a typo never is.
 TOPIC_WAIT_S = 10.0
-
-# A reader's fetch size per partition, as large as a whole response (the clients' 16 MiB). The broker cuts a
-# partition's data at this size, in the middle of a record batch, and the client drops the cut batch and
-# fetches it again: with records of 2.3 MB (32K-token MoE samples with routing replay) the clients' 4 MiB per
-# partition fetched 1.8 times the topic, 16 MiB 1.04 times (64 MiB: 1.02, with 64 MiB responses held at
-# once; docs/benchmarks.md, "Bytes each rank fetches").
-READER_FETCH_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
