@@ -165,7 +165,7 @@ class PayloadFetcher:
         wanted = self._wanted(places)
         values = self._from_ahead(wanted)
         if small_records(groups):
-            values.update(self._read_ahead(wanted))
+            values.update(self._take_read_ahead(wanted))
         missing = {p: {o for o in offsets if (p, o) not in values} for p, offsets in wanted.items()}
         missing = {p: offsets for p, offsets in missing.items() if offsets}
         if missing:
@@ -213,7 +213,7 @@ class PayloadFetcher:
             return {}
         return {key: value for key, value in request.got.items() if key[1] in wanted.get(key[0], ())}
 
-    def _read_ahead(self, wanted: _Wanted) -> dict[tuple[int, int], Value]:
+    def _take_read_ahead(self, wanted: _Wanted) -> dict[tuple[int, int], Value]:
         """The rows of `wanted` that reading ahead holds, taken (a partition's only if it holds them all); the
         fetcher's thread reads on if the bound had stopped it."""
         got: dict[tuple[int, int], Value] = {}

@@ -1,5 +1,6 @@
 """Small records read forward (`PayloadFetcher`, in-memory seam): one consumer over the partitions, every
-record received once, and a partition read past its rows stops fetching once it keeps `_KEPT_BYTES`."""
+record received once, a partition read past its rows stops fetching once it keeps `_KEPT_BYTES`, and rows
+read ahead are taken by the trainer's thread without a request."""
 
 from __future__ import annotations
 
@@ -108,11 +109,11 @@ def test_rows_read_ahead_are_taken_by_the_trainers_thread_and_reading_ahead_goes
     monkeypatch.setattr(payloads, "_AHEAD_BYTES", 64 << 10)
     _read(fetcher, {0: {0}, 1: {0}})
     _until(lambda: fetcher._ahead_stopped, "reading ahead stopped at its bound")
-    assert fetcher._read_ahead({0: {5}, 1: {RECORDS - 1}}) == {
+    assert fetcher._take_read_ahead({0: {5}, 1: {RECORDS - 1}}) == {
         (0, 5): (b"\0\0\0\x05" * (SIZE // 4), None)}  # p1's row is not read yet: left to a request
     received = fetcher.fetched_bytes
     last = {p: {next(reversed(fetcher._forward[p].kept))} for p in (0, 1)}
-    taken = fetcher._read_ahead(last)  # all that was kept: reading ahead goes on
+    taken = fetcher._take_read_ahead(last)  # all that was kept: reading ahead goes on
     assert sorted(taken) == sorted((p, o) for p, offsets in last.items() for o in offsets)
     _until(lambda: fetcher.fetched_bytes > received, "read on ahead once rows were taken")
     assert fetcher._requests.qsize() == 0
