@@ -4,7 +4,8 @@
   was `None`, and a drained slot keeps its spent object (`consumer._unpark_resumed`; a reader stalled for
   good);
 * a group join that completes while `poll()` times out can be dropped: the member owns partitions it never
-  receives (`consumer.RejoinWatchdog`: rejoin after `REJOIN_AFTER_S` without partitions);
+  receives, or keeps listing partitions it was revoked (`consumer.RejoinWatchdog`: rejoin after
+  `REJOIN_AFTER_S` without partitions, revoked ones not counted);
 * rebalance callbacks run on its IO thread as coroutines, where the blocking `commit()` may not run
   (`consumer._Listener` collects the commits of `on_revoked` and awaits the coroutine under `commit()`);
 * fetch positions and high watermarks are only readable without a network call from private state

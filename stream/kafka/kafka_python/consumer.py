@@ -130,6 +130,7 @@ class _Listener(AsyncConsumerRebalanceListener):  # type: ignore[misc]  # kafka-
         self.owner, self.listener = owner, listener
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        self._watched(revoked=True)
         self.owner._revoking = []
         try:
             self.listener.on_revoked({tp.partition for tp in revoked})
@@ -140,23 +141,32 @@ class _Listener(AsyncConsumerRebalanceListener):  # type: ignore[misc]  # kafka-
             await self.owner._c._coordinator._commit_offsets_sync_async(offsets)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        self._watched(revoked=False)
         self.listener.on_assigned({tp.partition for tp in assigned})
 
     async def on_partitions_lost(self, lost: Any) -> None:
+        self._watched(revoked=True)
         self.listener.on_lost({tp.partition for tp in lost})
+
+    def _watched(self, *, revoked: bool) -> None:
+        if self.owner._watchdog is not None:
+            self.owner._watchdog.revoked = revoked
 
 
 class RejoinWatchdog:
     """Call `check(now)` once per poll; it resubscribes after `after_s` without partitions (a dropped
-    join)."""
+    join). `revoked` is set from the rebalance listener: under the eager protocol kafka-python lists the
+    revoked partitions as assigned until the next join completes, so a rejoin dropped after a revocation
+    (partitions revoked 21 ms after their assignment, then nothing for a minute) looks assigned."""
 
     def __init__(self, consumer: Any, topic: str, after_s: float, listener: Any = None) -> None:
         self.consumer, self.topic, self.after_s, self.listener = consumer, topic, after_s, listener
         self.unassigned_since: float | None = None
+        self.revoked = False  # by the listener, on kafka-python's IO thread: revoked, not assigned since
 
     def check(self, now: float, assigned: bool = False) -> float | None:
         """Seconds without partitions when it rejoined just now, else None (`assigned`: the caller knows)."""
-        if assigned or self.consumer.assignment():
+        if assigned or (self.consumer.assignment() and not self.revoked):
             self.unassigned_since = None
             return None
         if self.unassigned_since is None:

@@ -41,3 +41,15 @@ def test_any_assignment_resets_the_clock() -> None:
     assert dog.check(11.0 + 15.0) == 11.0
     assert dog.check(100.0, assigned=True) is None and dog.unassigned_since is None
     assert consumer.calls[-1] == ("subscribe", ("rollouts",), None)
+
+
+def test_partitions_revoked_and_never_assigned_again_count_as_none() -> None:
+    consumer = _Consumer()
+    consumer.partitions = {0, 1, 2}  # kafka-python lists revoked partitions until the next join completes
+    dog = RejoinWatchdog(consumer, "rollouts", 30.0)
+    assert dog.check(0.0) is None and dog.unassigned_since is None
+    dog.revoked = True
+    assert dog.check(1.0) is None and dog.check(30.9) is None
+    assert dog.check(31.0) == 30.0 and consumer.calls[0] == ("unsubscribe",)
+    dog.revoked = False  # assigned again
+    assert dog.check(70.0) is None and dog.unassigned_since is None
