@@ -102,12 +102,16 @@ def read_topic(bootstrap: str, topic: str, *, min_count: int = 0, timeout: float
                              enable_auto_commit=False, max_partition_fetch_bytes=64 << 20,
                              fetch_max_bytes=64 << 20)
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
+        deadline = time.monotonic() + timeout
+        # A client still bootstrapping (or a topic created a moment ago) knows no partitions yet.
+        while not (parts := consumer.partitions_for_topic(topic)):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{topic}: no partitions in the cluster's metadata within {timeout}s")
+            time.sleep(0.1)
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         out: list[Read] = []
-        deadline = time.monotonic() + timeout
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
             problem = abort() if abort is not None else None
