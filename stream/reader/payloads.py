@@ -155,7 +155,7 @@ class PayloadFetcher:
         if small_records(groups) or (self._ahead is not None and not self._ahead.done.is_set()):
             return
         places = self._places(rows, groups)
-        self._ahead = self._submit(self._wanted(places), PAYLOAD_TIMEOUT_S, groups)
+        self._ahead = self._submit(self._wanted(places), PAYLOAD_TIMEOUT_S, groups, forward=False)
 
     def samples(self, rows: Sequence[TrainSample], groups: _Groups,
                 timeout_s: float = PAYLOAD_TIMEOUT_S) -> list[TrainSample]:
@@ -164,12 +164,12 @@ class PayloadFetcher:
         places = self._places(rows, groups)
         wanted = self._wanted(places)
         values = self._from_ahead(wanted)
-        if small_records(groups):
+        if small := small_records(groups):
             values.update(self._take_read_ahead(wanted))
         missing = {p: {o for o in offsets if (p, o) not in values} for p, offsets in wanted.items()}
         missing = {p: offsets for p, offsets in missing.items() if offsets}
         if missing:
-            request = self._submit(missing, timeout_s, groups)
+            request = self._submit(missing, timeout_s, groups, forward=small)
             request.done.wait()
             if request.error is not None:
                 raise request.error
@@ -227,11 +227,11 @@ class PayloadFetcher:
             self._requests.put(_NUDGE)
         return got
 
-    def _submit(self, wanted: _Wanted, timeout_s: float, groups: _Groups) -> _Request:
+    def _submit(self, wanted: _Wanted, timeout_s: float, groups: _Groups, *, forward: bool) -> _Request:
         if not self._thread.is_alive():
             raise PayloadError(f"{self.topic}: the payload fetcher is closed")
         sizes = [s.nbytes // len(s.offsets) for _, head in groups for s in head.samples if s.offsets]
-        request = _Request(wanted, timeout_s, small_records(groups), max(sizes, default=0))
+        request = _Request(wanted, timeout_s, forward, max(sizes, default=0))
         self._requests.put(request)
         return request
 

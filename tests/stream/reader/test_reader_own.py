@@ -185,10 +185,10 @@ def test_the_next_batch_is_fetched_while_the_trainer_trains_this_one(cluster, mo
         requests.append("ahead")
         ahead(self, *args)
 
-    def counting_submit(self: PayloadFetcher, *args: Any) -> Any:
+    def counting_submit(self: PayloadFetcher, *args: Any, **kwargs: Any) -> Any:
         if requests[-1:] != ["ahead"]:
             requests.append("asked")
-        return submit(self, *args)
+        return submit(self, *args, **kwargs)
 
     monkeypatch.setattr(PayloadFetcher, "ahead", counting_ahead)
     monkeypatch.setattr(PayloadFetcher, "_submit", counting_submit)
