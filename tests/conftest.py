@@ -262,11 +262,14 @@ def _test_clients() -> list[str]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # Tests on the session's broker, and those marked `every_client` (with brokers of their own: secured,
-    # restarted). Unmarked tests with brokers of their own run on the default client.
+    # restarted). Unmarked tests with brokers of their own run on the default client; a test of one client's
+    # implementation (marked `client`) on that client alone.
     on_every = ("kafka_bootstrap" in metafunc.fixturenames
                 or metafunc.definition.get_closest_marker("every_client") is not None)
     if on_every and "kafka_client" in metafunc.fixturenames:
-        metafunc.parametrize("kafka_client", _test_clients(), indirect=True)
+        one = metafunc.definition.get_closest_marker("client")
+        clients = [c for c in _test_clients() if one is None or c == one.args[0]]
+        metafunc.parametrize("kafka_client", clients, indirect=True)
 
 
 def _long_on_this_client(item: pytest.Item) -> bool:

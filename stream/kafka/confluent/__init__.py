@@ -33,7 +33,7 @@ from rollout_stream.kafka.confluent.assigned_consumer import _AssignedConsumer
 from rollout_stream.kafka.confluent.errors import _translated, translate
 from rollout_stream.kafka.confluent.group_consumer import _GroupConsumer
 from rollout_stream.kafka.confluent.producer import _Producer
-from rollout_stream.kafka.confluent.settings import _librdkafka_names, _SessionWatch, settings_for
+from rollout_stream.kafka.confluent.settings import _librdkafka_names, settings_for
 from rollout_stream.kafka.seam import heartbeat_interval_ms
 
 __all__ = ["ConfluentClient", "settings_for", "translate"]
@@ -89,10 +89,8 @@ class ConfluentClient:
             consumer_ref[0].connections = sum(1 for b in brokers.values()
                                               if b.get("state") == "UP" and b.get("nodeid", -1) >= 0)
 
-        watch = _SessionWatch()
         settings = {
             **self._consumer_settings(client_id, max_record_bytes, isolation, _librdkafka_names(tuning)),
-            "logger": watch,
             "group.id": group_id,
             "session.timeout.ms": int(session_timeout_s * 1000),
             "heartbeat.interval.ms": heartbeat_interval_ms(session_timeout_s),
@@ -103,7 +101,7 @@ class ConfluentClient:
         if instance_id is not None:
             settings["group.instance.id"] = instance_id
         with _translated:
-            consumer = _GroupConsumer(Consumer(settings), settings, watch)
+            consumer = _GroupConsumer(Consumer(settings), settings)
         consumer_ref.append(consumer)
         return consumer
 

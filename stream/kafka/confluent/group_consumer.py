@@ -12,22 +12,20 @@ from confluent_kafka import TopicPartition as RdTP
 
 from rollout_stream.kafka.confluent.consumer import _Consumer
 from rollout_stream.kafka.confluent.errors import _translated
-from rollout_stream.kafka.confluent.settings import _SessionWatch
 from rollout_stream.kafka.seam import RebalanceListener, TopicPartition
 
 log = logging.getLogger("rollout_stream.kafka")
 
-SELF_FENCED_WITHIN_S = 10.0  # a static member fenced this soon after losing its partitions fenced itself
+# A member fenced again this soon after rejoining for a fence is fenced by another live member with its id.
+REFENCED_WITHIN_S = 60.0
 
 
 class _GroupConsumer(_Consumer):
-    def __init__(self, consumer: Consumer, settings: dict[str, Any], watch: _SessionWatch | None = None
-                 ) -> None:
+    def __init__(self, consumer: Consumer, settings: dict[str, Any]) -> None:
         super().__init__(consumer)
         self._settings = settings  # to replace a consumer librdkafka fenced by mistake
-        self._watch = watch
         self._subscription: tuple[str, RebalanceListener] | None = None
-        self._lost_at: float | None = None  # when the group last took this member's partitions away
+        self._rejoined_at: float | None = None  # when a fence last replaced the consumer
         self._kept: dict[tuple[str, int], int] = {}  # revoked partitions' positions, till the next assignment
         self._consumers = 0  # librdkafka consumers subscribed so far (one, unless one was replaced)
 
@@ -68,7 +66,6 @@ class _GroupConsumer(_Consumer):
             if mine != self._consumers:
                 return
             listener.on_lost({tp.partition for tp in tps})
-            self._lost_at = time.monotonic()
             for tp in tps:
                 self._kept.pop((tp.topic, tp.partition), None)  # its state is gone: restored if it comes back
             self._forget((tp.topic, tp.partition) for tp in tps)
@@ -77,22 +74,24 @@ class _GroupConsumer(_Consumer):
             self._c.subscribe([topic], on_assign=assigned, on_revoke=revoked, on_lost=lost)
 
     def _recovered(self, error: KafkaError) -> bool:
-        # librdkafka#3437: after its own session times out (a coordinator's broker died), a static member may
-        # be fenced "by another consumer with the same group.instance.id" that is its own rejoin, a fatal
-        # error. Right after such a loss the consumer is replaced once and rejoins with the same id; a member
-        # fenced without a loss just before (another live worker took the id) still fails.
-        watched = self._watch.timed_out_at if self._watch else None
-        lost = [t for t in (self._lost_at, watched) if t is not None]
-        # consume() hands the fatal error over as an event whose code is _FATAL and whose fatal flag is unset
-        fatal = error.fatal() or error.code() in (KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID)
-        if not (fatal and self._subscription is not None and lost
-                and time.monotonic() - max(lost) < SELF_FENCED_WITHIN_S):
+        # librdkafka#3437: a static member can be fenced "by another consumer with the same group.instance.id"
+        # that is its own retried join, a fatal error: after its session timed out when a coordinator's broker
+        # died, and on a worker restarted just as a coordinator's broker stopped (a 3-node chaos run). The
+        # consumer is replaced and rejoins with the same id. Another live worker given the same id fences this
+        # one's transactions too (the worker then stops naming the id), and a second fence within
+        # REFENCED_WITHIN_S of a rejoin is not recovered: two members taking one id from each other stop.
+        # consume() hands the fencing over as an event whose code is _FATAL and whose fatal flag is unset
+        fatal = error.fatal() or error.code() == KafkaError._FATAL
+        fenced = (error.code() == KafkaError.FENCED_INSTANCE_ID
+                  or (fatal and "group.instance.id" in error.str()))
+        now = time.monotonic()
+        if not (fenced and self._subscription is not None):
             return False
-        log.warning("the group fenced this consumer right after its session timed out (librdkafka#3437): "
-                    "rejoining with a new consumer and the same instance id")
-        self._lost_at = None
-        if self._watch is not None:
-            self._watch.timed_out_at = None
+        if self._rejoined_at is not None and now - self._rejoined_at < REFENCED_WITHIN_S:
+            return False
+        log.warning("the group fenced this consumer's instance id (librdkafka#3437 fences a static member by "
+                    "its own retried join): rejoining with a new consumer and the same instance id")
+        self._rejoined_at = now
         # The listener hears of the loss first: librdkafka may not have served the lost callback yet.
         lost_now = {tp.partition for tp in self._c.assignment()}
         if lost_now and self._subscription is not None:

@@ -1,5 +1,5 @@
 """librdkafka's configuration: the properties for a `rollout_stream.clients.Connection`, kafka-python's tuning
-names in librdkafka's, and its logger (repeated lines filtered; a group consumer's session timeouts noted)."""
+names in librdkafka's, and its logger (repeated lines filtered)."""
 
 from __future__ import annotations
 
@@ -32,20 +32,6 @@ librdkafka_log = logging.getLogger("rollout_stream.kafka.librdkafka")
 librdkafka_log.addFilter(_OncePerInterval())
 
 TIMEOUT_S = 30.0  # metadata and offset queries
-
-
-class _SessionWatch:
-    """librdkafka's logger for a group consumer: logs as `librdkafka_log` does, and notes when librdkafka
-    says the consumer's own session timed out (SESSTMOUT), which it can say in the same poll that hands over
-    the fatal fencing of librdkafka#3437, before the lost partitions' callback."""
-
-    def __init__(self) -> None:
-        self.timed_out_at: float | None = None
-
-    def log(self, level: int, msg: str, *args: Any) -> None:
-        if args and args[0] == "SESSTMOUT":
-            self.timed_out_at = time.monotonic()
-        librdkafka_log.log(level, msg, *args)
 
 
 def settings_for(conn: Connection, client_id: str | None = None) -> dict[str, Any]:

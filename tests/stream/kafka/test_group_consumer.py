@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+import pytest
+
 from rollout_stream.clients import Connection
 from rollout_stream.kafka import TopicPartition, client_for
 from tests.stream.helpers import new_topics
@@ -89,11 +91,12 @@ def test_a_partition_kept_through_a_rebalance_goes_on_after_the_last_record_hand
         producer.close()
 
 
-def test_a_static_member_fenced_right_after_losing_its_partitions_rejoins_anew(kafka_bootstrap):
-    """librdkafka#3437, on the confluent implementation: after its own session timed out (a coordinator's
-    broker died), a static member can be fenced by its own rejoin. Right after a loss the seam replaces the
-    consumer, which rejoins with the same instance id and gets its partitions back; without a loss just
-    before, the fencing stands (another live worker took the id)."""
+@pytest.mark.client("confluent")
+def test_a_static_member_fenced_rejoins_anew_once_and_a_second_fence_soon_after_stands(kafka_bootstrap):
+    """librdkafka#3437, on the confluent implementation: a static member can be fenced by its own retried join
+    (after its session timed out, or on a worker started as a coordinator's broker stopped). The seam replaces
+    the consumer, which rejoins with the same instance id and gets its partitions back; fenced again within
+    REFENCED_WITHIN_S, the fencing stands (another live member takes the id back and forth)."""
     from confluent_kafka import KafkaError
 
     topics = new_topics(kafka_bootstrap, partitions=2, prefix="fenced")
@@ -110,13 +113,49 @@ def test_a_static_member_fenced_right_after_losing_its_partitions_rejoins_anew(k
         # as consume() hands it over: code _FATAL, the fatal flag unset (a cluster chaos run exited on it)
         fenced = KafkaError(KafkaError._FATAL, "Static consumer fenced by other consumer with same "
                             "group.instance.id")
-        assert not consumer._recovered(fenced), "fenced without a loss just before: not its own rejoin"
-        consumer._lost_at = time.monotonic()  # as the on_lost callback records it
+        other = KafkaError(KafkaError._FATAL, "Fatal error: an unrelated fault")
+        assert not consumer._recovered(other), "a fatal error that is no fencing is not recovered"
         assert consumer._recovered(fenced)
         deadline = time.monotonic() + 30
         while len(consumer.assignment()) < 2 and time.monotonic() < deadline:
             consumer.poll(0.1)
         assert {tp.partition for tp in consumer.assignment()} == {0, 1}
         assert events.seen[-1] == ("assigned", {0, 1}), events.seen
+        assert any(kind == "lost" for kind, _ in events.seen), "the listener heard its partitions were lost"
+        assert not consumer._recovered(fenced), "fenced again right after its rejoin: another has the id"
     finally:
         consumer.close()
+
+
+@pytest.mark.client("confluent")
+def test_two_live_members_given_one_instance_id_stop_fencing_each_other(kafka_bootstrap):
+    """The fencing librdkafka reports when another live consumer joins with this one's instance id is
+    recovered once (it may be librdkafka#3437's own rejoin); the two then take the id from each other, and the
+    first member fenced again within REFENCED_WITHIN_S of its rejoin fails with the fencing."""
+    from rollout_stream.kafka import KafkaFailure
+
+    topics = new_topics(kafka_bootstrap, partitions=2, prefix="twice")
+    client = client_for(Connection(kafka_bootstrap, client="confluent"))
+    members = [client.group_consumer(f"g-{topics.input}", client_id=f"twice-{n}", max_record_bytes=1 << 20,
+                                     session_timeout_s=10, instance_id="twice-0") for n in range(2)]
+    failed: list[tuple[int, KafkaFailure]] = []
+    try:
+        members[0].subscribe(topics.input, _Events())
+        deadline = time.monotonic() + 30
+        while not members[0].assignment() and time.monotonic() < deadline:
+            members[0].poll(0.1)
+        assert members[0].assignment()
+        members[1].subscribe(topics.input, _Events())
+        deadline = time.monotonic() + 60
+        while not failed and time.monotonic() < deadline:
+            for n, member in enumerate(members):
+                try:
+                    member.poll(0.1)
+                except KafkaFailure as exc:
+                    failed.append((n, exc))
+        assert failed, "two live members shared one instance id for 60 s and neither stopped"
+        assert "group.instance.id" in str(failed[0][1]), failed
+        assert all(m._rejoined_at is not None for m in members), "each was fenced once and rejoined first"
+    finally:
+        for member in members:
+            member.close()

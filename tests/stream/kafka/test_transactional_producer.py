@@ -11,6 +11,8 @@ from rollout_stream.clients import Connection
 from rollout_stream.kafka import KafkaFailure, ProducerFenced, client_for
 from tests.stream.helpers import new_topics, read_topic
 
+pytestmark = pytest.mark.client("confluent")
+
 
 def _raise(error: KafkaError):
     def call(_producer: object) -> None:
