@@ -124,9 +124,10 @@ class KafkaPythonClient:
     def assigned_consumer(self, *, client_id: str | None = None, max_record_bytes: int,
                           isolation: str = "read_committed", commit_group: str | None = None,
                           **tuning: Any) -> _AssignedConsumer:
+        start_fetch = tuning.pop("start_fetch", None)
         return _AssignedConsumer(self._consumer(client_id=client_id, group_id=commit_group,
                                                 max_record_bytes=max_record_bytes, isolation=isolation,
-                                                tuning=tuning))
+                                                tuning=tuning), start_fetch)
 
     def producer(self, *, client_id: str | None = None, max_record_bytes: int,
                  transactional_id: str | None = None, transaction_timeout_s: float = 60.0,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from rollout_stream.clients import Connection
 from rollout_stream.kafka import TopicPartition, TopicSpec, client_for
 
@@ -71,5 +73,40 @@ def test_partitions_assigned_from_their_offsets_fetch_nothing_before_them(kafka_
             for tp, records in consumer.poll(0.1).items():
                 seen.setdefault(tp.partition, []).extend(r.offset for r in records)
         assert seen == {0: [4, 5, 6, 7, 8, 9], 2: [8, 9]}
+    finally:
+        consumer.close()
+
+
+@pytest.mark.client("kafka-python")
+def test_a_start_fetch_size_hands_out_small_fetches_first_then_full_ones(kafka_bootstrap, kafka_client):
+    """kafka-python parses a fetch whole before handing out its first record: `start_fetch` fetches little
+    a partition until it has received as much as it says, then `max_partition_fetch_bytes`."""
+    client = client_for(Connection(kafka_bootstrap))
+    topic = f"start-fetch-{uuid.uuid4().hex[:10]}"
+    admin = client.admin(client_id="assign-test")
+    admin.create_topics([TopicSpec(topic, 1)])
+    admin.close()
+    producer = client.producer(client_id="assign-test", max_record_bytes=1 << 20, linger_ms=0)
+    for _ in range(200):  # each its own record batch: a fetch returns whole batches
+        producer.send(topic, b"x" * 10_000, partition=0)
+        producer.flush()
+    producer.close()
+    consumer = client.assigned_consumer(client_id="assign-test", max_record_bytes=1 << 20,
+                                        max_partition_fetch_bytes=1 << 20, start_fetch=(20_000, 100_000))
+    try:
+        consumer.assign_at(TopicPartition(topic, 0), 0)
+        sizes: list[int] = []  # records a poll handed out
+        deadline = time.monotonic() + 20
+        while sum(sizes) < 200 and time.monotonic() < deadline:
+            if polled := consumer.poll(0.2):
+                sizes.append(sum(len(records) for records in polled.values()))
+        assert sum(sizes) == 200, sizes
+        received, start = 0, []
+        for n in sizes:  # the polls while under 100 KB received: 20 KB fetches, two records at most
+            if received < 100_000:
+                start.append(n)
+            received += n * 10_000
+        assert start and max(start) <= 2, sizes
+        assert max(sizes) > 10, f"full fetches (1 MiB) hand out more at a time: {sizes}"
     finally:
         consumer.close()
