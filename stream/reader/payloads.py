@@ -67,7 +67,7 @@ def _forward_tuning(client: str) -> dict[str, Any]:
     kafka-python the whole-topic reader's fetch (its parsing costs per fetch: at 32 KB records, 4 ranks
     on 2 vCPUs, 1 MiB fetches gave 0.80-0.93 times `fetch="all"`'s batches a second, 16 MiB 0.91-0.97),
     after the first 8 MiB fetched 1 MiB at a time (a 16 MiB fetch is parsed whole before its first record
-    comes: the first batch came 0.3-0.7 s later)."""
+    comes: the first batch came 0.3-0.9 s later)."""
     if client == "confluent":
         return {"max_partition_fetch_bytes": 1 << 20, "queued.max.messages.kbytes": 8 << 10}
     if client == "kafka-python":

@@ -219,7 +219,7 @@ class _GroupConsumer(_Consumer):
 class _AssignedConsumer(_Consumer):
     """`start_fetch` (tuning): (partition bytes, received bytes): fetch that much a partition until that many
     bytes were received, then `max_partition_fetch_bytes`. A large fetch is parsed whole before its first
-    record is handed out: at 32 KB records and 16 MiB a fetch, 0.8-1.4 s to a reader's first batch, 0.5-0.6
+    record is handed out: at 32 KB records and 16 MiB a fetch, 1.1-1.4 s to a reader's first batch, 0.5-0.8
     s starting at 1 MiB (docs/reader.md)."""
 
     def __init__(self, consumer: KafkaConsumer, start_fetch: tuple[int, int] | None = None) -> None:
