@@ -85,17 +85,16 @@ class _GroupConsumer(_Consumer):
         fenced = (error.code() == KafkaError.FENCED_INSTANCE_ID
                   or (fatal and "group.instance.id" in error.str()))
         now = time.monotonic()
-        if not (fenced and self._subscription is not None):
-            return False
-        if self._rejoined_at is not None and now - self._rejoined_at < REFENCED_WITHIN_S:
+        if not fenced or self._subscription is None or (
+                self._rejoined_at is not None and now - self._rejoined_at < REFENCED_WITHIN_S):
             return False
         log.warning("the group fenced this consumer's instance id (librdkafka#3437 fences a static member by "
                     "its own retried join): rejoining with a new consumer and the same instance id")
         self._rejoined_at = now
         # The listener hears of the loss first: librdkafka may not have served the lost callback yet.
-        lost_now = {tp.partition for tp in self._c.assignment()}
-        if lost_now and self._subscription is not None:
-            self._subscription[1].on_lost(lost_now)
+        topic, listener = self._subscription
+        if lost_now := {tp.partition for tp in self._c.assignment()}:
+            listener.on_lost(lost_now)
         self._consumers += 1  # the old consumer's callbacks go nowhere from now on
         try:
             self._c.close()
@@ -105,7 +104,6 @@ class _GroupConsumer(_Consumer):
             self._c = Consumer(self._settings)
         self._forget_all()
         self._kept.clear()
-        topic, listener = self._subscription
         self.subscribe(topic, listener)
         return True
 
